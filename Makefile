@@ -1,0 +1,29 @@
+# Two commands set up and run everything on a fresh machine: `make quickstart` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# GPU users may point TORCH_SPEC at another build, e.g. TORCH_SPEC="torch==2.13.0" with
+# PIP_EXTRA_INDEX_URL set to their CUDA wheel index (see README, "GPU").
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: quickstart test venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
+	$(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+quickstart: venv
+	$(BIN)/python train.py experiment=quickstart
+
+test: venv
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) outputs multirun
