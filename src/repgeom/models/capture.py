@@ -1,0 +1,45 @@
+"""What a model hands to the probes: hidden states, queries, keys and attention per layer.
+
+Our own model (`repgeom.models.gpt`) and Hugging Face models (`repgeom.probes.hf`) both fill this
+structure, so every probe reads one format whatever the model was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Capture:
+    """Internal states of one forward pass over a batch of B windows of T tokens.
+
+    Attributes
+    ----------
+    hidden : list of (B, T, C) tensors
+        The state after the embedding (index 0) and after every block (index 1..n_layer).
+    queries, keys : list of (B, H, T, D) tensors, one per block
+        Per-head queries and keys as they enter the attention product (before the 1/sqrt(D)
+        scaling). Empty when the model's attention projections cannot be read.
+    attention : list of (B, H, T, T) tensors, one per block
+        Attention probabilities (rows sum to one over the positions a query may attend to).
+        Empty when not requested or not readable.
+    causal : bool
+        True when each position attends only to itself and earlier positions.
+    valid : (B, T) bool tensor or None
+        Positions to include in the probes (False for padding or excluded special tokens);
+        None means all positions.
+    """
+
+    hidden: list[torch.Tensor]
+    queries: list[torch.Tensor] = field(default_factory=list)
+    keys: list[torch.Tensor] = field(default_factory=list)
+    attention: list[torch.Tensor] = field(default_factory=list)
+    causal: bool = True
+    valid: torch.Tensor | None = None
+
+    @property
+    def n_layers(self) -> int:
+        """Number of blocks (the embedding state is not counted)."""
+        return len(self.hidden) - 1
