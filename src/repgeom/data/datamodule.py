@@ -456,7 +456,9 @@ class Enwik8DataModule(L.LightningDataModule):
         tokens = self.tokens["valid"]
         n_slots = len(tokens) // self.block_size
         if not 1 <= n_windows <= n_slots:
-            raise ValueError(f"n_windows must lie in [1, {n_slots}] (validation slots), got {n_windows}")
+            raise ValueError(
+                f"n_windows must lie in [1, {n_slots}] (validation slots), got {n_windows}"
+            )
         rng = np.random.default_rng([seed, 0x70726F6265])  # 0x70726F6265 = b"probe"
         slots = np.sort(rng.choice(n_slots, size=n_windows, replace=False))
         idx = slots[:, None] * self.block_size + np.arange(self.block_size)[None, :]
