@@ -1,0 +1,1 @@
+"""Probes of trained models: our checkpoints and Hugging Face models."""

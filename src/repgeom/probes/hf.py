@@ -1,0 +1,553 @@
+"""Hugging Face models as probe subjects: load one, cut text into windows, capture its states.
+
+`hf_capture` fills the same `Capture` as our own `GPT.capture()`, so every probe reads one format:
+
+- hidden states: `output_hidden_states` as Hugging Face returns them, the embedding output at
+  index 0 and one entry per block. For pre-LN decoders (GPT-2, GPT-NeoX, OPT, Llama) the last
+  entry is *after* the final layer norm: that is Hugging Face's convention and what the papers
+  measured (our `GPT.capture()` returns the last block's raw output instead).
+- attention probabilities: `output_attentions`; the model is loaded with eager attention, the only
+  implementation that materialises them.
+- queries and keys: forward hooks on the attention projections of the families below, split into
+  heads, rotated by the model's own rotary function where the family uses one, and with
+  grouped-query key heads repeated to the number of query heads. A "query" is defined so that
+  ``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention: where a model scales
+  its scores by something other than 1/sqrt(D) (GPT-2's ``scale_attn_by_inverse_layer_idx``),
+  the extra factor is folded into Q. OPT multiplies the output of ``q_proj`` by 1/sqrt(D) before
+  the product; our Q is the unscaled ``q_proj`` output, as for every other family.
+
+  ========  =============================  ==============================================
+  family    hooked modules                 queries and keys
+  ========  =============================  ==============================================
+  gpt2      ``attn.c_attn`` (Conv1D)       q, k, v = split of the fused output
+  bert,     ``attention.self.query/.key``  the two Linear outputs
+  roberta
+  gpt_neox  ``attention.query_key_value``  per head [q | k | v] interleaved, then rotary on
+                                           the first ``rotary_pct`` of each head's dims
+  opt       ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
+  llama,    ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
+  mistral
+  ========  =============================  ==============================================
+
+  The rotary cos/sin are read from the attention module's ``position_embeddings`` argument (a
+  forward pre-hook with ``with_kwargs=True``) and applied with ``apply_rotary_pos_emb`` from the
+  family's own modeling module, so partial rotary (Pythia) and scaled RoPE variants are exactly
+  the model's. Any other family still gets hidden states and attention; its queries and keys are
+  left empty with one warning per loaded model.
+
+Encoder or decoder is read from the config (``is_encoder_decoder``, ``is_decoder``, the family
+name, then the architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when the config
+says nothing, one tiny forward pass decides: a decoder's early positions do not change when a
+later token does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from repgeom.models.capture import Capture
+
+# Families known by name. Others are told apart by their architecture names or by experiment.
+DECODER_FAMILIES = frozenset({"gpt2", "gpt_neox", "opt", "llama", "mistral"})
+ENCODER_FAMILIES = frozenset({"bert", "roberta"})
+
+
+@dataclass
+class HFModel:
+    """A loaded Hugging Face model with what the probes need to know about it.
+
+    Attributes
+    ----------
+    model : transformers.PreTrainedModel
+        The base model (``AutoModel``), in eval mode, eager attention.
+    tokenizer : transformers.PreTrainedTokenizerBase
+    family : str
+        ``config.model_type`` (``"gpt2"``, ``"bert"``, ``"gpt_neox"``, ...).
+    is_decoder : bool
+        True for causal (decoder-only) models, False for bidirectional encoders.
+    name : str
+        What was passed to `load_hf_model` (hub name or local folder).
+    revision : str or None
+        Hub revision (branch, tag or commit), None for the default.
+    """
+
+    model: Any
+    tokenizer: Any
+    family: str
+    is_decoder: bool
+    name: str
+    revision: str | None = None
+    _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
+
+    @property
+    def has_qk(self) -> bool:
+        """Whether queries and keys can be read for this family."""
+        return self.family in _QK_FAMILIES
+
+    @property
+    def kind(self) -> str:
+        """``"decoder"`` or ``"encoder"``, for tables and messages."""
+        return "decoder" if self.is_decoder else "encoder"
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _looks_like_path(name: str) -> bool:
+    """True when `name` can only be a local path, not a hub id ("name" or "org/name").
+
+    A bare "contains a separator" rule would take every "org/name" hub id for a path, so a name
+    with one "/" counts as a path only when its first part is a local folder ("outputs/run").
+    """
+    if name.startswith((".", "~", "/")) or name.endswith("/") or name.count("/") > 1:
+        return True
+    if "\\" in name:  # a Windows path
+        return True
+    return "/" in name and os.path.isdir(name.split("/")[0])
+
+
+def load_hf_model(
+    name_or_path: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> HFModel:
+    """Load a Hugging Face model and its tokenizer for probing.
+
+    Parameters
+    ----------
+    name_or_path : str or path
+        A hub name (``"gpt2"``, ``"EleutherAI/pythia-160m"``) or a local folder written by
+        ``save_pretrained``.
+    revision : str, optional
+        Hub branch, tag or commit (e.g. Pythia's ``"step1000"``); ignored for local folders.
+    device : str or torch.device
+    dtype : torch.dtype or str, optional
+        Weights dtype; None keeps the transformers default.
+
+    Returns
+    -------
+    HFModel
+
+    Raises
+    ------
+    FileNotFoundError
+        A local path that does not exist.
+    ValueError
+        A folder without ``config.json``, or an encoder-decoder model (T5, BART): the probes
+        take one stack of layers.
+    OSError
+        The hub could not provide the model (offline, unknown name or revision).
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    name = os.fspath(name_or_path)
+    local = os.path.exists(name)
+    if not local and _looks_like_path(name):
+        raise FileNotFoundError(
+            f"hf={name!r}: no such local folder ({os.path.abspath(os.path.expanduser(name))}); "
+            "give a folder written by save_pretrained or a hub name like 'gpt2'"
+        )
+    if local and not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(
+            f"hf={name!r} is not a Hugging Face model folder (no config.json in it); "
+            "for a repgeom checkpoint use ckpt= instead"
+        )
+    try:
+        config = AutoConfig.from_pretrained(name, revision=revision)
+    except OSError as e:
+        raise OSError(
+            f"could not load hf={name!r} (revision={revision!r}) from the Hugging Face hub: {e}"
+        ) from e
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"hf={name!r} is an encoder-decoder model ({config.model_type}); the probes take "
+            "decoder-only or encoder-only models"
+        )
+    kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
+    model = AutoModel.from_pretrained(name, **kwargs).to(device).eval()
+    is_decoder = _is_decoder_from_config(model.config)
+    if is_decoder is None:
+        is_decoder = _is_decoder_by_experiment(model)
+    return HFModel(model, tokenizer, config.model_type, is_decoder, name, revision)
+
+
+def _is_decoder_from_config(config: Any) -> bool | None:
+    """Decoder (True), encoder (False), or None when the config does not say."""
+    if getattr(config, "is_decoder", False):  # e.g. BERT configured as a causal decoder
+        return True
+    if config.model_type in DECODER_FAMILIES:
+        return True
+    if config.model_type in ENCODER_FAMILIES:
+        return False
+    architectures = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return True
+    if any(a.endswith("ForMaskedLM") for a in architectures):
+        return False
+    return None
+
+
+@torch.no_grad()
+def _is_decoder_by_experiment(model: nn.Module) -> bool:
+    """Change the last of three tokens: a causal model's first two positions do not move."""
+    vocab = model.get_input_embeddings().num_embeddings
+    device = next(model.parameters()).device
+    ids = torch.tensor([[1, 2, 3], [1, 2, 4]], device=device) % vocab
+    h = model(input_ids=ids).last_hidden_state.float()  # (2, 3, C)
+    # Rows are computed in one batch, so equal inputs give equal outputs up to rounding.
+    return torch.allclose(h[0, :2], h[1, :2], rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# Windows of text
+
+
+def tokenize_windows(
+    hf: HFModel, text: str, *, window: int, n_windows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut `text` into fixed, non-overlapping windows of `window` tokens.
+
+    The text is tokenized once, without special tokens, and cut into chunks; each window then
+    gets the special tokens the tokenizer adds to a single sequence (CLS ... SEP for BERT, BOS
+    first for Llama, none for GPT-2), so every row is `window` tokens long in all.
+
+    Parameters
+    ----------
+    hf : HFModel
+    text : str
+    window : int
+        Tokens per row, special tokens included.
+    n_windows : int, optional
+        Number of windows, from the start of the text; None takes every full window.
+
+    Returns
+    -------
+    input_ids : (N, window) int64 tensor
+    attention_mask : (N, window) int64 tensor of ones (windows are never padded)
+
+    Raises
+    ------
+    ValueError
+        `window` too small for the special tokens or longer than the model's positions, or the
+        text too short for one window (or for `n_windows`).
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if n_windows is not None and (not isinstance(n_windows, int) or n_windows < 1):
+        raise ValueError(f"n_windows must be a positive integer or None, got {n_windows!r}")
+    max_positions = getattr(hf.model.config, "max_position_embeddings", None)
+    if max_positions is not None and window > max_positions:
+        raise ValueError(f"window={window} is longer than {hf.name}'s {max_positions} positions")
+    tok = hf.tokenizer
+    prefix, suffix = _special_template(tok, text)
+    n_special = len(prefix) + len(suffix)
+    content = window - n_special
+    if content < 1:
+        raise ValueError(
+            f"window={window} leaves no room for text after the {n_special} special tokens "
+            f"{tok.convert_ids_to_tokens(prefix + suffix)} that {hf.name} adds"
+        )
+    ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+    available = len(ids) // content
+    if available == 0:
+        raise ValueError(
+            f"the text is {len(ids)} tokens long ({len(text)} characters); one window of "
+            f"{window} tokens needs {content} text tokens"
+            + (f" plus {n_special} special tokens" if n_special else "")
+            + "; use a longer text or a smaller window"
+        )
+    if n_windows is not None and n_windows > available:
+        raise ValueError(
+            f"n_windows={n_windows} but the text ({len(ids)} tokens) holds only {available} "
+            f"windows of {window} tokens"
+        )
+    n = available if n_windows is None else n_windows
+    rows = [prefix + ids[i * content : (i + 1) * content] + suffix for i in range(n)]
+    input_ids = torch.tensor(rows, dtype=torch.long)  # (N, window)
+    return input_ids, torch.ones_like(input_ids)
+
+
+def _special_template(tok: Any, text: str) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence, found by encoding a sample.
+
+    Works for every tokenizer backend (fast, sentencepiece, python), unlike
+    ``build_inputs_with_special_tokens`` which fast tokenizers no longer have in transformers 5.
+    """
+    sample = text[:32] or "a"
+    bare = tok(sample, add_special_tokens=False, verbose=False)["input_ids"]
+    full = tok(sample, add_special_tokens=True, verbose=False)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start], full[start + len(bare) :]
+    raise RuntimeError(
+        "cannot tell which special tokens the tokenizer adds: the text encoded with special "
+        f"tokens ({full}) does not contain it encoded without ({bare})"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Queries and keys, per family
+
+
+def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)."""
+    B, T, _ = x.shape
+    return x.view(B, T, -1, head_dim).transpose(1, 2)
+
+
+def _qk_gpt2(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, _ = out["c_attn"].split(attn.split_size, dim=2)  # (B, T, C) each
+    return _heads(q, attn.head_dim), _heads(k, attn.head_dim)
+
+
+def _qk_bert(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    D = attn.attention_head_size
+    return _heads(out["query"], D), _heads(out["key"], D)
+
+
+def _qk_neox(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    # The fused output is laid out per head as [q_h | k_h | v_h], not as [q | k | v].
+    qkv = out["query_key_value"]  # (B, T, 3C)
+    B, T, _ = qkv.shape
+    qkv = qkv.view(B, T, -1, 3 * attn.head_size).transpose(1, 2)  # (B, H, T, 3D)
+    q, k, _ = qkv.chunk(3, dim=-1)
+    return q, k
+
+
+def _qk_proj(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    # Llama/Mistral give k fewer heads than q under grouped-query attention: (B, Hkv, T, D).
+    return _heads(out["q_proj"], attn.head_dim), _heads(out["k_proj"], attn.head_dim)
+
+
+@dataclass(frozen=True)
+class _QKFamily:
+    attention: tuple[str, ...]  # class names of the self-attention modules, one per layer
+    projections: tuple[str, ...]  # their submodules whose outputs are hooked
+    split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
+    rotary: bool = False
+
+
+_QK_FAMILIES: dict[str, _QKFamily] = {
+    "gpt2": _QKFamily(("GPT2Attention",), ("c_attn",), _qk_gpt2),
+    "bert": _QKFamily(("BertSelfAttention",), ("query", "key"), _qk_bert),
+    "roberta": _QKFamily(("RobertaSelfAttention",), ("query", "key"), _qk_bert),
+    "gpt_neox": _QKFamily(("GPTNeoXAttention",), ("query_key_value",), _qk_neox, rotary=True),
+    "opt": _QKFamily(("OPTAttention",), ("q_proj", "k_proj"), _qk_proj),
+    "llama": _QKFamily(("LlamaAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
+    "mistral": _QKFamily(("MistralAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
+}
+
+
+class _QKRecorder:
+    """Hooks on every layer's attention projections; `collect()` turns what they saw into Q, K."""
+
+    def __init__(self, model: nn.Module, family: str) -> None:
+        self.spec = _QK_FAMILIES[family]
+        self.layers = [
+            m
+            for m in model.modules()
+            if type(m).__name__ in self.spec.attention
+            and not getattr(m, "is_cross_attention", False)
+        ]
+        n_layer = model.config.num_hidden_layers
+        if len(self.layers) != n_layer:
+            raise RuntimeError(
+                f"found {len(self.layers)} {'/'.join(self.spec.attention)} modules in a {family} "
+                f"model with {n_layer} layers; this transformers version lays {family} out "
+                "differently from what repgeom.probes.hf expects"
+            )
+        self.seen: list[dict[str, Any]] = [{} for _ in self.layers]
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> _QKRecorder:
+        for attn, seen in zip(self.layers, self.seen, strict=True):
+            for name in self.spec.projections:
+                self.handles.append(getattr(attn, name).register_forward_hook(_store(seen, name)))
+            if self.spec.rotary:
+                hook = _store_position_embeddings(seen, inspect.signature(attn.forward))
+                self.handles.append(attn.register_forward_pre_hook(hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def collect(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        queries, keys = [], []
+        for i, (attn, seen) in enumerate(zip(self.layers, self.seen, strict=True)):
+            required = self.spec.projections + (
+                ("position_embeddings",) if self.spec.rotary else ()
+            )
+            missing = [name for name in required if seen.get(name) is None]
+            if missing:
+                raise RuntimeError(f"layer {i}: the forward pass never reached {missing}")
+            q, k = self.spec.split(attn, seen)  # (B, H, T, D), (B, Hkv, T, D)
+            if self.spec.rotary:
+                cos, sin = seen["position_embeddings"]
+                q, k = _rotary_function(attn)(q, k, cos, sin)
+            if k.size(1) != q.size(1):  # grouped-query attention, as transformers' repeat_kv
+                k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, H, T, D)
+            # Fold any score scale other than 1/sqrt(D) into Q, so Q K^T / sqrt(D) is the score.
+            D = q.size(-1)
+            factor = getattr(attn, "scaling", D**-0.5) * math.sqrt(D)
+            if not math.isclose(factor, 1.0, rel_tol=1e-9):
+                q = q * factor
+            queries.append(q.contiguous())
+            keys.append(k.contiguous())
+        return queries, keys
+
+
+def _store(seen: dict, name: str) -> Callable:
+    def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        seen[name] = output
+
+    return hook
+
+
+def _store_position_embeddings(seen: dict, signature: inspect.Signature) -> Callable:
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["position_embeddings"] = signature.bind_partial(*args, **kwargs).arguments.get(
+            "position_embeddings"
+        )
+
+    return hook
+
+
+def _rotary_function(attn: nn.Module) -> Callable:
+    """The family's own ``apply_rotary_pos_emb(q, k, cos, sin)``, from its modeling module."""
+    fn = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    if fn is None:
+        raise RuntimeError(f"{type(attn).__module__} has no apply_rotary_pos_emb")
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Capture
+
+
+def special_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of BOS, EOS, CLS, SEP and PAD (not UNK or MASK, which stand for real text)."""
+    ids = {
+        getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "cls", "sep", "pad")
+    }
+    ids.discard(None)
+    ids.discard(getattr(tokenizer, "unk_token_id", None))  # some models pad with UNK
+    return sorted(ids)
+
+
+def hf_capture(
+    hf: HFModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    attention: bool = True,
+    include_special: bool = False,
+) -> Capture:
+    """Hidden states, queries, keys and attention of a Hugging Face model on a batch.
+
+    Parameters
+    ----------
+    hf : HFModel
+    input_ids : (B, T) int tensor
+    attention_mask : (B, T) tensor, optional
+        1 for real tokens, 0 for padding; None means no padding.
+    attention : bool
+        Also return attention probabilities (B, H, T, T) per layer.
+    include_special : bool
+        Keep BOS/EOS/CLS/SEP/PAD positions in ``valid`` (excluded by default: they dominate
+        some layers). Padding is always excluded.
+
+    Returns
+    -------
+    Capture
+        On the model's device, in its dtype. ``queries``/``keys`` are empty for families other
+        than gpt2, bert, roberta, gpt_neox, opt, llama and mistral (one warning per model).
+    """
+    input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+        raise ValueError(
+            "input_ids must be a (B, T) integer tensor, "
+            f"got {tuple(input_ids.shape)} {input_ids.dtype}"
+        )
+    if attention_mask is not None:
+        attention_mask = torch.as_tensor(attention_mask)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}, input_ids "
+                f"{tuple(input_ids.shape)}; they must match"
+            )
+    model = hf.model
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    attention_mask = None if attention_mask is None else attention_mask.to(device)
+
+    recorder = _QKRecorder(model, hf.family) if hf.has_qk else None
+    if recorder is None and not hf._warned_qk:
+        warnings.warn(
+            f"{hf.name}: model family {hf.family!r} has no query/key hooks in repgeom "
+            f"(supported: {', '.join(sorted(_QK_FAMILIES))}); hidden-state and attention "
+            "metrics run, query/key metrics are skipped",
+            stacklevel=2,
+        )
+        hf._warned_qk = True
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if recorder is not None:
+                with recorder:
+                    out = _forward(model, input_ids, attention_mask, attention)
+                queries, keys = recorder.collect()
+            else:
+                out = _forward(model, input_ids, attention_mask, attention)
+                queries, keys = [], []
+    finally:
+        model.train(was_training)
+
+    valid = torch.ones_like(input_ids, dtype=torch.bool)  # (B, T)
+    if attention_mask is not None:
+        valid &= attention_mask.bool()
+    special = special_token_ids(hf.tokenizer)
+    if not include_special and special:
+        valid &= ~torch.isin(input_ids, torch.tensor(special, device=device))
+    return Capture(
+        hidden=list(out.hidden_states),
+        queries=queries,
+        keys=keys,
+        attention=list(out.attentions) if attention else [],
+        causal=hf.is_decoder,
+        valid=valid,
+    )
+
+
+def _forward(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, attention: bool
+) -> Any:
+    kwargs: dict[str, Any] = {}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs["use_cache"] = False  # a decoder would otherwise keep every layer's keys and values
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=True,
+        output_attentions=attention,
+        **kwargs,
+    )
