@@ -8,6 +8,7 @@ recomputed by hand from the weights (with our own RoPE for the rotary families).
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import pytest
@@ -384,6 +385,13 @@ def test_missing_path_is_a_clear_error(tmp_path, monkeypatch, relative):
     path = "./no/such/model" if relative else str(tmp_path / "no-such-model")
     with pytest.raises(FileNotFoundError, match="no such local folder"):
         load_hf_model(path)
+
+
+def test_home_folder_is_expanded(tiny_hf_folder, monkeypatch):
+    folder = tiny_hf_folder("gpt2")
+    monkeypatch.setenv("HOME", os.path.dirname(folder))
+    hf = load_hf_model("~/" + os.path.basename(folder))
+    assert hf.name == folder and hf.family == "gpt2"
 
 
 def test_folder_without_config_is_a_clear_error(tmp_path):

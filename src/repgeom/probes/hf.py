@@ -154,10 +154,12 @@ def load_hf_model(
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     name = os.fspath(name_or_path)
+    if name.startswith("~"):
+        name = os.path.expanduser(name)
     local = os.path.exists(name)
     if not local and _looks_like_path(name):
         raise FileNotFoundError(
-            f"hf={name!r}: no such local folder ({os.path.abspath(os.path.expanduser(name))}); "
+            f"hf={name!r}: no such local folder ({os.path.abspath(name)}); "
             "give a folder written by save_pretrained or a hub name like 'gpt2'"
         )
     if local and not os.path.isfile(os.path.join(name, "config.json")):
