@@ -30,6 +30,7 @@ def test_mlm_statistics(device: str) -> None:
     n = ids.numel()
     chosen = labels != IGNORE_INDEX
     k = int(chosen.sum())
+
     # Binomial standard errors: sqrt(p(1-p)/n). With n = 262,144 positions, the chosen fraction
     # has se = 0.0007; with k ~ 39,000 chosen, the 80/10/10 fractions have se = 0.0020/0.0015.
     # Every tolerance below is 5 se: a correct implementation fails with probability < 1e-6
