@@ -27,6 +27,7 @@ class GPTConfig:
     """Architecture of a `GPT`; checked on creation so a bad override fails at once."""
 
     vocab_size: int
+    name: str = "custom"
     block_size: int = 256
     n_layer: int = 4
     n_head: int = 4

@@ -1,0 +1,142 @@
+"""The LightningModule that trains a `GPT` as a decoder (next character) or an encoder (MLM)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from repgeom.data.masking import mlm_mask
+from repgeom.data.vocab import Vocab
+from repgeom.models.gpt import GPT, GPTConfig
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the run stops before the weights are saved."""
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to the base learning rate, then cosine decay to `min_lr_ratio` of it."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + 0.5 * (1.0 - min_lr_ratio) * (1.0 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def window_count(batch: torch.Tensor) -> int:
+    """Number of windows in a batch (for Lightning's ThroughputMonitor)."""
+    return batch.size(0)
+
+
+def token_count(batch: torch.Tensor) -> int:
+    """Number of input tokens in a batch of (B, block_size + 1) windows."""
+    return batch.size(0) * (batch.size(1) - 1)
+
+
+class CharLM(L.LightningModule):
+    """Character language model; `masking.causal` picks the objective, nothing else differs.
+
+    Every constructor argument is a plain dict and is saved in the checkpoint, so a checkpoint
+    alone rebuilds the model and its vocabulary (`CharLM.load_from_checkpoint(path)`).
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        masking: dict[str, Any],
+        optim: dict[str, Any],
+        vocab: dict[str, Any],
+        seed: int = 0,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.vocab = Vocab.from_dict(vocab)
+        config = {k: v for k, v in _plain(model).items() if k != "_target_"}
+        self.model = GPT(GPTConfig(**config))
+        self.causal = self.model.config.causal
+        self._forward = torch.compile(self.model) if compile else self.model
+        tokens = self.model.config.block_size
+        # Training FLOPs per window: 6 N per token plus attention, as in nanoGPT's estimate_mfu.
+        cfg = self.model.config
+        flops_per_token = 6 * self.model.num_params() + 12 * cfg.n_layer * cfg.n_embd * tokens
+        self.flops_per_window = flops_per_token * tokens
+        self.flops_per_batch: int | None = None
+
+    def _loss(self, window: torch.Tensor, generator_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean cross-entropy in nats and the number of predicted characters."""
+        if self.causal:
+            inputs, targets = window[:, :-1], window[:, 1:]
+        else:
+            masking = self.hparams.masking
+            generator = torch.Generator(device=window.device).manual_seed(generator_seed)
+            inputs, targets = mlm_mask(
+                window[:, :-1],
+                mask_id=self.vocab.mask_id,
+                vocab_size=self.vocab.size,
+                special_ids=self.vocab.special_ids,
+                mask_prob=masking["mask_prob"],
+                replace_prob=masking["replace_prob"],
+                random_prob=masking["random_prob"],
+                generator=generator,
+            )
+        logits = self._forward(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        return loss, (targets != -100).sum()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        # The MLM mask of a step depends only on (seed, step), so a resumed run masks identically.
+        loss, _ = self._loss(batch, generator_seed=self.hparams.seed * 1_000_003 + self.global_step)
+        bad = not torch.isfinite(loss).item()
+        if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
+            raise NonFiniteLossError(
+                f"training loss became {loss.item()} at step {self.global_step}; stopping before "
+                "the weights are saved. The last good checkpoint is left intact in the run's "
+                "checkpoints/ folder. Lower optim.optimizer.lr, raise optim.scheduler.warmup_steps "
+                "or keep trainer.gradient_clip_val set, then resume with ckpt_path=.../last.ckpt."
+            )
+        if self.flops_per_batch is None:
+            self.flops_per_batch = self.flops_per_window * batch.size(0)
+        tokens_per_step = (
+            token_count(batch) * self.trainer.world_size * self.trainer.accumulate_grad_batches
+        )
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/tokens_seen", float((self.global_step + 1) * tokens_per_step))
+        return loss
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        loss, count = self._loss(batch, generator_seed=self.hparams.seed * 7919 + batch_idx)
+        weight = count.item()
+        self.log("val/loss", loss, prog_bar=True, batch_size=weight, sync_dist=True)
+        self.log("val/bpc", loss / math.log(2), prog_bar=True, batch_size=weight, sync_dist=True)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optim = _plain(self.hparams.optim)
+        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
+        weight_decay = optim["optimizer"].get("weight_decay", 0.0)
+        groups = [
+            {"name": "decay", "params": decay, "weight_decay": weight_decay},  # matrices, embeddings
+            {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},  # biases, norms (nanoGPT)
+        ]
+        optimizer = instantiate(optim["optimizer"], _partial_=True)(groups)
+        scheduler = warmup_cosine(optimizer, **optim["scheduler"])
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _plain(config: Any) -> dict[str, Any]:
+    """A DictConfig or dict as a plain, resolved dict."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.to_container(config, resolve=True)  # type: ignore[return-value]
+    return dict(config)

@@ -1,0 +1,157 @@
+"""`train(cfg)`: build data, model, loggers and callbacks from a Hydra config and fit."""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from repgeom.models.lightning_module import CharLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a finished `train` made, for tests and for code that chains runs."""
+
+    trainer: L.Trainer
+    module: CharLM
+    datamodule: L.LightningDataModule
+    output_dir: Path
+    wandb_dir: Path | None
+
+
+def wandb_logged_in() -> bool:
+    """True when W&B credentials are available without asking (env var or netrc)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host or "") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_precision(precision: str) -> str:
+    """Map "auto" to bf16 mixed precision on a GPU that supports it, full precision otherwise."""
+    if precision != "auto":
+        return precision
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16-mixed"
+    return "32-true"
+
+
+def _run_id(output_dir: Path) -> str:
+    """The W&B run id of this run folder: kept in a file so a resumed run logs to the same run."""
+    path = output_dir / "wandb_run_id.txt"
+    if path.exists():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:8]  # from os.urandom: not tied to the seeded RNGs
+    if rank_zero_only.rank == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(run_id + "\n")
+    return run_id
+
+
+def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
+    """Instantiate every `_target_` entry of `cfg.logger`; W&B offline unless logged in."""
+    loggers = []
+    for name, conf in (cfg.get("logger") or {}).items():
+        conf = conf.copy()
+        if conf.get("_target_", "").endswith("WandbLogger"):
+            with open_dict(conf):
+                if conf.get("offline") is None:
+                    mode = os.environ.get("WANDB_MODE")
+                    conf.offline = mode in ("offline", "dryrun") if mode else not wandb_logged_in()
+                if conf.get("id") is None:
+                    conf.id = _run_id(output_dir)
+                conf.resume = "allow"
+        log.debug("logger %s: %s", name, conf.get("_target_"))
+        loggers.append(instantiate(conf))
+    return loggers
+
+
+def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
+    """Instantiate every `_target_` entry of `cfg.callbacks` (so a callback needs no code)."""
+    return [instantiate(conf) for conf in (cfg.get("callbacks") or {}).values() if conf]
+
+
+def train(cfg: DictConfig) -> TrainResult:
+    """Train the configured model; return the trainer, module and where everything was written."""
+    output_dir = Path(cfg.output_dir).resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg.update(vocab_size=datamodule.vocab.size, causal=bool(cfg.masking.causal))
+    model_config = instantiate(model_cfg)
+    module = CharLM(
+        model=asdict(model_config),
+        masking=OmegaConf.to_container(cfg.masking, resolve=True),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        vocab=datamodule.vocab.to_dict(),
+        seed=int(cfg.seed),
+        compile=bool(cfg.compile),
+    )
+
+    loggers = build_loggers(cfg, output_dir)
+    trainer_cfg = cfg.trainer.copy()
+    with open_dict(trainer_cfg):
+        trainer_cfg.precision = resolve_precision(str(trainer_cfg.precision))
+    trainer: L.Trainer = instantiate(
+        trainer_cfg, callbacks=build_callbacks(cfg), logger=loggers or False
+    )
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for logger in loggers:
+        logger.log_hyperparams(resolved)
+
+    ckpt_path = cfg.ckpt_path
+    last = output_dir / "checkpoints" / "last.ckpt"
+    if ckpt_path is None and last.exists():
+        log.info("Resuming from %s (found in the run folder)", last)
+        ckpt_path = str(last)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    wandb_dir = next(
+        (Path(lg.experiment.dir).parent for lg in loggers if isinstance(lg, WandbLogger)), None
+    )
+    _print_summary(trainer, output_dir, wandb_dir, offline=_is_offline(loggers))
+    return TrainResult(trainer, module, datamodule, output_dir, wandb_dir)
+
+
+def _is_offline(loggers: list[Logger]) -> bool:
+    return any(isinstance(lg, WandbLogger) and lg._offline for lg in loggers)
+
+
+@rank_zero_only
+def _print_summary(trainer: L.Trainer, output_dir: Path, wandb_dir: Path | None, offline: bool) -> None:
+    metrics = trainer.callback_metrics
+    bpc = metrics.get("val/bpc")
+    parts = [
+        f"Done: {trainer.global_step} steps",
+        f"val bpc {bpc.item():.4f}" if bpc is not None else "no validation yet",
+        f"checkpoints {output_dir / 'checkpoints'}",
+        f"logs {output_dir}",
+    ]
+    if wandb_dir is not None:
+        parts.append(
+            f"W&B offline run {wandb_dir} (upload: wandb sync {wandb_dir})"
+            if offline
+            else f"W&B run {wandb_dir}"
+        )
+    print(" | ".join(parts))
