@@ -1,0 +1,238 @@
+"""Attention metrics: entropy of attention rows, query/key alignment, pre-softmax scores."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._validation import as_tensor, check_finite, check_valid_mask
+
+__all__ = ["AttentionResult", "QKAlignmentResult", "attention_entropy", "qk_alignment"]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionResult:
+    """Per-head means over the counted attention rows; every field an ndarray (H,), float64.
+
+    entropy : mean Shannon entropy (nats) of a row over its attendable positions.
+    normalized_entropy : mean of entropy / log(number of attendable positions), in [0, 1].
+    max_prob, median_prob, min_prob : mean over rows of the row's max / median / min
+        probability over its attendable positions.
+    n_rows : int, rows counted per head (the same for every head).
+    """
+
+    entropy: np.ndarray
+    normalized_entropy: np.ndarray
+    max_prob: np.ndarray
+    median_prob: np.ndarray
+    min_prob: np.ndarray
+    n_rows: int
+
+
+@dataclass(frozen=True, eq=False)
+class QKAlignmentResult:
+    """Per-head query/key statistics; every field an ndarray (H,), float64.
+
+    cosine, dot : cosine and scalar product of the mean query and the mean key.
+    score_mean, score_std, score_max_abs : statistics of ``Q K^T / sqrt(D)`` over the
+        (query, key) pairs counted (causal pairs only when ``causal=True``).
+    """
+
+    cosine: np.ndarray
+    dot: np.ndarray
+    score_mean: np.ndarray
+    score_std: np.ndarray
+    score_max_abs: np.ndarray
+
+
+def attention_entropy(probs, *, causal: bool, valid=None, tol: float = 1e-2) -> AttentionResult:
+    r"""Entropy and peakedness of one layer's attention rows, per head.
+
+    For query row t with attendable key set :math:`A_t` (all T keys, or :math:`j \le t` when
+    ``causal``) and probabilities :math:`p_{tj}`:
+
+    .. math:: H_t = -\sum_{j \in A_t} p_{tj} \log p_{tj}, \qquad
+              \tilde H_t = H_t / \log |A_t|
+
+    averaged over batch and query positions per head, together with the mean of each row's
+    max, median and min of :math:`p_{tj}, j \in A_t` (Godey et al. 2024, figs. 9, 10, 15).
+    Uniform attention over k positions gives :math:`\log k` and :math:`\tilde H = 1`; one-hot
+    attention gives 0.
+
+    Rows with a single attendable position (the first query under a causal mask) are not
+    counted: their entropy is 0 by construction and the normalised entropy undefined.
+
+    Parameters
+    ----------
+    probs : Tensor, shape (B, H, T, T)
+        Softmax probabilities (query dim -2, key dim -1); any float dtype and device
+        (reduced in float64).
+    causal : bool, keyword-only
+        Whether query t may attend only to keys ``j <= t``.
+    valid : Tensor of bool, shape (B, T), optional, keyword-only
+        Query positions to include (e.g. not padding). Keys are not masked.
+    tol : float, keyword-only
+        Allowed deviation of a counted row's attendable mass from 1 (1e-2 accepts bf16 rows);
+        larger deviations raise, as they mean scores instead of probabilities, or the wrong
+        ``causal``.
+
+    Returns
+    -------
+    AttentionResult
+
+    Examples
+    --------
+    >>> import torch
+    >>> p = torch.full((1, 2, 4, 4), 0.25)  # uniform over 4 keys
+    >>> r = attention_entropy(p, causal=False)
+    >>> r.entropy.round(4).tolist(), r.normalized_entropy.tolist()
+    ([1.3863, 1.3863], [1.0, 1.0])
+    """
+    P = as_tensor(probs, "probs")
+    if P.ndim != 4 or P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"probs must have shape (B, H, T, T), got {tuple(P.shape)}")
+    B, H, T, _ = P.shape
+    if T < 2:
+        raise ValueError(f"probs needs at least T = 2 positions, got T = {T}")
+    check_finite(P, "probs")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    v = check_valid_mask(valid, "valid", B, T, P.device)
+    return _attention_entropy(P, causal, v, tol)
+
+
+def _attendable(T: int, causal: bool, device) -> torch.Tensor:
+    if causal:
+        return torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
+    return torch.ones(T, T, dtype=torch.bool, device=device)
+
+
+def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
+    B, H, T, _ = P.shape
+    P = P.to(torch.float64)
+    att = _attendable(T, causal, P.device)  # (T, T)
+    n_att = att.sum(dim=1)  # (T,)
+    rows = (n_att > 1)[None, :].expand(B, T)  # (B, T) rows counted
+    if valid is not None:
+        rows = rows & valid
+    n_rows = int(rows.sum())
+    if n_rows == 0:
+        raise ValueError("no query row has more than one attendable position among valid ones")
+    Pm = P.masked_fill(~att, 0.0)
+    mass = Pm.sum(dim=-1)  # (B, H, T)
+    bad = ((mass - 1).abs() > tol) & rows[:, None, :]
+    if bool(bad.any()):
+        raise ValueError(
+            f"probs rows must sum to 1 over attendable positions (within tol={tol}); "
+            f"{int(bad.sum())} rows do not (max deviation {float((mass - 1).abs()[bad].max()):.3g})"
+            f". Pass softmax probabilities, and causal={not causal} if the mask is the other kind"
+        )
+    ent = -torch.special.xlogy(Pm, Pm).sum(dim=-1)  # (B, H, T), 0 log 0 = 0
+    norm_ent = ent / torch.log(n_att.clamp(min=2).to(torch.float64))  # (B, H, T)
+    pmax = P.masked_fill(~att, -math.inf).amax(dim=-1)
+    pmin = P.masked_fill(~att, math.inf).amin(dim=-1)
+    srt = torch.sort(P.masked_fill(~att, math.inf), dim=-1).values  # attendable first
+    lo = ((n_att - 1) // 2).view(1, 1, T, 1).expand(B, H, T, 1)
+    hi = (n_att // 2).view(1, 1, T, 1).expand(B, H, T, 1)
+    pmed = (srt.gather(-1, lo) + srt.gather(-1, hi)).squeeze(-1) / 2  # (B, H, T)
+    w = rows[:, None, :].to(torch.float64)  # (B, 1, T)
+
+    def mean(x):  # per-head mean over counted rows
+        return ((x * w).sum(dim=(0, 2)) / n_rows).cpu().numpy()
+
+    return AttentionResult(
+        entropy=mean(ent), normalized_entropy=mean(norm_ent), max_prob=mean(pmax),
+        median_prob=mean(pmed), min_prob=mean(pmin), n_rows=n_rows,
+    )
+
+
+def qk_alignment(queries, keys, *, causal: bool = True, valid=None) -> QKAlignmentResult:
+    r"""Alignment of the mean query and mean key, and pre-softmax score statistics, per head.
+
+    .. math:: \bar q = \frac{1}{N}\sum_{b,t} q_{bt}, \quad \bar k = \frac{1}{N}\sum_{b,t} k_{bt},
+              \quad \cos(\bar q, \bar k), \quad \bar q^\top \bar k
+
+    over all (valid) tokens (Godey et al. 2024, figs. 13, 14: a shared drift of queries and
+    keys makes every score large and attention degenerate), and mean, standard deviation and
+    max absolute value of the scores :math:`s_{tj} = q_t^\top k_j / \sqrt{D}` over the pairs a
+    query may attend to (``j <= t`` when ``causal``, same sequence only).
+
+    Parameters
+    ----------
+    queries, keys : Tensor, shape (B, H, T, D)
+        Per-head queries and keys as they enter ``softmax(Q K^T / sqrt(D))`` (after any rotary
+        embedding); any float dtype and device (reduced in float64).
+    causal : bool, keyword-only
+        Count only ``j <= t`` pairs in the score statistics (default True, the project's GPT).
+    valid : Tensor of bool, shape (B, T), optional, keyword-only
+        Positions to include; invalid positions are dropped as queries *and* keys.
+
+    Returns
+    -------
+    QKAlignmentResult
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([1.0, 0.0]).expand(1, 1, 3, 2)
+    >>> k = torch.tensor([1.0, 1.0]).expand(1, 1, 3, 2)
+    >>> r = qk_alignment(q, k)
+    >>> round(float(r.cosine[0]), 4), float(r.dot[0])
+    (0.7071, 1.0)
+    """
+    Q = as_tensor(queries, "queries")
+    K = as_tensor(keys, "keys")
+    if Q.ndim != 4:
+        raise ValueError(f"queries must have shape (B, H, T, D), got {tuple(Q.shape)}")
+    if K.shape != Q.shape:
+        raise ValueError(
+            f"keys must have the same shape as queries {tuple(Q.shape)}, got {tuple(K.shape)}"
+        )
+    B, H, T, D = Q.shape
+    if B * T < 1 or D < 1:
+        raise ValueError(f"queries is empty: shape {tuple(Q.shape)}")
+    check_finite(Q, "queries")
+    check_finite(K, "keys")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    v = check_valid_mask(valid, "valid", B, T, Q.device)
+    return _qk_alignment(Q, K.to(Q.device), causal, v)
+
+
+def _qk_alignment(Q, K, causal, valid) -> QKAlignmentResult:
+    B, H, T, D = Q.shape
+    Q = Q.to(torch.float64)
+    K = K.to(torch.float64)
+    if valid is None:
+        valid = torch.ones(B, T, dtype=torch.bool, device=Q.device)
+    w = valid[:, None, :, None].to(torch.float64)  # (B, 1, T, 1)
+    n_tok = w.sum()
+    q_mean = (Q * w).sum(dim=(0, 2)) / n_tok  # (H, D)
+    k_mean = (K * w).sum(dim=(0, 2)) / n_tok  # (H, D)
+    dot = (q_mean * k_mean).sum(dim=-1)  # (H,)
+    denom = torch.linalg.vector_norm(q_mean, dim=-1) * torch.linalg.vector_norm(k_mean, dim=-1)
+    cos = torch.where(denom > 0, dot / denom.clamp(min=1e-300), torch.zeros_like(dot))
+
+    pair = _attendable(T, causal, Q.device)[None] & valid[:, :, None] & valid[:, None, :]
+    pw = pair[:, None].to(torch.float64)  # (B, 1, T, T)
+    n_pairs = pw.sum() * 1.0
+    s1 = torch.zeros(H, dtype=torch.float64, device=Q.device)
+    s2 = torch.zeros_like(s1)
+    smax = torch.zeros_like(s1)
+    for b in range(B):  # one sequence at a time keeps memory at H*T*T
+        S = Q[b] @ K[b].transpose(-1, -2) / math.sqrt(D)  # (H, T, T)
+        m = pw[b]  # (1, T, T)
+        s1 += (S * m).sum(dim=(1, 2))
+        s2 += (S * S * m).sum(dim=(1, 2))
+        smax = torch.maximum(smax, (S.abs() * m).amax(dim=(1, 2)))
+    mean = s1 / n_pairs
+    std = torch.sqrt(torch.clamp(s2 / n_pairs - mean * mean, min=0.0))
+
+    def np_(x):
+        return x.cpu().numpy()
+
+    return QKAlignmentResult(cosine=np_(cos), dot=np_(dot), score_mean=np_(mean),
+                             score_std=np_(std), score_max_abs=np_(smax))

@@ -1,0 +1,450 @@
+"""Intrinsic dimension: TwoNN, multi-scale GRIDE and a near-duplicate flag from one kNN search.
+
+Pipeline shared by every function here (so their numbers agree):
+
+1. centre ``X`` (float64) and cast to float32 -- the data FAISS searches;
+2. remove exact duplicate rows (``r1 = 0`` breaks the ratio estimators), counting them;
+3. shuffle with ``seed`` and cut into ``max(1, n // batch_size)`` batches of at least
+   ``batch_size`` points (one batch if ``n < batch_size``), as in Facco et al. 2017;
+4. one exact kNN search per batch (:func:`repgeom.metrics.nearest_neighbors`), then each
+   estimator reads the neighbour distances it needs; results are mean and (population)
+   standard deviation over batches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._validation import check_fraction, check_matrix, check_positive_int
+from .neighbors import _centre32, _nearest_neighbors
+
+__all__ = [
+    "TwoNNResult",
+    "GrideResult",
+    "IntrinsicDimensionResult",
+    "twonn",
+    "gride",
+    "near_duplicate_share",
+    "intrinsic_dimension",
+]
+
+
+@dataclass(frozen=True)
+class TwoNNResult:
+    """TwoNN estimate (Facco et al. 2017), mean and std over batches.
+
+    dimension, dimension_std : linear fit through the origin (the paper's estimator).
+    mle, mle_std : maximum likelihood ``(N - 1) / sum(log mu)``.
+    n_batches : number of batches. n_points : distinct points used.
+    n_duplicates : rows removed as exact duplicates (plus any point whose nearest distance was
+        still 0 in float32, which is dropped from the ratios).
+    """
+
+    dimension: float
+    dimension_std: float
+    mle: float
+    mle_std: float
+    n_batches: int
+    n_points: int
+    n_duplicates: int
+
+
+@dataclass(frozen=True, eq=False)
+class GrideResult:
+    """GRIDE estimate (Denti et al. 2022) at neighbour orders ``n2 = 2, 4, ..., max_order``.
+
+    orders : tuple of int, the ``n2`` of each scale (``n1 = n2 / 2``).
+    dimension, dimension_std : ndarray (n_orders,), float64; mean and std over batches.
+    scale : ndarray (n_orders,), mean distance of the ``n1``-th and ``n2``-th neighbours
+        (DADApy's ``rs_scaling``), in the units of ``X``; the length scale each estimate reads.
+    n_batches, n_points, n_duplicates : as in :class:`TwoNNResult`.
+    """
+
+    orders: tuple
+    dimension: np.ndarray
+    dimension_std: np.ndarray
+    scale: np.ndarray
+    n_batches: int
+    n_points: int
+    n_duplicates: int
+
+
+@dataclass(frozen=True, eq=False)
+class IntrinsicDimensionResult:
+    """TwoNN, GRIDE and the near-duplicate share from one search per batch."""
+
+    twonn: TwoNNResult
+    gride: GrideResult
+    near_duplicate_share: float
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+
+
+def twonn(
+    X, *, discard_fraction: float = 0.1, batch_size: int = 4096, seed: int = 0
+) -> TwoNNResult:
+    r"""TwoNN intrinsic dimension (Facco, d'Errico, Rodriguez & Laio 2017, Sci. Rep. 7:12140).
+
+    For each point, :math:`\mu = r_2 / r_1` (distances to its two nearest other points)
+    follows a Pareto law :math:`F(\mu) = 1 - \mu^{-d}`. Sorting the N ratios and setting
+    :math:`F_\text{emp}(\mu_{(i)}) = i/N`, the paper fits :math:`y = d\,x` through the origin
+    by least squares with :math:`x = \log\mu`, :math:`y = -\log(1 - F_\text{emp})`, after
+    discarding the largest ``discard_fraction`` of the ratios (the first
+    ``int(N * (1 - discard_fraction))`` sorted ratios are kept, as in scikit-dimension and
+    DADApy). The maximum-likelihood form :math:`(N-1)/\sum_i \log\mu_i` (all ratios) is
+    returned too. Protocol of the paper: shuffle, batches of at least ``batch_size`` points,
+    mean and standard deviation over batches (see the module docstring).
+
+    Parameters
+    ----------
+    X : Tensor or ndarray, shape (n, d)
+        Points; any float dtype and device (the search runs in float32 on ``X``'s device).
+    discard_fraction : float in [0, 1), keyword-only
+    batch_size : int >= 3, keyword-only
+    seed : int, keyword-only
+        Seed of the shuffle.
+
+    Returns
+    -------
+    TwoNNResult
+
+    Raises
+    ------
+    ValueError
+        On NaN/Inf, wrong shape, bad options, or a batch with fewer than 3 distinct points.
+
+    Notes
+    -----
+    TwoNN reads the smallest scale of the data: near-duplicates (points far closer to each
+    other than to anything else) pull it towards 0. Check :func:`near_duplicate_share` and the
+    multi-scale :func:`gride`, or call :func:`intrinsic_dimension` for all three at once.
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(2000, 3, generator=g) @ torch.randn(3, 50, generator=g)  # 3-D plane
+    >>> r = twonn(X)
+    >>> 2.7 < r.dimension < 3.3
+    True
+    """
+    X = check_matrix(X, "X", min_rows=3)
+    discard_fraction = check_fraction(discard_fraction, "discard_fraction")
+    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
+    seed = _check_seed(seed)
+    batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="TwoNN")
+    tw, _, _ = _estimate(batches, n_dup, k=2, discard_fraction=discard_fraction,
+                         max_order=None, threshold=None)
+    return tw
+
+
+def gride(
+    X,
+    *,
+    max_order: int = 64,
+    batch_size: int | None = None,
+    seed: int = 0,
+    d_min: float = 1e-3,
+    d_max: float = 1e3,
+    tol: float = 1e-7,
+) -> GrideResult:
+    r"""Multi-scale GRIDE intrinsic dimension (Denti, Doimo, Laio & Mira 2022, Sci. Rep. 12:20005,
+    "The generalized ratios intrinsic dimension estimator").
+
+    For neighbour orders :math:`n_1 < n_2` the ratio :math:`\mu = r_{n_2}/r_{n_1}` has density
+
+    .. math:: f(\mu) = \frac{d\,(\mu^d - 1)^{n_2 - n_1 - 1}}{B(n_2 - n_1, n_1)\,
+              \mu^{(n_2 - 1)d + 1}}, \quad \mu > 1,
+
+    and d is its maximum-likelihood value, found by bisection of the score on
+    ``[d_min, d_max]`` to ``tol``. With ``n2 = 2 n1 = 2, 4, ..., max_order`` the estimate reads
+    the data at growing length scales (``n2 = 2`` is TwoNN's MLE). Follows DADApy's
+    ``IdEstimation.return_id_scaling_gride`` (v0.3.4) exactly: ratios equal to 1 are nudged by
+    ``10 * eps``, ratios above ``q50 + 20 (q95 - q50)`` are dropped as overlap artefacts, and
+    the score uses ``(N - 1)/d``.
+
+    Parameters
+    ----------
+    X : Tensor or ndarray, shape (n, d)
+    max_order : int, keyword-only
+        Largest ``n2``, a power of two >= 2; every batch needs more than ``max_order``
+        distinct points.
+    batch_size : int, optional, keyword-only
+        ``None`` (default): all points in one batch, as DADApy does. An int: the TwoNN batching
+        protocol (mean and std over batches).
+    seed : int, keyword-only
+    d_min, d_max, tol : float, keyword-only
+        Bisection bracket and tolerance (DADApy's ``d0``, ``d1``, ``eps``).
+
+    Returns
+    -------
+    GrideResult
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> r = gride(torch.randn(2000, 4, generator=g), max_order=8)
+    >>> r.orders
+    (2, 4, 8)
+    >>> bool(((r.dimension > 3.5) & (r.dimension < 4.5)).all())
+    True
+    """
+    X = check_matrix(X, "X", min_rows=3)
+    max_order = _check_max_order(max_order)
+    batch_size = X.shape[0] if batch_size is None else check_positive_int(
+        batch_size, "batch_size", minimum=3)
+    seed = _check_seed(seed)
+    if not (0 < d_min < d_max) or not tol > 0:
+        raise ValueError(f"need 0 < d_min < d_max and tol > 0, got {d_min}, {d_max}, {tol}")
+    batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
+                              what=f"GRIDE with max_order={max_order}")
+    _, gr, _ = _estimate(batches, n_dup, k=max_order, discard_fraction=None,
+                         max_order=max_order, threshold=None, bracket=(d_min, d_max, tol))
+    return gr
+
+
+def near_duplicate_share(
+    X, *, threshold: float = 0.1, batch_size: int = 4096, seed: int = 0
+) -> float:
+    r"""Share of distinct points whose nearest-neighbour distance is far below the typical one.
+
+    .. math:: \text{share} = \frac{1}{N}
+              \#\{i : r_1(i) < \tau \cdot \operatorname{median}_j r_1(j)\}
+
+    computed per batch (same batches as :func:`twonn`) and pooled. Exact duplicates are removed
+    first (reported as ``n_duplicates`` by the estimators) and do not count here.
+
+    Threshold. For points sampled smoothly from a d-dimensional manifold,
+    :math:`P(r_1 < \tau\,\text{median}) \approx \ln 2 \cdot \tau^d`: with the default
+    :math:`\tau = 0.1` about 7% for d = 1, 0.7% for d = 2 and below 1e-4 for d >= 5. A share
+    well above that means clumps of near-identical states (e.g. the same character at the same
+    position across windows in a model at initialisation), which make TwoNN read below the
+    dimension of the bulk; trust the larger GRIDE orders instead.
+
+    Parameters
+    ----------
+    X : Tensor or ndarray, shape (n, d)
+    threshold : float in (0, 1), keyword-only
+    batch_size : int >= 3, keyword-only
+    seed : int, keyword-only
+
+    Returns
+    -------
+    float in [0, 1]
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1000, 8, generator=g)
+    >>> X[:100] = X[100:200] + 1e-6 * torch.randn(100, 8, generator=g)  # 100 near-copies
+    >>> round(near_duplicate_share(X), 2)
+    0.2
+    """
+    X = check_matrix(X, "X", min_rows=3)
+    threshold = check_fraction(threshold, "threshold", include_low=False)
+    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
+    seed = _check_seed(seed)
+    batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="the near-duplicate share")
+    _, _, share = _estimate(batches, n_dup, k=1, discard_fraction=None, max_order=None,
+                            threshold=threshold)
+    return share
+
+
+def intrinsic_dimension(
+    X,
+    *,
+    discard_fraction: float = 0.1,
+    batch_size: int = 4096,
+    max_order: int = 64,
+    near_duplicate_threshold: float = 0.1,
+    seed: int = 0,
+) -> IntrinsicDimensionResult:
+    """TwoNN, GRIDE and the near-duplicate share from a single kNN search per batch.
+
+    The probe's entry point: one exact search for ``max_order`` neighbours per batch feeds
+    :func:`twonn` (orders 1, 2), :func:`gride` (orders up to ``max_order``, on the same batches,
+    so ``gride.n_batches == twonn.n_batches``) and :func:`near_duplicate_share` (order 1). Each
+    part equals what the separate function returns with the same ``batch_size`` and ``seed``.
+
+    Parameters
+    ----------
+    X : Tensor or ndarray, shape (n, d)
+    discard_fraction, batch_size, seed : as in :func:`twonn`
+    max_order : as in :func:`gride`; each batch needs more than ``max_order`` distinct points.
+    near_duplicate_threshold : the ``threshold`` of :func:`near_duplicate_share`
+
+    Returns
+    -------
+    IntrinsicDimensionResult
+        Fields ``twonn`` (TwoNNResult), ``gride`` (GrideResult), ``near_duplicate_share`` (float).
+
+    Examples
+    --------
+    >>> import torch
+    >>> r = intrinsic_dimension(torch.randn(1000, 5, generator=torch.Generator().manual_seed(0)),
+    ...                         max_order=16)
+    >>> r.gride.orders, r.twonn.n_points
+    ((2, 4, 8, 16), 1000)
+    """
+    X = check_matrix(X, "X", min_rows=3)
+    discard_fraction = check_fraction(discard_fraction, "discard_fraction")
+    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
+    max_order = _check_max_order(max_order)
+    threshold = check_fraction(near_duplicate_threshold, "near_duplicate_threshold",
+                               include_low=False)
+    seed = _check_seed(seed)
+    batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
+                              what=f"GRIDE with max_order={max_order}")
+    tw, gr, share = _estimate(batches, n_dup, k=max_order, discard_fraction=discard_fraction,
+                              max_order=max_order, threshold=threshold)
+    return IntrinsicDimensionResult(twonn=tw, gride=gr, near_duplicate_share=share)
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def _check_max_order(max_order) -> int:
+    max_order = check_positive_int(max_order, "max_order", minimum=2)
+    if max_order & (max_order - 1):
+        raise ValueError(f"max_order must be a power of two (2, 4, ..., 64), got {max_order}")
+    return max_order
+
+
+# --------------------------------------------------------------------------------------------
+# computation
+
+
+def _unique_rows(Xc: torch.Tensor) -> torch.Tensor:
+    """Indices of the first occurrence of each distinct row, in original order."""
+    Xc = Xc + 0.0  # -0.0 -> 0.0 so that equal values have equal bytes
+    if Xc.is_cuda:
+        _, inverse = torch.unique(Xc, dim=0, return_inverse=True)
+        first = torch.full((int(inverse.max()) + 1,), Xc.shape[0], device=Xc.device)
+        first = first.scatter_reduce(0, inverse, torch.arange(Xc.shape[0], device=Xc.device),
+                                     reduce="amin")
+        return torch.sort(first).values
+    a = np.ascontiguousarray(Xc.numpy())
+    rows = a.view(np.dtype((np.void, a.dtype.itemsize * a.shape[1]))).ravel()
+    _, first = np.unique(rows, return_index=True)
+    return torch.from_numpy(np.sort(first))
+
+
+def _batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, what: str):
+    """Centre, deduplicate, shuffle and split; returns (list of float32 batches, n_duplicates)."""
+    Xc = _centre32(X)
+    keep = _unique_rows(Xc)
+    n = keep.shape[0]
+    n_dup = X.shape[0] - n
+    n_batches = max(1, n // batch_size)
+    gen = torch.Generator().manual_seed(seed)
+    perm = keep[torch.randperm(n, generator=gen).to(keep.device)]
+    batches = [Xc[p] for p in torch.tensor_split(perm, n_batches)]
+    smallest = min(b.shape[0] for b in batches)
+    if smallest < min_points:
+        raise ValueError(
+            f"X has {n} distinct points ({n_dup} exact duplicates removed), giving a batch of "
+            f"{smallest}; {what} needs at least {min_points} distinct points per batch. "
+            "Pass more points" + (" or a smaller max_order" if "max_order" in what else "")
+        )
+    return batches, n_dup
+
+
+def _twonn_from_mus(mu: np.ndarray, discard_fraction: float) -> tuple[float, float]:
+    """(linear-fit dimension, MLE) from the ratios mu = r2/r1 of one batch (float64)."""
+    N = mu.shape[0]
+    log_mu = np.log(mu)
+    mle = (N - 1) / log_mu.sum()
+    n_keep = int(N * (1 - discard_fraction))
+    if n_keep < 1:
+        raise ValueError(f"discard_fraction={discard_fraction} leaves no ratio of {N} to fit")
+    x = np.sort(log_mu)[:n_keep]
+    y = -np.log(1.0 - np.arange(1, n_keep + 1) / N)
+    xx = float(x @ x)
+    dim = float(x @ y) / xx if xx > 0 else math.inf
+    return dim, float(mle)
+
+
+def _gride_score(d: float, mus, n1: int, n2: int, eps: float) -> float:
+    # negative derivative of the GRIDE log-likelihood in d (DADApy _neg_dloglik_did)
+    one_m = 1.0 - mus ** (-d)
+    one_m = np.maximum(one_m, 2 * eps)
+    return float(np.sum(((1 - n2 + n1) / one_m + n2 - 1.0) * np.log(mus))) - (len(mus) - 1) / d
+
+
+def _gride_single(mus: np.ndarray, n1: int, n2: int, d0: float, d1: float, eps: float) -> float:
+    mus = mus.copy()
+    mus[mus == 1] += 10 * np.finfo(np.float64).eps
+    q95, q50 = np.percentile(mus, [95, 50])
+    mus = mus[mus < 20 * (q95 - q50) + q50]  # drop overlap artefacts (DADApy _filter_mus)
+    l1 = _gride_score(d1, mus, n1, n2, eps)
+    while abs(d0 - d1) > eps:  # bisection on the sign of the score, as DADApy
+        d2 = (d0 + d1) / 2.0
+        if _gride_score(d2, mus, n1, n2, eps) * l1 > 0:
+            d1 = d2
+        else:
+            d0 = d2
+    return (d0 + d1) / 2.0
+
+
+def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
+              bracket=(1e-3, 1e3, 1e-7)):
+    tw_dims, tw_mles, gr_dims, gr_scales, near, n_points = [], [], [], [], [], 0
+    extra_dup = 0
+    for Xb in batches:
+        dist, _ = _nearest_neighbors(Xb, k)
+        r = dist.detach().cpu().numpy().astype(np.float64)  # (nb, k)
+        zero = r[:, 0] <= 0.0  # float32 coincidences that survived deduplication
+        if zero.any():
+            extra_dup += int(zero.sum())
+            r = r[~zero]
+        n_points += r.shape[0]
+        if discard_fraction is not None:
+            d, m = _twonn_from_mus(r[:, 1] / r[:, 0], discard_fraction)
+            tw_dims.append(d)
+            tw_mles.append(m)
+        if max_order is not None:
+            dims, scales = [], []
+            n1 = 1
+            while 2 * n1 <= max_order:
+                dims.append(_gride_single(r[:, 2 * n1 - 1] / r[:, n1 - 1], n1, 2 * n1, *bracket))
+                scales.append(float((r[:, n1 - 1].mean() + r[:, 2 * n1 - 1].mean()) / 2))
+                n1 *= 2
+            gr_dims.append(dims)
+            gr_scales.append(scales)
+        if threshold is not None:
+            near.append(int((r[:, 0] < threshold * np.median(r[:, 0])).sum()))
+    n_b = len(batches)
+    n_dup_total = n_dup + extra_dup
+    tw = gr = share = None
+    if tw_dims:
+        tw = TwoNNResult(
+            dimension=float(np.mean(tw_dims)), dimension_std=float(np.std(tw_dims)),
+            mle=float(np.mean(tw_mles)), mle_std=float(np.std(tw_mles)),
+            n_batches=n_b, n_points=n_points, n_duplicates=n_dup_total,
+        )
+    if gr_dims:
+        g = np.asarray(gr_dims)
+        gr = GrideResult(
+            orders=tuple(2 ** (i + 1) for i in range(g.shape[1])),
+            dimension=g.mean(axis=0), dimension_std=g.std(axis=0),
+            scale=np.asarray(gr_scales).mean(axis=0),
+            n_batches=n_b, n_points=n_points, n_duplicates=n_dup_total,
+        )
+    if threshold is not None:
+        share = sum(near) / n_points
+    return tw, gr, share

@@ -1,0 +1,41 @@
+"""Reference implementations for the metrics tests (test-only dependencies)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def dadapy_id_estimation():
+    """DADApy's ``IdEstimation`` class (the reference for TwoNN and GRIDE), or skip.
+
+    DADApy 0.3.4 pins ``numpy<2`` and ships C extensions built against numpy 1.x, which do not
+    import under this project's numpy 2. It is installed with ``pip install --no-deps
+    dadapy==0.3.4`` (see requirements-dev.txt); its TwoNN/GRIDE code is pure numpy/scipy, so we
+    load ``dadapy.id_estimation`` without running ``dadapy/__init__.py`` (which imports the C
+    extensions and jax).
+    """
+    spec = importlib.util.find_spec("dadapy")
+    if spec is None:
+        pytest.skip("dadapy not installed: pip install --no-deps dadapy==0.3.4")
+    if "dadapy" not in sys.modules:
+        pkg = types.ModuleType("dadapy")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["dadapy"] = pkg
+    import matplotlib
+
+    matplotlib.use("Agg")  # dadapy's plotting helpers import pyplot
+    from dadapy.id_estimation import IdEstimation
+
+    return IdEstimation
+
+
+def embed(Z: np.ndarray, D: int, rng: np.random.Generator) -> np.ndarray:
+    """Embed (n, k) points isometrically into R^D with a random orthonormal frame."""
+    Q, _ = np.linalg.qr(rng.normal(size=(D, Z.shape[1])))  # (D, k), orthonormal columns
+    return Z @ Q.T

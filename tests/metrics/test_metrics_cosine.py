@@ -1,0 +1,98 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from repgeom.metrics import isotropic_cosine_baseline, mean_cosine_similarity
+
+
+def _brute_force_mean_cosine(X: np.ndarray) -> float:
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    C = U @ U.T
+    n = len(X)
+    return float((C.sum() - np.trace(C)) / (n * (n - 1)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equals_brute_force(dtype):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 7)) + rng.normal(size=7)  # offset so the mean cosine is not ~0
+    got = mean_cosine_similarity(torch.tensor(X, dtype=dtype))
+    ref = _brute_force_mean_cosine(torch.tensor(X, dtype=dtype).double().numpy())
+    # same float64 arithmetic in a different order: agreement to ~1e-14
+    assert got == pytest.approx(ref, abs=1e-12)
+
+
+def test_all_same_direction_is_one():
+    X = torch.tensor([[1.0, 2.0], [2.0, 4.0], [0.5, 1.0]])
+    assert mean_cosine_similarity(X) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_centred_gaussian_is_about_zero():
+    n, d = 4000, 32
+    X = torch.randn(n, d, generator=torch.Generator().manual_seed(1))
+    # exact standard deviation under isotropy: sqrt(2 / (d n (n-1))); allow 5 sigma
+    sigma = math.sqrt(2.0 / (d * n * (n - 1)))
+    assert abs(mean_cosine_similarity(X)) < 5 * sigma
+
+
+def test_zero_row_is_an_error():
+    with pytest.raises(ValueError, match="all-zero row"):
+        mean_cosine_similarity(torch.tensor([[0.0, 0.0], [1.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (torch.tensor([[1.0, float("nan")], [0.0, 1.0]]), "NaN or Inf"),
+        (torch.ones(1, 4), "at least 2 rows"),
+        (torch.ones(4), "2-D"),
+    ],
+)
+def test_errors(X, match):
+    with pytest.raises(ValueError, match=match):
+        mean_cosine_similarity(X)
+
+
+def test_baseline_matches_brute_force_monte_carlo():
+    n, d, draws = 40, 8, 3000
+    rng = np.random.default_rng(123)
+    means = np.array([_brute_force_mean_cosine(rng.normal(size=(n, d))) for _ in range(draws)])
+    sigma = math.sqrt(2.0 / (d * n * (n - 1)))  # exact std of the mean cosine
+    assert means.std() == pytest.approx(sigma, rel=0.05)  # sanity of the reference itself
+    for q in (0.5, 0.95):
+        got = isotropic_cosine_baseline(n, d, quantile=q, n_draws=draws, seed=0)
+        # two independent Monte-Carlo quantile estimates from 3000 draws each: standard error
+        # of each ~0.03-0.05 sigma here, so 0.25 sigma is > 3 combined standard errors
+        assert got == pytest.approx(np.quantile(means, q), abs=0.25 * sigma)
+
+
+def test_baseline_large_n_approaches_chi_square_limit():
+    from scipy.stats import chi2
+
+    n, d = 3000, 64
+    limit = (chi2.ppf(0.95, d) / d - 1) / (n - 1)
+    # CLT limit is exact up to O(1/n); Monte-Carlo error of the 95th percentile with 2000
+    # draws is ~3% of its value
+    assert isotropic_cosine_baseline(n, d) == pytest.approx(limit, rel=0.1)
+
+
+def test_baseline_is_deterministic():
+    assert isotropic_cosine_baseline(100, 16, seed=3) == isotropic_cosine_baseline(100, 16, seed=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=1, d=8), "n must be"),
+        (dict(n=10, d=1), "d must be"),
+        (dict(n=10, d=8, quantile=1.0), "quantile"),
+        (dict(n=10, d=8, n_draws=2), "n_draws"),
+        (dict(n=10.5, d=8), "n must be"),
+    ],
+)
+def test_baseline_errors(kwargs, match):
+    n, d = kwargs.pop("n"), kwargs.pop("d")
+    with pytest.raises(ValueError, match=match):
+        isotropic_cosine_baseline(n, d, **kwargs)
