@@ -1,0 +1,420 @@
+"""The tidy results table of every probe: one row per (step, layer, head, metric).
+
+Both the training callback and ``probe.py`` write their numbers in this one format, and every plot
+in `repgeom.probes.plots` reads it:
+
+=========  =======  ===============================================================================
+column     dtype    meaning
+=========  =======  ===============================================================================
+step       int64    training step of the probe (or checkpoint step / revision index)
+layer      int64    0 = the state after the embedding, i = after block i (1..L); for per-head
+                    attention metrics the block index 1..L
+head       int64    attention head, or -1 when the metric is not per head
+metric     str      metric name, e.g. ``anisotropy``, ``twonn``, ``qk_cosine``
+value      float64  the number
+std        float64  its standard deviation (bootstrap, across windows, ...), NaN when there is none
+=========  =======  ===============================================================================
+
+Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
+are kept, after these six, and every function here and in `plots` can group by them.
+
+On-disk layout of a run (``<run_dir>`` is the Hydra run folder)::
+
+    <run_dir>/probes/probes.parquet   the table, exact dtypes (read first when present)
+    <run_dir>/probes/probes.csv       the same table, for a person or a spreadsheet
+    <run_dir>/probes/plots/*.png      the standard figures (`plots.save_figures`)
+
+``pd.read_csv("<run_dir>/probes/probes.csv")`` reads it in one line; `read_table` does the same
+with the dtypes above, given the run folder, the ``probes`` folder or either file.
+
+Layer means (`layer_means`, the ``metric_vs_step`` plot, `summary`) average over blocks 1..L and
+leave out layer 0 (the embedding) by default: the embedding is a lookup table, not a stage of the
+network, and at step 0 its random geometry would dominate the mean. Per-head metrics are averaged
+over heads first, so every layer weighs the same.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+COLUMNS: tuple[str, ...] = ("step", "layer", "head", "metric", "value", "std")
+REQUIRED: tuple[str, ...] = ("step", "layer", "metric", "value")
+"""`head` defaults to -1 and `std` to NaN when a row leaves them out."""
+ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")
+"""Optional string columns that name what was probed; a step is re-probed per value of these."""
+
+PROBE_DIR = "probes"
+TABLE_STEM = "probes"
+PLOT_DIR = "plots"
+
+_INT_COLUMNS = ("step", "layer", "head")
+_FLOAT_COLUMNS = ("value", "std")
+
+
+def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """Build a tidy table from rows (dicts) or coerce a DataFrame to the table's columns and dtypes.
+
+    Parameters
+    ----------
+    rows : iterable of dict, or DataFrame
+        Each row needs ``step``, ``layer``, ``metric`` and ``value``; ``head`` defaults to -1 and
+        ``std`` to NaN. Other keys become extra columns, kept after the six standard ones.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``step, layer, head`` (int64), ``metric`` (str), ``value, std`` (float64), then
+        the extra columns; the ``model``/``revision``/``run`` columns are strings.
+
+    Raises
+    ------
+    ValueError
+        If a required column is missing, or ``step``/``layer``/``head`` hold missing or
+        non-integer values.
+
+    Examples
+    --------
+    >>> frame = rows_to_frame([{"step": 0, "layer": 1, "metric": "anisotropy", "value": 0.3}])
+    >>> frame["head"].item(), frame["std"].isna().item()
+    (-1, True)
+    """
+    frame = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame.from_records(list(rows))
+    if frame.empty and len(frame.columns) == 0:
+        frame = pd.DataFrame(columns=list(COLUMNS))
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ValueError(
+            f"rows: missing required column(s) {', '.join(missing)}; "
+            f"got {', '.join(map(str, frame.columns)) or 'none'} "
+            f"(required: {', '.join(REQUIRED)}; optional: head, std)"
+        )
+    # Rows that leave `head` out (not per head) are -1, also when other rows of the batch have one.
+    frame["head"] = frame["head"].fillna(-1) if "head" in frame.columns else -1
+    if "std" not in frame.columns:
+        frame["std"] = np.nan
+    for col in _INT_COLUMNS:
+        frame[col] = _as_int(frame[col], col)
+    for col in _FLOAT_COLUMNS:
+        frame[col] = pd.to_numeric(frame[col], errors="raise").astype("float64")
+    if frame["metric"].isna().any():
+        raise ValueError("rows: column 'metric' has missing values")
+    frame["metric"] = frame["metric"].astype(str)
+    for col in ID_COLUMNS:
+        if col in frame.columns:
+            frame[col] = frame[col].astype(str).where(frame[col].notna())
+    extra = [c for c in frame.columns if c not in COLUMNS]
+    return frame[[*COLUMNS, *extra]].reset_index(drop=True)
+
+
+def _as_int(column: pd.Series, name: str) -> pd.Series:
+    if column.isna().any():
+        raise ValueError(f"rows: column {name!r} has missing values")
+    numbers = pd.to_numeric(column, errors="raise")
+    as_int = numbers.astype("int64")
+    if not np.array_equal(as_int.to_numpy(), numbers.to_numpy()):
+        raise ValueError(f"rows: column {name!r} must hold integers, got {numbers.tolist()[:5]}...")
+    return as_int
+
+
+# ---------------------------------------------------------------------------------------------
+# On disk
+
+
+def probe_dir(run_dir: str | os.PathLike) -> Path:
+    """The folder that holds a run's table: ``<run_dir>/probes``."""
+    return Path(run_dir) / PROBE_DIR
+
+
+def plot_dir(run_dir: str | os.PathLike) -> Path:
+    """The folder that holds a run's figures: ``<run_dir>/probes/plots``."""
+    return probe_dir(run_dir) / PLOT_DIR
+
+
+def _has_parquet() -> bool:
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def append_rows(
+    folder: str | os.PathLike, rows: Iterable[Mapping[str, Any]] | pd.DataFrame
+) -> pd.DataFrame:
+    """Add the rows of one probe step to the table in `folder` and write it back; return it all.
+
+    Rows already on disk for the same step (and the same ``model``/``revision``/``run`` where the
+    new rows have those columns) are replaced, so a resumed run that probes a step again does not
+    duplicate it. Both files are written atomically (a temporary file in `folder`, then
+    ``os.replace``): a crash or a failing writer leaves the previous table intact.
+
+    Parameters
+    ----------
+    folder : path
+        Where ``probes.parquet`` and ``probes.csv`` live, usually ``probe_dir(run_dir)``;
+        created if missing. Only one process (rank 0) should write to it.
+    rows : iterable of dict, or DataFrame
+        As for `rows_to_frame`.
+    """
+    folder = Path(folder)
+    new = rows_to_frame(rows)
+    old = _read_folder(folder) if _table_file(folder) is not None else None
+    if old is not None and not old.empty and not new.empty:
+        keys = ["step", *[c for c in ID_COLUMNS if c in new.columns]]
+        replaced = _key_index(old, keys).isin(_key_index(new, keys))
+        old = old.loc[~replaced]
+    parts = [f for f in (old, new) if f is not None and not f.empty]
+    table = rows_to_frame(pd.concat(parts, ignore_index=True)) if parts else new
+    table = table.sort_values(["step", "metric", "layer", "head"], kind="stable")
+    table = table.reset_index(drop=True)
+    write_table(table, folder)
+    return table
+
+
+def _key_index(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Index:
+    """One hashable key per row; a missing id column (or value) counts as the empty string."""
+    cols = [frame[k] if k in frame.columns else pd.Series("", index=frame.index) for k in keys]
+    cols = [c.astype(str).where(c.notna(), "") if c.name != "step" else c for c in cols]
+    return pd.MultiIndex.from_arrays(cols) if len(cols) > 1 else pd.Index(cols[0])
+
+
+def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
+    """Write `frame` as ``probes.parquet`` (when pyarrow is installed) and ``probes.csv``.
+
+    Both are written to temporary files in `folder` first and only then moved over the old ones
+    with ``os.replace`` (atomic on POSIX): if either writer fails, both old files stay as they
+    were. Parquet is moved first, so a process killed between the two moves leaves the file
+    `read_table` prefers as the newer one. Returns the paths written.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = rows_to_frame(frame)
+    writers: list[tuple[Path, Callable[[str], None]]] = []
+    if _has_parquet():
+        writers.append(
+            (folder / f"{TABLE_STEM}.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
+        )
+    writers.append((folder / f"{TABLE_STEM}.csv", lambda tmp: frame.to_csv(tmp, index=False)))
+    temps: list[str] = []
+    try:
+        for path, write in writers:
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            temps.append(tmp)
+            write(tmp)
+        for (path, _), tmp in zip(writers, temps, strict=True):
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps:
+            Path(tmp).unlink(missing_ok=True)
+    return [path for path, _ in writers]
+
+
+def _table_file(folder: Path) -> Path | None:
+    for name in (f"{TABLE_STEM}.parquet", f"{TABLE_STEM}.csv"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _read_folder(folder: Path) -> pd.DataFrame:
+    path = _table_file(folder)
+    if path is None:
+        raise FileNotFoundError(f"no {TABLE_STEM}.parquet or {TABLE_STEM}.csv in {folder}")
+    return _read_file(path)
+
+
+def _read_file(path: Path) -> pd.DataFrame:
+    if path.suffix == ".parquet":
+        return rows_to_frame(pd.read_parquet(path))
+    header = pd.read_csv(path, nrows=0).columns
+    as_str = {c: str for c in ("metric", *ID_COLUMNS) if c in header}
+    return rows_to_frame(pd.read_csv(path, dtype=as_str))
+
+
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a probe table, given a run folder, its ``probes`` folder, or a .parquet/.csv file.
+
+    In a folder, ``probes.parquet`` is preferred to ``probes.csv``.
+
+    Raises
+    ------
+    FileNotFoundError
+        Naming every place looked at, when none holds a table.
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.suffix not in (".parquet", ".csv"):
+            raise ValueError(f"path: expected a .parquet or .csv table, got {path}")
+        return _read_file(path)
+    candidates = [probe_dir(path), path]
+    for folder in candidates:
+        if _table_file(folder) is not None:
+            return _read_folder(folder)
+    looked = ", ".join(str(f / f"{TABLE_STEM}.{{parquet,csv}}") for f in candidates)
+    if not path.exists():
+        raise FileNotFoundError(f"no probe table: {path} does not exist")
+    raise FileNotFoundError(f"no probe table in {path}: looked for {looked}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reductions
+
+
+def extra_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of `frame` beyond the six standard ones (``model``, ``revision``, ...)."""
+    return [c for c in frame.columns if c not in COLUMNS]
+
+
+def head_means(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (step, layer, metric, extra columns): per-head values averaged over heads.
+
+    Where a (step, layer, metric) has a row with ``head == -1`` (the metric is not per head, or
+    was also reported for the whole layer) that row is kept as it is; otherwise the heads are
+    averaged, ``std`` becoming the spread across heads. Output rows have ``head == -1``.
+    """
+    keys = ["step", "layer", "metric", *extra_columns(frame)]
+    if frame.empty:
+        return frame.copy()
+    whole = frame["head"] == -1
+    if whole.all():
+        return frame.copy()
+    has_whole = _key_index(frame, keys).isin(_key_index(frame.loc[whole], keys))
+    heads = frame.loc[~whole & ~has_whole]
+    averaged = _mean_std(heads, keys)
+    averaged["head"] = -1
+    return rows_to_frame(pd.concat([frame.loc[whole], averaged], ignore_index=True))
+
+
+def _mean_std(frame: pd.DataFrame, keys: list[str], *, sort: bool = False) -> pd.DataFrame:
+    """Per group of `keys`: mean, population std (NaN for a group of one) and count of `value`."""
+    grouped = frame.groupby(keys, dropna=False, sort=sort)["value"]
+    out = pd.DataFrame(
+        {"value": grouped.mean(), "std": grouped.std(ddof=0), "count": grouped.count()}
+    )
+    out.loc[out["count"] < 2, "std"] = np.nan
+    return out.reset_index()
+
+
+def layer_means(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.DataFrame:
+    """The mean over layers of every metric at every step (per value of any extra column).
+
+    Per-head metrics are first averaged over heads (`head_means`). Layer 0, the embedding, is left
+    out unless `include_embedding` (see the module docstring for why).
+
+    Returns
+    -------
+    DataFrame
+        Columns ``step, metric, value, std, n_layers`` and the extra columns; ``std`` is the
+        spread across layers (population std), ``n_layers`` how many layers went into the mean.
+    """
+    per_layer = head_means(frame)
+    if not include_embedding:
+        per_layer = per_layer.loc[per_layer["layer"] >= 1]
+    keys = ["step", "metric", *extra_columns(frame)]
+    if per_layer.empty:
+        return pd.DataFrame(columns=[*keys[:2], "value", "std", "n_layers", *keys[2:]])
+    means = _mean_std(per_layer, keys, sort=True).rename(columns={"count": "n_layers"})
+    return means[["step", "metric", "value", "std", "n_layers", *keys[2:]]]
+
+
+def _check_one_run(frame: pd.DataFrame, what: str) -> None:
+    """Raise when `frame` holds several runs/models at the same step (their rows would mix)."""
+    dup = frame.duplicated(["step", "layer", "head", "metric"], keep=False)
+    if dup.any():
+        varying = [c for c in extra_columns(frame) if frame.loc[dup, c].nunique(dropna=False) > 1]
+        hint = (
+            "; ".join(f"column {c!r} has {sorted(map(str, frame[c].unique()))}" for c in varying)
+            or "the same (step, layer, head, metric) appears twice"
+        )
+        raise ValueError(f"{what}: the table holds several runs ({hint}); pass one at a time")
+
+
+def summary(frame: pd.DataFrame) -> dict[str, Any]:
+    """The end-of-run summary: peak of the mean intrinsic dimension, final anisotropy profile.
+
+    Parameters
+    ----------
+    frame : DataFrame
+        A tidy table of one run (one model).
+
+    Returns
+    -------
+    dict
+        ``final_step`` (int): the last probed step;
+        ``id_peak_step`` (int), ``id_peak_value`` (float): the step at which the layer mean
+        (blocks 1..L) of ``twonn`` was largest, and that mean (the earliest such step on ties);
+        ``final_anisotropy_step`` (int), ``final_anisotropy_profile`` (list of float, one per
+        layer from layer 0) and ``final_anisotropy_layers`` (list of int): anisotropy per layer
+        at the last step it was probed; ``most_anisotropic_layer`` (int) and
+        ``most_anisotropic_value`` (float): the argmax of that profile. Keys whose metric is
+        absent hold None.
+
+    Raises
+    ------
+    ValueError
+        If the table holds several runs or models at the same step.
+    """
+    _check_one_run(frame, "summary")
+    out: dict[str, Any] = dict.fromkeys(
+        [
+            "final_step",
+            "id_peak_step",
+            "id_peak_value",
+            "final_anisotropy_step",
+            "final_anisotropy_profile",
+            "final_anisotropy_layers",
+            "most_anisotropic_layer",
+            "most_anisotropic_value",
+        ]
+    )
+    if frame.empty:
+        return out
+    out["final_step"] = int(frame["step"].max())
+
+    twonn = layer_means(frame.loc[frame["metric"] == "twonn"]).dropna(subset=["value"])
+    if not twonn.empty:
+        peak = twonn.sort_values("step").loc[lambda f: f["value"].idxmax()]
+        out["id_peak_step"], out["id_peak_value"] = int(peak["step"]), float(peak["value"])
+
+    aniso = head_means(frame.loc[frame["metric"] == "anisotropy"]).dropna(subset=["value"])
+    if not aniso.empty:
+        out["final_anisotropy_step"] = int(aniso["step"].max())
+        last = aniso.loc[aniso["step"] == aniso["step"].max()].sort_values("layer")
+        out["final_anisotropy_profile"] = [float(v) for v in last["value"]]
+        out["final_anisotropy_layers"] = [int(v) for v in last["layer"]]
+        top = last.loc[last["value"].idxmax()]
+        out["most_anisotropic_layer"] = int(top["layer"])
+        out["most_anisotropic_value"] = float(top["value"])
+    return out
+
+
+def format_summary(result: Mapping[str, Any]) -> str:
+    """The `summary` as a few lines for the console."""
+    lines = []
+    if result.get("id_peak_step") is not None:
+        lines.append(
+            f"mean intrinsic dimension (TwoNN, blocks 1..L) peaked at step {result['id_peak_step']}"
+            f": {result['id_peak_value']:.2f}"
+        )
+    else:
+        lines.append("mean intrinsic dimension: not measured (no 'twonn' rows)")
+    if result.get("final_anisotropy_profile") is not None:
+        profile = ", ".join(
+            f"{layer}: {v:.3f}"
+            for layer, v in zip(
+                result["final_anisotropy_layers"], result["final_anisotropy_profile"], strict=True
+            )
+        )
+        lines.append(f"anisotropy per layer at step {result['final_anisotropy_step']}: {profile}")
+        lines.append(
+            f"most anisotropic layer: {result['most_anisotropic_layer']} "
+            f"({result['most_anisotropic_value']:.3f})"
+        )
+    else:
+        lines.append("anisotropy: not measured (no 'anisotropy' rows)")
+    return "\n".join(lines)
