@@ -370,7 +370,7 @@ def heatmap(frame: pd.DataFrame, metric: str) -> Figure:
                       cmap=cmap, norm=norm, interpolation="nearest")
     idx, labels = _step_ticks(steps, max_ticks=24)
     ax.set_xticks(idx, labels=labels, rotation=45 if len(idx) > 6 else 0,
-                  ha="right" if len(idx) > 6 else "center")
+                  ha="right" if len(idx) > 6 else "center", rotation_mode="anchor")
     every = max(1, math.ceil(len(layers) / 16))
     ax.set_yticks(range(0, len(layers), every), labels=[str(v) for v in layers[::every]])
     ax.set_xlabel("training step (one column per probe)")
@@ -554,11 +554,13 @@ def compare_texts(
                          interpolation="nearest")
     for ax_set, names, count in ((right.set_yticks, rows_tok, n), (right.set_xticks, cols_tok, m)):
         if names is not None and count <= 48:
-            shown = [repr(t)[1:-1] for t in names]  # newlines and spaces stay visible
+            # Whitespace stays visible: a space as "␣", a newline as "\\n".
+            shown = [repr(t)[1:-1].replace(" ", "␣") for t in names]
+            size = "medium" if count <= 24 else "x-small"
             if ax_set == right.set_xticks:
-                ax_set(range(count), labels=shown, rotation=90, fontsize="x-small")
+                ax_set(range(count), labels=shown, rotation=90 if count > 24 else 0, fontsize=size)
             else:
-                ax_set(range(count), labels=shown, fontsize="x-small")
+                ax_set(range(count), labels=shown, fontsize=size)
     right.set_ylabel(f"{labels[0]} token")
     right.set_xlabel(f"{labels[1]} token")
     right.set_title("token \u00d7 token cosine, last layer")
