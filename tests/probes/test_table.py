@@ -1,4 +1,4 @@
-"""The tidy probe table: dtypes, append/replace on disk, atomic writes, reductions with known answers."""
+"""The tidy probe table: dtypes, append/replace on disk, atomic writes, known-answer reductions."""
 
 from __future__ import annotations
 
