@@ -88,6 +88,7 @@ def activation_distribution(
     Examples
     --------
     >>> import torch
+    >>> _ = torch.manual_seed(0)
     >>> x = torch.distributions.StudentT(3.0).sample((4000,))
     >>> r = activation_distribution(x, n_samples=2000)
     >>> r.best_family in ("t", "gennorm", "hypsecant"), r.kurtosis > 1

@@ -211,27 +211,41 @@ def gride(
 
 
 def near_duplicate_share(
-    X, *, threshold: float = 0.1, batch_size: int = 4096, seed: int = 0
+    X,
+    *,
+    threshold: float = 0.01,
+    reference_order: int = 64,
+    batch_size: int = 4096,
+    seed: int = 0,
 ) -> float:
-    r"""Share of distinct points whose nearest-neighbour distance is far below the typical one.
+    r"""Share of distinct points whose nearest neighbour is far closer than the bulk's spacing.
 
     .. math:: \text{share} = \frac{1}{N}
-              \#\{i : r_1(i) < \tau \cdot \operatorname{median}_j r_1(j)\}
+              \#\{i : r_1(i) < \tau \cdot \operatorname{median}_j r_K(j)\}
 
-    computed per batch (same batches as :func:`twonn`) and pooled. Exact duplicates are removed
-    first (reported as ``n_duplicates`` by the estimators) and do not count here.
+    with :math:`r_K` the distance to the ``K = reference_order``-th neighbour, computed per
+    batch (same batches as :func:`twonn`) and pooled. Exact duplicates are removed first
+    (reported as ``n_duplicates`` by the estimators) and do not count here.
 
-    Threshold. For points sampled smoothly from a d-dimensional manifold,
-    :math:`P(r_1 < \tau\,\text{median}) \approx \ln 2 \cdot \tau^d`: with the default
-    :math:`\tau = 0.1` about 7% for d = 1, 0.7% for d = 2 and below 1e-4 for d >= 5. A share
-    well above that means clumps of near-identical states (e.g. the same character at the same
-    position across windows in a model at initialisation), which make TwoNN read below the
-    dimension of the bulk; trust the larger GRIDE orders instead.
+    Why :math:`r_K` and not the median :math:`r_1`: when most states sit in tight clumps
+    (e.g. the same character at the same position across windows, in a model at
+    initialisation) the median :math:`r_1` is itself a within-clump distance and nothing looks
+    far below it. The K-th neighbour reaches past clumps of fewer than K points, so the median
+    :math:`r_K` measures the spacing of the bulk. Clumps of K points or more stay invisible.
+
+    Threshold. For a smooth sample of a d-dimensional manifold,
+    :math:`P(r_1 < \tau\,\text{median}\,r_K) \approx K \tau^d`: with the defaults
+    (:math:`\tau = 0.01`, K = 64) about 0.6% for d = 2 and below 1e-4 for d >= 3 (it is
+    meaningless for d = 1 curves, about 50%). A share well above that means near-duplicates,
+    which make TwoNN read the jitter inside clumps (values near or below 1); trust the GRIDE
+    orders larger than the clump size instead.
 
     Parameters
     ----------
     X : Tensor or ndarray, shape (n, d)
     threshold : float in (0, 1), keyword-only
+    reference_order : int >= 1, keyword-only
+        K; every batch needs more than K distinct points.
     batch_size : int >= 3, keyword-only
     seed : int, keyword-only
 
@@ -250,11 +264,14 @@ def near_duplicate_share(
     """
     X = check_matrix(X, "X", min_rows=3)
     threshold = check_fraction(threshold, "threshold", include_low=False)
+    reference_order = check_positive_int(reference_order, "reference_order")
     batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
     seed = _check_seed(seed)
-    batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="the near-duplicate share")
-    _, _, share = _estimate(batches, n_dup, k=1, discard_fraction=None, max_order=None,
-                            threshold=threshold)
+    batches, n_dup = _batches(X, batch_size, seed, min_points=max(3, reference_order + 1),
+                              what=f"the near-duplicate share with reference_order="
+                                   f"{reference_order}")
+    _, _, share = _estimate(batches, n_dup, k=reference_order, discard_fraction=None,
+                            max_order=None, threshold=threshold)
     return share
 
 
@@ -264,22 +281,24 @@ def intrinsic_dimension(
     discard_fraction: float = 0.1,
     batch_size: int = 4096,
     max_order: int = 64,
-    near_duplicate_threshold: float = 0.1,
+    near_duplicate_threshold: float = 0.01,
     seed: int = 0,
 ) -> IntrinsicDimensionResult:
     """TwoNN, GRIDE and the near-duplicate share from a single kNN search per batch.
 
     The probe's entry point: one exact search for ``max_order`` neighbours per batch feeds
     :func:`twonn` (orders 1, 2), :func:`gride` (orders up to ``max_order``, on the same batches,
-    so ``gride.n_batches == twonn.n_batches``) and :func:`near_duplicate_share` (order 1). Each
-    part equals what the separate function returns with the same ``batch_size`` and ``seed``.
+    so ``gride.n_batches == twonn.n_batches``) and :func:`near_duplicate_share` (orders 1 and
+    ``reference_order = max_order``). Each part equals what the separate function returns with
+    the same ``batch_size``, ``seed`` (and ``reference_order=max_order``).
 
     Parameters
     ----------
     X : Tensor or ndarray, shape (n, d)
     discard_fraction, batch_size, seed : as in :func:`twonn`
     max_order : as in :func:`gride`; each batch needs more than ``max_order`` distinct points.
-    near_duplicate_threshold : the ``threshold`` of :func:`near_duplicate_share`
+    near_duplicate_threshold : the ``threshold`` of :func:`near_duplicate_share`, whose
+        ``reference_order`` is ``max_order`` here
 
     Returns
     -------
@@ -426,8 +445,8 @@ def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
                 n1 *= 2
             gr_dims.append(dims)
             gr_scales.append(scales)
-        if threshold is not None:
-            near.append(int((r[:, 0] < threshold * np.median(r[:, 0])).sum()))
+        if threshold is not None:  # r1 against the bulk spacing, median r_K (K = k here)
+            near.append(int((r[:, 0] < threshold * np.median(r[:, k - 1])).sum()))
     n_b = len(batches)
     n_dup_total = n_dup + extra_dup
     tw = gr = share = None

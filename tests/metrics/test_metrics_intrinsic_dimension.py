@@ -1,0 +1,218 @@
+import numpy as np
+import pytest
+import torch
+from hydra_configs import embed
+from scipy import optimize
+from scipy.special import betaln
+from sklearn.datasets import make_swiss_roll
+
+from repgeom.metrics import (
+    GrideResult,
+    IntrinsicDimensionResult,
+    TwoNNResult,
+    gride,
+    intrinsic_dimension,
+    near_duplicate_share,
+    twonn,
+)
+
+N = 2000  # points per synthetic set: seconds for every reference, big enough for ID ~ 20
+
+
+def _data(name: str) -> np.ndarray:
+    rng = np.random.default_rng(len(name))
+    if name == "cube10_in_768":
+        return embed(rng.uniform(size=(N, 10)), 768, rng)
+    if name == "gauss5":
+        return rng.normal(size=(N, 5))
+    if name == "gauss20":
+        return rng.normal(size=(N, 20))
+    if name == "swissroll_in_100":
+        Z, _ = make_swiss_roll(N, noise=0.0, random_state=0)
+        return embed(Z, 100, rng)
+    if name == "gauss64_offset100":
+        off = rng.normal(size=64)
+        return rng.normal(size=(N, 64)) + 100.0 * off / np.linalg.norm(off)
+    raise KeyError(name)
+
+
+DATASETS = ["cube10_in_768", "gauss5", "gauss20", "swissroll_in_100", "gauss64_offset100"]
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_twonn_matches_scikit_dimension(name):
+    import skdim
+
+    X = _data(name)
+    ours = twonn(torch.tensor(X), batch_size=N)  # one batch: the estimator the references use
+    ref_lin = skdim.id.TwoNN(discard_fraction=0.1).fit(X).dimension_
+    # same neighbours and the same least-squares fit; the only difference is float32 vs float64
+    # distances (~1e-7 relative), far inside the issue's 1%
+    assert ours.dimension == pytest.approx(ref_lin, rel=1e-3)
+    assert ours.n_batches == 1 and ours.n_points == N and ours.n_duplicates == 0
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_twonn_matches_dadapy(name, dadapy_id_estimation):
+    X = _data(name)
+    ours = twonn(torch.tensor(X), batch_size=N)
+    ie = dadapy_id_estimation(coordinates=X, maxk=3, verbose=False)
+    lin, _, _ = ie.compute_id_2NN(algorithm="base", mu_fraction=0.9)
+    mle, _, _ = ie.compute_id_2NN(algorithm="ml", mu_fraction=0.9)
+    # float32 vs float64 distances only (see above); the issue asks for 1%
+    assert ours.dimension == pytest.approx(lin, rel=1e-3)
+    assert ours.mle == pytest.approx(mle, rel=1e-3)
+
+
+def test_twonn_known_dimension():
+    rng = np.random.default_rng(0)
+    X = embed(rng.normal(size=(4000, 6)), 50, rng)
+    r = twonn(X, batch_size=4000)
+    # TwoNN on 4000 Gaussian points in 6-D: statistical error ~ d / sqrt(N) ~ 0.1, plus a
+    # small downward bias from the curvature of the density; 10% is generous
+    assert r.dimension == pytest.approx(6.0, rel=0.1)
+    assert r.mle == pytest.approx(6.0, rel=0.1)
+
+
+def test_duplicates_do_not_corrupt_twonn():
+    X = _data("gauss5")
+    X_dup = np.concatenate([X, X[:300], X[:50]])  # 350 exact copies
+    clean = twonn(X, batch_size=10**6)
+    dup = twonn(X_dup, batch_size=10**6)
+    assert dup.n_duplicates == 350 and dup.n_points == N
+    # duplicates removed first, leaving the same distinct points in one batch; only the
+    # centring mean (taken before deduplication) differs, which moves the float32 data by
+    # ~1e-7 relative
+    assert dup.dimension == pytest.approx(clean.dimension, rel=1e-6)
+    assert dup.mle == pytest.approx(clean.mle, rel=1e-6)
+
+
+def test_batch_protocol():
+    X = torch.randn(10000, 5, generator=torch.Generator().manual_seed(0))
+    r = twonn(X)  # batch_size 4096 -> 2 batches of 5000
+    assert isinstance(r, TwoNNResult)
+    assert r.n_batches == 2 and r.n_points == 10000
+    assert r.dimension_std > 0 and isinstance(r.dimension, float) and isinstance(r.n_batches, int)
+    # each batch estimate has error ~ 5/sqrt(5000) ~ 0.07 plus a small bias
+    assert r.dimension == pytest.approx(5.0, rel=0.1)
+    # a different shuffle gives different batches, hence (slightly) different numbers
+    assert twonn(X, seed=1).dimension != r.dimension
+    assert twonn(X, seed=0) == r  # same seed, same result
+
+
+def test_too_few_distinct_points():
+    X = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="2 distinct points .* at least 3 distinct"):
+        twonn(X)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(discard_fraction=1.0), "discard_fraction"),
+        (dict(batch_size=2), "batch_size"),
+        (dict(seed=1.5), "seed"),
+    ],
+)
+def test_twonn_option_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        twonn(torch.randn(50, 3), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (torch.tensor([[float("nan"), 0.0]] * 5), "NaN or Inf"),
+        (torch.randn(2, 3), "at least 3 rows"),
+        (torch.randn(5), "2-D"),
+    ],
+)
+@pytest.mark.parametrize("fn", [twonn, gride, near_duplicate_share, intrinsic_dimension])
+def test_input_errors(fn, X, match):
+    with pytest.raises(ValueError, match=f"X .*{match}|X.*{match}"):
+        fn(X)
+
+
+@pytest.mark.parametrize("name", ["gauss5", "cube10_in_768", "swissroll_in_100"])
+def test_gride_matches_dadapy(name, dadapy_id_estimation):
+    X = _data(name)
+    ours = gride(torch.tensor(X), max_order=64)
+    ie = dadapy_id_estimation(coordinates=X, maxk=64, verbose=False)
+    ids, _, rs = ie.return_id_scaling_gride(range_max=64)
+    assert ours.orders == (2, 4, 8, 16, 32, 64)
+    # same likelihood, filter and bisection; differences come from float32 distances only.
+    # The issue asks for 1% at each scale.
+    np.testing.assert_allclose(ours.dimension, ids, rtol=1e-3)
+    np.testing.assert_allclose(ours.scale, rs, rtol=1e-3)
+
+
+def _gride_from_paper(r: np.ndarray, n1: int, n2: int) -> float:
+    """Independent GRIDE MLE written from Denti et al. 2022, eq. (4), maximised numerically."""
+    mu = r[:, n2 - 1] / r[:, n1 - 1]
+    N = len(mu)
+
+    def negloglik(d):
+        return -(N * np.log(d) + (n2 - n1 - 1) * np.sum(np.log(mu**d - 1))
+                 - N * betaln(n2 - n1, n1) - ((n2 - 1) * d + 1) * np.sum(np.log(mu)))
+
+    return optimize.minimize_scalar(negloglik, bounds=(0.1, 100), method="bounded",
+                                    options={"xatol": 1e-8}).x
+
+
+def test_gride_matches_paper_formula():
+    X = _data("gauss20")
+    ours = gride(X, max_order=16)
+    Xc = X - X.mean(axis=0)
+    D = np.sqrt(((Xc[:, None, :] - Xc[None, :, :]) ** 2).sum(-1))
+    np.fill_diagonal(D, np.inf)
+    r = np.sort(D, axis=1)[:, :16]
+    ref = [_gride_from_paper(r, n2 // 2, n2) for n2 in ours.orders]
+    # the paper's likelihood uses N log d where DADApy (and we) use (N-1), and we drop
+    # outlier ratios above q50 + 20 (q95 - q50): together < 0.1% on 2000 points; 1% tolerance
+    np.testing.assert_allclose(ours.dimension, ref, rtol=1e-2)
+
+
+def test_gride_option_errors():
+    with pytest.raises(ValueError, match="power of two"):
+        gride(torch.randn(100, 3), max_order=48)
+    with pytest.raises(ValueError, match="max_order"):
+        gride(torch.randn(40, 3), max_order=64)  # 40 points, needs 65 per batch
+
+
+def test_one_search_gives_the_same_as_separate_calls():
+    X = torch.randn(9000, 12, generator=torch.Generator().manual_seed(3))
+    r = intrinsic_dimension(X, batch_size=4096, max_order=32)
+    assert isinstance(r, IntrinsicDimensionResult) and isinstance(r.gride, GrideResult)
+    tw = twonn(X, batch_size=4096)
+    gr = gride(X, batch_size=4096, max_order=32)
+    # identical batches and neighbours; k=2 vs k=32 FAISS searches return the same first two
+    # neighbours, so equality is exact up to float32 distance rounding
+    assert r.twonn.dimension == pytest.approx(tw.dimension, rel=1e-9)
+    assert r.twonn.mle == pytest.approx(tw.mle, rel=1e-9)
+    np.testing.assert_allclose(r.gride.dimension, gr.dimension, rtol=1e-9)
+    assert r.gride.n_batches == r.twonn.n_batches == 2
+    assert r.near_duplicate_share == near_duplicate_share(X, batch_size=4096, reference_order=32)
+
+
+def test_near_duplicates_flagged_and_gride_sees_through_them():
+    rng = np.random.default_rng(4)
+    centres = rng.normal(size=(500, 10))
+    # every state repeated 4 times with a tiny jitter: the character-at-position clumps
+    X = np.repeat(centres, 4, axis=0) + 1e-4 * rng.normal(size=(2000, 10))
+    r = intrinsic_dimension(X, batch_size=2000, max_order=64)
+    assert r.near_duplicate_share > 0.9  # nearly every point has a near-copy
+    # TwoNN reads the jitter inside a clump of 4 (ratios r2/r1 ~ 1) -> far below 10; at
+    # order 64 the neighbours span ~16 clumps and GRIDE reads the 10-D bulk again
+    assert r.twonn.dimension < 10 * 0.7
+    assert r.gride.dimension[-1] > 5.0
+    clean = near_duplicate_share(rng.normal(size=(2000, 10)))
+    assert clean < 0.01  # ~ 64 * 0.01^10 expected for a 10-D sample, i.e. 0
+
+
+def test_near_duplicate_share_example():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(1000, 8, generator=g)
+    X[:100] = X[100:200] + 1e-6 * torch.randn(100, 8, generator=g)
+    # 100 jittered copies and their 100 originals; for 8-D Gaussian points r1 < 0.01 x median
+    # r_64 has probability ~ 64 * 1e-16
+    assert near_duplicate_share(X) == pytest.approx(0.2)
