@@ -6,7 +6,6 @@ import importlib.util
 import sys
 import types
 
-import numpy as np
 import pytest
 
 
@@ -33,9 +32,3 @@ def dadapy_id_estimation():
     from dadapy.id_estimation import IdEstimation
 
     return IdEstimation
-
-
-def embed(Z: np.ndarray, D: int, rng: np.random.Generator) -> np.ndarray:
-    """Embed (n, k) points isometrically into R^D with a random orthonormal frame."""
-    Q, _ = np.linalg.qr(rng.normal(size=(D, Z.shape[1])))  # (D, k), orthonormal columns
-    return Z @ Q.T

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import torch
-from hydra_configs import embed
 from scipy import optimize
 from scipy.special import betaln
 from sklearn.datasets import make_swiss_roll
@@ -15,6 +14,13 @@ from repgeom.metrics import (
     near_duplicate_share,
     twonn,
 )
+
+
+def embed(Z: np.ndarray, D: int, rng: np.random.Generator) -> np.ndarray:
+    """Embed (n, k) points isometrically into R^D with a random orthonormal frame."""
+    Q, _ = np.linalg.qr(rng.normal(size=(D, Z.shape[1])))  # (D, k), orthonormal columns
+    return Z @ Q.T
+
 
 N = 2000  # points per synthetic set: seconds for every reference, big enough for ID ~ 20
 

@@ -349,18 +349,34 @@ def _check_max_order(max_order) -> int:
 
 
 def _unique_rows(Xc: torch.Tensor) -> torch.Tensor:
-    """Indices of the first occurrence of each distinct row, in original order."""
-    Xc = Xc + 0.0  # -0.0 -> 0.0 so that equal values have equal bytes
-    if Xc.is_cuda:
-        _, inverse = torch.unique(Xc, dim=0, return_inverse=True)
-        first = torch.full((int(inverse.max()) + 1,), Xc.shape[0], device=Xc.device)
-        first = first.scatter_reduce(0, inverse, torch.arange(Xc.shape[0], device=Xc.device),
-                                     reduce="amin")
-        return torch.sort(first).values
-    a = np.ascontiguousarray(Xc.numpy())
-    rows = a.view(np.dtype((np.void, a.dtype.itemsize * a.shape[1]))).ravel()
-    _, first = np.unique(rows, return_index=True)
-    return torch.from_numpy(np.sort(first))
+    """Indices of the first occurrence of each distinct row, in original order.
+
+    Rows are hashed by two random projections (one cheap matmul) and only rows whose hashes
+    collide are compared byte by byte; a full sort of n rows of d floats would cost more than
+    everything else around the search. Identical rows get identical projections unless the
+    BLAS kernel rounds two rows differently; such a missed copy still shows up as ``r1 = 0``
+    after the search, where it is dropped and counted (see ``_estimate``).
+    """
+    n, d = Xc.shape
+    Xc = Xc + 0.0  # -0.0 -> 0.0 so that equal values have equal bits
+    gen = torch.Generator().manual_seed(12345)
+    R = torch.randn(d, 2, generator=gen).to(device=Xc.device, dtype=Xc.dtype)
+    h = (Xc @ R).contiguous().view(torch.int64).squeeze(1)  # two float32 -> one int64 key
+    h_np = h.cpu().numpy()
+    _, first, inverse, counts = np.unique(h_np, return_index=True, return_inverse=True,
+                                          return_counts=True)
+    if (counts == 1).all():
+        return torch.arange(n, device=Xc.device)
+    keep = np.ones(n, dtype=bool)
+    rows = Xc.cpu().numpy()
+    void = np.dtype((np.void, rows.dtype.itemsize * d))
+    for group in np.flatnonzero(counts > 1):
+        members = np.flatnonzero(inverse == group)  # ascending
+        v = np.ascontiguousarray(rows[members]).view(void).ravel()
+        _, first_in_group = np.unique(v, return_index=True)
+        drop = np.setdiff1d(np.arange(len(members)), first_in_group)
+        keep[members[drop]] = False
+    return torch.from_numpy(np.flatnonzero(keep)).to(Xc.device)
 
 
 def _batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, what: str):
@@ -370,9 +386,12 @@ def _batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, wh
     n = keep.shape[0]
     n_dup = X.shape[0] - n
     n_batches = max(1, n // batch_size)
-    gen = torch.Generator().manual_seed(seed)
-    perm = keep[torch.randperm(n, generator=gen).to(keep.device)]
-    batches = [Xc[p] for p in torch.tensor_split(perm, n_batches)]
+    if n_batches == 1:  # the estimators do not depend on the order within a batch
+        batches = [Xc if n_dup == 0 else Xc[keep]]
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        perm = keep[torch.randperm(n, generator=gen).to(keep.device)]
+        batches = [Xc[p] for p in torch.tensor_split(perm, n_batches)]
     smallest = min(b.shape[0] for b in batches)
     if smallest < min_points:
         raise ValueError(
@@ -425,7 +444,7 @@ def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
     tw_dims, tw_mles, gr_dims, gr_scales, near, n_points = [], [], [], [], [], 0
     extra_dup = 0
     for Xb in batches:
-        dist, _ = _nearest_neighbors(Xb, k)
+        dist, _ = _nearest_neighbors(Xb, k, centred=True)  # centred globally in _batches
         r = dist.detach().cpu().numpy().astype(np.float64)  # (nb, k)
         zero = r[:, 0] <= 0.0  # float32 coincidences that survived deduplication
         if zero.any():

@@ -71,9 +71,17 @@ def nearest_neighbors(X, k: int, *, device=None) -> tuple[torch.Tensor, torch.Te
 
 
 def _centre32(X: torch.Tensor) -> torch.Tensor:
-    """Centre in float64, return contiguous float32 (the precision fix for common offsets)."""
-    X64 = X.to(torch.float64)
-    return (X64 - X64.mean(dim=0, keepdim=True)).to(torch.float32).contiguous()
+    """Subtract the column mean (accumulated in float64); contiguous float32 result.
+
+    The precision fix for common offsets. For float32 (or lower) input the subtraction is done
+    in float32: ``x - m`` of nearby numbers is exact up to one rounding of the small result,
+    and the rounding of ``m`` itself is a constant shift that leaves distances unchanged.
+    """
+    if X.dtype == torch.float64:
+        return (X - X.mean(dim=0, keepdim=True)).to(torch.float32).contiguous()
+    X32 = X.to(torch.float32)
+    mean = X32.mean(dim=0, keepdim=True, dtype=torch.float64).to(torch.float32)
+    return (X32 - mean).contiguous()
 
 
 def _search(Xc: torch.Tensor, kk: int) -> torch.Tensor:
@@ -123,8 +131,10 @@ def _exact_distances(Xc: torch.Tensor, idx: torch.Tensor, chunk_elems: int = 1 <
     return out
 
 
-def _nearest_neighbors(X: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    Xc = _centre32(X)
+def _nearest_neighbors(X: torch.Tensor, k: int, *, centred: bool = False):
+    """(distances, indices) as documented in :func:`nearest_neighbors`; ``centred=True`` skips
+    the centring for data that already went through :func:`_centre32`."""
+    Xc = X if centred else _centre32(X)
     n = Xc.shape[0]
     idx = _search(Xc, k + 1).to(torch.int64)  # (n, k+1)
     # drop self; if self is not among the candidates (more than k exact copies), drop the last
