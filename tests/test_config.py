@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
+from hydra_configs import CONF_DIR, ROOT, compose_train
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR, ROOT, compose_train
 from repgeom.models.gpt import GPTConfig
 from repgeom.train import build_callbacks, build_loggers
 
@@ -37,9 +37,7 @@ def test_bert_small_is_gpt_small_with_post_norm(tmp_path: Path) -> None:
         assert bert[key] == gpt[key]
 
 
-@pytest.mark.parametrize(
-    "group", ["data", "optim", "trainer", "logger", "callbacks", "experiment"]
-)
+@pytest.mark.parametrize("group", ["data", "optim", "trainer", "logger", "callbacks", "probe", "experiment"])
 def test_every_group_option_instantiates(tmp_path: Path, group: str) -> None:
     for option in _options(group):
         cfg = compose_train(tmp_path, [f"{group}={option}"])
@@ -67,8 +65,19 @@ def test_unknown_key_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("masking", ["causal", "bidirectional"])
 def test_cfg_job_resolves_for_gpt_small(masking: str) -> None:
     out = subprocess.run(
-        [sys.executable, "train.py", "model=gpt_small", f"masking={masking}", "--cfg", "job", "--resolve"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "train.py",
+            "model=gpt_small",
+            f"masking={masking}",
+            "--cfg",
+            "job",
+            "--resolve",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     cfg = OmegaConf.create(out)
     assert cfg.model.n_layer == 12 and cfg.model.n_embd == 512 and cfg.model.block_size == 512

@@ -6,11 +6,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from hydra_configs import compose_train
+from wandb_records import logged_keys
 
-from conftest import compose_train
 from repgeom.models.lightning_module import CharLM, NonFiniteLossError
 from repgeom.train import train
-from wandb_records import logged_keys, wandb_history
 
 
 def _csv_metrics(output_dir: Path) -> pd.DataFrame:
@@ -37,7 +37,14 @@ def test_short_run_learns_and_logs_to_wandb_offline(tmp_path: Path, masking: str
     assert bpc[-1] < math.log2(vocab_size) - 1.5
 
     keys = logged_keys(result.wandb_dir)
-    for key in ("train/loss", "val/loss", "val/bpc", "train/tokens_seen", "lr-AdamW/decay", "train/device/items_per_sec"):
+    for key in (
+        "train/loss",
+        "val/loss",
+        "val/bpc",
+        "train/tokens_seen",
+        "lr-AdamW/decay",
+        "train/device/items_per_sec",
+    ):
         assert key in keys, f"{key} missing from the W&B run; logged: {sorted(keys)}"
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert (tmp_path / "checkpoints" / "best.ckpt").exists()
@@ -66,12 +73,19 @@ def test_resume_continues_the_same_curve(tmp_path: Path, masking: str) -> None:
 
     split = tmp_path / "split"
     # Stopped at step 10 of a 20-step schedule, as a preempted or crashed run would be.
-    first_half = ["logger=csv", f"masking={masking}", "trainer.max_steps=10", "optim.scheduler.total_steps=20"]
+    first_half = [
+        "logger=csv",
+        f"masking={masking}",
+        "trainer.max_steps=10",
+        "optim.scheduler.total_steps=20",
+    ]
     train(compose_train(split, first_half))
     ckpt = split / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == 10
     # A re-run in the same folder picks up last.ckpt by itself and goes on to step 20.
-    result = train(compose_train(split, ["logger=csv", f"masking={masking}", "trainer.max_steps=20"]))
+    result = train(
+        compose_train(split, ["logger=csv", f"masking={masking}", "trainer.max_steps=20"])
+    )
     assert result.trainer.global_step == 20
 
     expected = _train_losses(straight)
@@ -99,8 +113,12 @@ class PoisonWeights:
 def test_non_finite_loss_stops_with_a_message_and_keeps_the_checkpoint(tmp_path: Path) -> None:
     cfg = compose_train(
         tmp_path,
-        ["logger=csv", "trainer.max_steps=40", "+callbacks.poison._target_=test_train.PoisonWeights",
-         "+callbacks.poison.after_step=12"],
+        [
+            "logger=csv",
+            "trainer.max_steps=40",
+            "+callbacks.poison._target_=test_train.PoisonWeights",
+            "+callbacks.poison.after_step=12",
+        ],
     )
     with pytest.raises(NonFiniteLossError, match="last good checkpoint") as error:
         train(cfg)

@@ -84,8 +84,9 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
 
 
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
-    """Instantiate every `_target_` entry of `cfg.callbacks` (so a callback needs no code)."""
-    return [instantiate(conf) for conf in (cfg.get("callbacks") or {}).values() if conf]
+    """Instantiate every `_target_` entry of `cfg.callbacks` and the probe (`cfg.probe`)."""
+    confs = [*(cfg.get("callbacks") or {}).values(), cfg.get("probe")]
+    return [instantiate(conf) for conf in confs if conf]
 
 
 def train(cfg: DictConfig) -> TrainResult:
@@ -139,7 +140,9 @@ def _is_offline(loggers: list[Logger]) -> bool:
 
 
 @rank_zero_only
-def _print_summary(trainer: L.Trainer, output_dir: Path, wandb_dir: Path | None, offline: bool) -> None:
+def _print_summary(
+    trainer: L.Trainer, output_dir: Path, wandb_dir: Path | None, offline: bool
+) -> None:
     metrics = trainer.callback_metrics
     bpc = metrics.get("val/bpc")
     parts = [

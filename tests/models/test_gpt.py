@@ -6,7 +6,9 @@ from repgeom.models.gpt import GPT, GPTConfig
 
 def _model(causal: bool, norm: str = "pre", seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, causal=causal, norm=norm)
+    config = GPTConfig(
+        vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, causal=causal, norm=norm
+    )
     return GPT(config).eval()
 
 

@@ -40,7 +40,9 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {getattr(self, name)}")
+                raise ValueError(
+                    f"model.{name} must be a positive integer, got {getattr(self, name)}"
+                )
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head}); "
@@ -162,7 +164,9 @@ class GPT(nn.Module):
                 "use shorter windows or a model with a larger block_size"
             )
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.drop(
+            self.transformer.wte(idx) + self.transformer.wpe(pos)
+        )  # (B, T, C)
         pre_norm = self.config.norm == "pre"
         if not pre_norm:
             x = self.transformer.ln(x)

@@ -127,12 +127,23 @@ class CharLM(L.LightningModule):
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
         weight_decay = optim["optimizer"].get("weight_decay", 0.0)
         groups = [
-            {"name": "decay", "params": decay, "weight_decay": weight_decay},  # matrices, embeddings
-            {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},  # biases, norms (nanoGPT)
+            {
+                "name": "decay",
+                "params": decay,
+                "weight_decay": weight_decay,
+            },  # matrices, embeddings
+            {
+                "name": "no_decay",
+                "params": no_decay,
+                "weight_decay": 0.0,
+            },  # biases, norms (nanoGPT)
         ]
         optimizer = instantiate(optim["optimizer"], _partial_=True)(groups)
         scheduler = warmup_cosine(optimizer, **optim["scheduler"])
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
 
 
 def _plain(config: Any) -> dict[str, Any]:
