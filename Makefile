@@ -15,6 +15,8 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
 	$(BIN)/pip install "$(TORCH_SPEC)"
 	$(BIN)/pip install -r requirements-dev.txt
+	# DADApy is a test-only reference; --no-deps keeps its numpy<2/jax pins out (requirements-dev.txt).
+	$(BIN)/pip install --no-deps dadapy==0.3.4
 	touch $@
 
 venv: $(VENV)/.installed

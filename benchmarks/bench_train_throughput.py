@@ -1,0 +1,152 @@
+"""Training throughput: the Lightning loop against a bare PyTorch loop, same model and batch.
+
+Both loops run the same `CharLM` objective (loss, AdamW groups, warmup-cosine schedule, gradient
+clipping) on the same batches, in alternating rounds in one process so that both see the same
+machine load; the ratio of their median tokens/s is the Lightning overhead.
+
+    python benchmarks/bench_train_throughput.py                       # gpt_tiny on CPU
+    python benchmarks/bench_train_throughput.py --model gpt_small --batch-size 16 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import lightning as L
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from repgeom.data.vocab import Vocab
+from repgeom.models.lightning_module import CharLM, warmup_cosine
+from repgeom.train import resolve_precision
+
+CONF_DIR = str((__import__("pathlib").Path(__file__).resolve().parents[1] / "conf"))
+
+
+def build_module(model: str, masking: str, total_steps: int) -> CharLM:
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={model}", f"masking={masking}", "output_dir=/tmp"])
+    vocab = Vocab(range(205))  # enwik8's byte vocabulary size
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model_cfg.pop("_target_")
+    model_cfg.update(vocab_size=vocab.size, causal=bool(cfg.masking.causal))
+    optim = OmegaConf.to_container(cfg.optim, resolve=False)
+    optim["scheduler"]["total_steps"] = total_steps
+    return CharLM(model_cfg, OmegaConf.to_container(cfg.masking), optim, vocab.to_dict())
+
+
+class Batches(torch.utils.data.Dataset):
+    def __init__(self, n: int, batch_size: int, block_size: int, vocab_size: int) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.data = torch.randint(0, vocab_size - 2, (n, batch_size, block_size + 1), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
+
+
+def bare_loop(module: CharLM, batches: Batches, device: torch.device, precision: str) -> float:
+    """Seconds for one pass over `batches` with a hand-written loop."""
+    module.to(device).train()
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    no_decay = [p for p in module.parameters() if p.dim() < 2]
+    optim = module.hparams.optim
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim["optimizer"]["weight_decay"]},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=optim["optimizer"]["lr"], betas=tuple(optim["optimizer"]["betas"]),
+    )
+    scheduler = warmup_cosine(optimizer, **optim["scheduler"])
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
+    _sync(device)
+    start = time.perf_counter()
+    for step, batch in enumerate(batches):
+        batch = batch.to(device, non_blocking=True)
+        with autocast:
+            loss, _ = module._loss(batch, generator_seed=step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def lightning_loop(module: CharLM, batches: Batches, accelerator: str, precision: str) -> float:
+    """Seconds for one pass over `batches` through `Trainer.fit` (timed from the first batch)."""
+    timer = _Timer()
+    trainer = L.Trainer(
+        accelerator=accelerator, devices=1, precision=precision, max_steps=len(batches),
+        gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
+        limit_val_batches=0, num_sanity_val_steps=0,
+    )
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
+    trainer.fit(module, train_dataloaders=loader)
+    return timer.seconds
+
+
+class _Timer(L.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == 0:
+            _sync(pl_module.device)
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        _sync(pl_module.device)
+        self.seconds = time.perf_counter() - self.start
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gpt_tiny")
+    parser.add_argument("--masking", default="causal")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    precision = resolve_precision("auto") if device.type == "cuda" else "32-true"
+    module = build_module(args.model, args.masking, total_steps=args.steps * args.rounds * 2)
+    block = module.model.config.block_size
+    batches = Batches(args.steps, args.batch_size, block, module.vocab.size)
+    tokens = args.steps * args.batch_size * block
+    # One warm-up pass of each (allocator, kernels, Lightning set-up).
+    bare_loop(module, Batches(3, args.batch_size, block, module.vocab.size), device, precision)
+    lightning_loop(module, Batches(3, args.batch_size, block, module.vocab.size), device.type, precision)
+    bare, light = [], []
+    for _ in range(args.rounds):
+        bare.append(tokens / bare_loop(module, batches, device, precision))
+        light.append(tokens / lightning_loop(module, batches, device.type, precision))
+    bare_tps, light_tps = statistics.median(bare), statistics.median(light)
+    n_params = module.model.num_params()
+    print(f"device: {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'})")
+    print(f"model: {args.model} ({n_params / 1e6:.2f}M non-embedding params), masking={args.masking}, "
+          f"batch {args.batch_size} x {block} tokens, precision {precision}")
+    print(f"bare PyTorch loop: {bare_tps:,.0f} tokens/s (median of {args.rounds} rounds of {args.steps} steps)")
+    print(f"Lightning loop:    {light_tps:,.0f} tokens/s")
+    print(f"ratio Lightning / bare: {light_tps / bare_tps:.3f}")
+    if device.type == "cuda":
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        peak = get_available_flops(device, torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
+        flops_per_token = module.flops_per_window / block
+        if peak:
+            print(f"MFU (Lightning loop): {light_tps * flops_per_token / peak:.3f}")
+
+
+if __name__ == "__main__":
+    main()
