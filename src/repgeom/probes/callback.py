@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.models.capture import Capture
 from repgeom.probes import plots, table
-from repgeom.probes.measure import ProbeSettings, measure
+from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,99 @@ def probe_schedule(
         keep = np.unique(np.round(np.linspace(0, len(ordered) - 1, max_probes)).astype(int))
         ordered = [ordered[i] for i in keep]
     return ordered
+
+
+def probe_set(
+    datamodule: Any,
+    *,
+    n_states: int,
+    positions_per_window: int | None,
+    block_size: int,
+    seed: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fixed probe windows of the validation split and, optionally, their position mask.
+
+    ``ceil(n_states / positions_per_window)`` windows from ``datamodule.probe_windows(n, seed)``
+    (every position of a window when `positions_per_window` is None); with
+    `positions_per_window`, a (n_windows, block_size) bool mask of that many random positions per
+    window, drawn once from `seed`. The training callback and ``probe.py`` both build their probe
+    set here, so a checkpoint probed later sees exactly the windows the training probe saw.
+
+    Returns
+    -------
+    windows : (n_windows, block_size) int64 tensor
+    valid : (n_windows, block_size) bool tensor, or None for every position
+    """
+    per_window = positions_per_window or block_size
+    if per_window > block_size:
+        raise ValueError(
+            f"probe.positions_per_window ({per_window}) exceeds the model's block_size "
+            f"({block_size}); use at most {block_size} or null for every position"
+        )
+    n_windows = math.ceil(n_states / per_window)
+    windows = datamodule.probe_windows(n_windows, seed=seed)
+    if per_window == block_size:
+        return windows, None
+    generator = torch.Generator().manual_seed(seed)
+    valid = torch.zeros(n_windows, block_size, dtype=torch.bool)
+    for row in valid:
+        row[torch.randperm(block_size, generator=generator)[:per_window]] = True
+    return windows, valid
+
+
+def gpt_captures(
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    valid: torch.Tensor | None,
+    *,
+    batch_size: int,
+    attention: bool,
+) -> Iterator[Capture]:
+    """`model.capture()` on micro-batches of `batch_size` windows, with their `valid` rows."""
+    device = next(model.parameters()).device
+    for start in range(0, len(windows), batch_size):
+        ids = windows[start : start + batch_size].to(device)
+        capture: Capture = model.capture(ids, attention=attention)
+        if valid is not None:
+            capture.valid = valid[start : start + batch_size]
+        yield capture
+
+
+def probe_gpt(
+    model: torch.nn.Module,
+    windows: torch.Tensor,
+    valid: torch.Tensor | None,
+    *,
+    batch_size: int,
+    settings: ProbeSettings,
+) -> ProbeOutput:
+    """`measure` our GPT on `windows`: eval mode, no gradients, the caller's RNG state untouched."""
+    was_training = model.training
+    device = next(model.parameters()).device
+    model.eval()
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            captures = gpt_captures(
+                model, windows, valid, batch_size=batch_size, attention=settings.attention
+            )
+            return measure(captures, settings)
+    finally:
+        model.train(was_training)
+
+
+def wandb_scalars(frame: pd.DataFrame) -> dict[str, float]:
+    """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
+    means ``probe/<metric>/mean`` (`table.layer_means`)."""
+    scalars: dict[str, float] = {}
+    for row in frame.itertuples(index=False):
+        key = f"probe/{row.metric}/layer_{row.layer:02d}"
+        if row.head >= 0:
+            key += f"/head_{row.head:02d}"
+        scalars[key] = row.value
+    for row in table.layer_means(frame).itertuples(index=False):
+        scalars[f"probe/{row.metric}/mean"] = row.value
+    return scalars
 
 
 class ProbeCallback(L.Callback):
@@ -123,26 +217,29 @@ class ProbeCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        block_size = pl_module.model.config.block_size
-        per_window = self.positions_per_window or block_size
-        if per_window > block_size:
-            raise ValueError(
-                f"probe.positions_per_window ({per_window}) exceeds the model's block_size "
-                f"({block_size}); use at most {block_size} or null for every position"
-            )
-        n_windows = math.ceil(self.n_states / per_window)
-        self.windows = trainer.datamodule.probe_windows(n_windows, seed=self.seed)
-        if per_window < block_size:
-            generator = torch.Generator().manual_seed(self.seed)
-            valid = torch.zeros(n_windows, block_size, dtype=torch.bool)
-            for row in valid:
-                row[torch.randperm(block_size, generator=generator)[:per_window]] = True
-            self.valid = valid
+        self.windows, self.valid = probe_set(
+            trainer.datamodule,
+            n_states=self.n_states,
+            positions_per_window=self.positions_per_window,
+            block_size=pl_module.model.config.block_size,
+            seed=self.seed,
+        )
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"done": sorted(self.done), "seconds": self.seconds}
+        # "config" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        return {"done": sorted(self.done), "seconds": self.seconds, "config": self.probe_config()}
+
+    def probe_config(self) -> dict[str, Any]:
+        """What fixes the probe's numbers: the probe set and the settings (not the schedule)."""
+        return {
+            "n_states": self.n_states,
+            "positions_per_window": self.positions_per_window,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "settings": asdict(self.settings),
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
@@ -183,31 +280,17 @@ class ProbeCallback(L.Callback):
             rank_zero_warn(message)
         rows = [{"step": step, **row} for row in output.rows]
         frame = table.append_rows(table.probe_dir(self.run_dir), rows)
-        self.seconds += time.perf_counter() - start
         self._log_scalars(trainer, step, table.rows_to_frame(rows))
         n_done = len(self.done)
         if self.plot_every_n_probes and n_done % self.plot_every_n_probes == 0:
             self._plot(trainer, frame, step)
+        self.seconds += time.perf_counter() - start
 
     def run(self, model: torch.nn.Module):
         """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched."""
-        was_training = model.training
-        device = next(model.parameters()).device
-        model.eval()
-        devices = [device] if device.type == "cuda" else []
-        try:
-            with torch.random.fork_rng(devices=devices), torch.no_grad():
-                return measure(self._captures(model, device), self.settings)
-        finally:
-            model.train(was_training)
-
-    def _captures(self, model: torch.nn.Module, device: torch.device):
-        for start in range(0, len(self.windows), self.batch_size):
-            ids = self.windows[start : start + self.batch_size].to(device)
-            capture: Capture = model.capture(ids, attention=self.settings.attention)
-            if self.valid is not None:
-                capture.valid = self.valid[start : start + self.batch_size]
-            yield capture
+        return probe_gpt(
+            model, self.windows, self.valid, batch_size=self.batch_size, settings=self.settings
+        )
 
     # -- logging ------------------------------------------------------------------------------
 
@@ -234,14 +317,7 @@ class ProbeCallback(L.Callback):
         runs = self._wandb(trainer)
         if not runs:
             return
-        scalars: dict[str, float] = {"probe/step": step, "probe/seconds_total": self.seconds}
-        for row in frame.itertuples(index=False):
-            key = f"probe/{row.metric}/layer_{row.layer:02d}"
-            if row.head >= 0:
-                key += f"/head_{row.head:02d}"
-            scalars[key] = row.value
-        for row in table.layer_means(frame).itertuples(index=False):
-            scalars[f"probe/{row.metric}/mean"] = row.value
+        scalars = {"probe/step": step, "probe/seconds_total": self.seconds, **wandb_scalars(frame)}
         for run in runs:
             run.log(scalars)
 
@@ -257,8 +333,10 @@ class ProbeCallback(L.Callback):
         return paths
 
     def _finish(self, trainer: L.Trainer) -> None:
+        start = time.perf_counter()
         frame = table.read_table(self.run_dir)
         self._plot(trainer, frame, int(frame["step"].max()))
+        self.seconds += time.perf_counter() - start
         result = table.summary(frame)
         text = table.format_summary(result)
         print(f"Probe summary ({len(self.done)} probes, {self.seconds:.1f} s in total):\n{text}")

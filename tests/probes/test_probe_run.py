@@ -1,0 +1,367 @@
+"""probe.py: Hugging Face folders, our checkpoints and runs, revisions, compare, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra_configs import CONF_DIR, ROOT, compose_train
+from omegaconf import DictConfig
+from wandb_records import wandb_history
+
+from repgeom.probes import runner, table
+from repgeom.probes.measure import ProbeSettings
+from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
+from repgeom.train import train
+
+# The training probe's metrics on a tiny model (max_order=16) plus the distribution fits that
+# probe.py adds by default.
+STATE_METRICS = {
+    "anisotropy",
+    "mean_cosine",
+    "cosine_baseline",
+    "drift_norm",
+    "drift_ratio",
+    "twonn",
+    "twonn_mle",
+    "duplicates",
+    "near_duplicate_share",
+    "gride_k2",
+    "gride_k8",
+    "kurtosis",
+    "n_modes",
+    "loglik_normal",
+}
+HEAD_METRICS = {
+    "attention_entropy",
+    "attention_entropy_norm",
+    "attention_max",
+    "attention_median",
+    "attention_min",
+    "qk_cosine",
+    "qk_dot",
+    "score_mean",
+    "score_std",
+    "score_max_abs",
+}
+# Small and fast: a few hundred states, GRIDE up to order 8, few distribution samples.
+SMALL = [
+    "n_states=192",
+    "settings.max_order=8",
+    "settings.twonn_batch_size=192",
+    "settings.distribution_samples=500",
+    "device=cpu",
+    "plot_metrics=[anisotropy,twonn]",  # each figure costs ~0.4 s on a shared CPU
+]
+
+
+def compose_probe(tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
+    """The real `conf/probe.yaml`, writing to `tmp_path`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
+
+
+def assert_every_metric_every_layer(frame: pd.DataFrame, n_layers: int, n_heads: int) -> None:
+    for metric in STATE_METRICS:
+        layers = sorted(frame.loc[frame["metric"] == metric, "layer"])
+        assert layers == list(range(n_layers + 1)), metric
+    for metric in HEAD_METRICS:
+        rows = frame[frame["metric"] == metric]
+        assert len(rows) == n_layers * n_heads, metric
+        assert set(rows["layer"]) == set(range(1, n_layers + 1)), metric
+    finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS)]
+    assert np.isfinite(finite["value"]).all()
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory, tiny_text) -> Path:
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text(tiny_text * 3)  # in the tiny tokenizers' vocabulary: no <unk>
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face folders
+
+
+@pytest.mark.parametrize(
+    "family, kind", [("gpt2", "decoder"), ("bert", "encoder"), ("gpt_neox", "decoder"),
+                     ("llama", "decoder")]
+)  # fmt: skip
+def test_hf_folder_every_metric_every_layer(
+    tmp_path, tiny_hf_folder, text_file, family, kind
+) -> None:
+    folder = tiny_hf_folder(family)
+    cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
+    result = probe(cfg)
+    assert result.kinds == {folder: kind}
+    frame = table.read_table(tmp_path)
+    assert set(frame["model"]) == {folder} and frame["step"].unique().tolist() == [0]
+    assert_every_metric_every_layer(frame, n_layers=2, n_heads=4)
+    info = json.loads((tmp_path / "probe_info.json").read_text())
+    assert info["subjects"][0]["kind"] == kind
+    assert (tmp_path / "probes" / "plots" / "profile_anisotropy.png").exists()
+
+
+def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text_file) -> None:
+    # BERT windows are [CLS] 30 chars [SEP]: 30 states per window without the specials.
+    folder = tiny_hf_folder("bert")
+    base = [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL, "n_states=60"]
+    base += ["settings.intrinsic_dimension=false", "settings.distributions=false"]
+    drift = {}
+    for include in ("false", "true"):
+        probe(compose_probe(tmp_path / include, [*base, f"include_special={include}"]))
+        frame = table.read_table(tmp_path / include)
+        drift[include] = frame.query("metric == 'drift_norm' and layer == 2")["value"].item()
+    assert drift["false"] != pytest.approx(drift["true"])
+
+
+def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
+    """The entry point as a user runs it (one subprocess; every other test calls `probe`)."""
+    folder = tiny_hf_folder("gpt2")
+    out = tmp_path / "out"
+    command = [sys.executable, "probe.py", f"hf={folder}", f"text_file={text_file}", "window=32",
+               *SMALL, f"hydra.run.dir={out}"]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "160"}
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "decoder" in done.stdout and "anisotropy" in done.stdout
+    frame = table.read_table(out)
+    assert_every_metric_every_layer(frame, n_layers=2, n_heads=4)
+    assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()
+
+
+def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder, text_file):
+    folder = tiny_hf_folder("electra")
+    cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
+    with pytest.warns(UserWarning, match="model family 'electra' has no query/key hooks"):
+        result = probe(cfg)
+    metrics = set(result.frame["metric"])
+    assert {"anisotropy", "twonn", "attention_entropy"} <= metrics
+    assert "qk_cosine" not in metrics
+    assert result.kinds == {folder: "encoder"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Revisions
+
+
+def test_revision_steps() -> None:
+    assert revision_steps(["step1000", "step8000", "step143000"]) == [1000, 8000, 143000]
+    assert revision_steps(["main", "step10"]) == [0, 1]  # not all numbered: the index
+    assert revision_steps(["v1", "x1"]) == [0, 1]  # numbers repeat: the index
+
+
+def test_each_revision_is_loaded_and_is_one_step(
+    tmp_path, tiny_hf_folder, text_file, monkeypatch
+) -> None:
+    """transformers' `revision=` needs a hub repository (a local folder ignores it), so two
+    local folders stand in for two revisions: the loader is patched to map revision -> folder.
+    """
+    from repgeom.probes import hf as hf_module
+
+    folders = {"step100": tiny_hf_folder("gpt2"), "step300": tiny_hf_folder("gpt2-scaled")}
+    real_load = hf_module.load_hf_model
+    calls = []
+
+    def load(name, *, revision=None, **kwargs):
+        calls.append((name, revision))
+        return real_load(folders[revision], **kwargs)
+
+    monkeypatch.setattr(hf_module, "load_hf_model", load)
+    cfg = compose_probe(
+        tmp_path,
+        ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
+         "window=32", *SMALL, "settings.distributions=false"],
+    )  # fmt: skip
+    result = probe(cfg)
+    assert calls == [("org/pythia-like", "step100"), ("org/pythia-like", "step300")]
+    frame = table.read_table(tmp_path)
+    assert sorted(frame["step"].unique()) == [100, 300]
+    assert set(frame["revision"]) == {"step100", "step300"}
+    assert set(frame["model"]) == {"org/pythia-like"}
+    # The two revisions differ (another model), so their rows must too.
+    a, b = (frame.query(f"step == {s} and metric == 'anisotropy'")["value"] for s in (100, 300))
+    assert not np.allclose(a.to_numpy(), b.to_numpy())
+    plots = {p.name for p in result.plots}
+    assert {"profile_anisotropy.png", "vs_step_anisotropy.png"} <= plots
+
+
+# ---------------------------------------------------------------------------------------------
+# Our checkpoints
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A tiny training run probed at steps 0, 10 and 20, with checkpoints at steps 10 and 20."""
+    run_dir = tmp_path_factory.mktemp("run")
+    steps_ckpt = (
+        "+callbacks.every10={_target_:lightning.pytorch.callbacks.ModelCheckpoint,"
+        f"dirpath:'{run_dir}/checkpoints',filename:'step{{step}}',every_n_train_steps:10,"
+        "save_top_k:-1,auto_insert_metric_name:false}"
+    )
+    overrides = ["logger=csv", "probe.every_n_steps=10", "probe.n_log_spaced=0", steps_ckpt]
+    train(compose_train(run_dir, overrides))
+    return run_dir
+
+
+def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> None:
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    result = probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "plot_metrics=[anisotropy]"]))
+    assert result.kinds == {"last (step 20)": "decoder"}
+    ours = table.read_table(tmp_path)
+    logged = table.read_table(trained_run)
+    keys = ["step", "layer", "head", "metric"]
+    merged = logged.loc[logged["step"] == 20].merge(ours, on=keys, suffixes=("_train", "_probe"))
+    # Every metric the training probe logged at step 20 is in probe.py's table (which also has
+    # the distribution fits, off in training).
+    assert len(merged) == (logged["step"] == 20).sum() > 50
+    assert {"loglik_normal", "kurtosis"} <= set(ours["metric"])
+    # Same weights, same windows, same code path (probe_gpt) in another process: the only
+    # freedom left is float32 summation order in CPU kernels (thread count), ~1e-7 relative;
+    # the estimators (TwoNN on nearest-neighbour ratios) can amplify that a little, hence 1e-5.
+    np.testing.assert_allclose(
+        merged["value_probe"], merged["value_train"], rtol=1e-5, atol=1e-7, err_msg="value"
+    )
+    np.testing.assert_allclose(
+        merged["std_probe"], merged["std_train"], rtol=1e-5, atol=1e-7, err_msg="std"
+    )
+
+
+def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run) -> None:
+    """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
+    ckpt = runner.read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
+    saved = runner.training_probe(ckpt, trained_run)
+    assert saved.origin == "checkpoint" and saved.n_states == 256
+    ckpt["callbacks"] = {key: {"done": [0]} for key in ckpt["callbacks"]}
+    from_run = runner.training_probe(ckpt, trained_run)
+    assert from_run.origin.startswith("run config")
+    assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (256, None, 0)
+    # The run config lists what conf/probe/default.yaml sets; ProbeSettings fills the rest.
+    assert ProbeSettings(**from_run.settings) == ProbeSettings(**saved.settings)
+
+
+def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, trained_run) -> None:
+    assert [s for s, _ in runner.find_checkpoints(trained_run)] == [10, 20]
+    overrides = [f"run={trained_run}", "logger=wandb", "settings.distributions=false",
+                 "plot_metrics=[anisotropy,twonn]"]  # fmt: skip
+    os.environ.setdefault("WANDB_MODE", "offline")
+    result = probe(compose_probe(tmp_path, overrides))
+    frame = table.read_table(tmp_path)
+    assert sorted(frame["step"].unique()) == [10, 20]
+    assert set(frame["model"]) == {trained_run.name}
+    logged = table.read_table(trained_run)
+    at10 = logged.loc[logged["step"] == 10].merge(
+        frame, on=["step", "layer", "head", "metric"], suffixes=("_train", "_probe")
+    )
+    np.testing.assert_allclose(at10["value_probe"], at10["value_train"], rtol=1e-5, atol=1e-7)
+    assert {"vs_step_twonn.png", "profile_anisotropy.png"} <= {p.name for p in result.plots}
+    # W&B: the training probe's keys, on the probe/step axis.
+    history = wandb_history(result.wandb_dir)
+    rows = [row for row in history if "probe/anisotropy/layer_01" in row]
+    assert sorted(row["probe/step"] for row in rows) == [10, 20]
+    assert "probe/qk_cosine/layer_02/head_01" in rows[0] and "probe/twonn/mean" in rows[0]
+    # An image is recorded as flattened fields ("probe/plots/<name>._type", ".path", ...).
+    assert any(key.startswith("probe/plots/profile_anisotropy.") for row in history for key in row)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compare
+
+
+def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
+    folder = tiny_hf_folder("bert")
+    text = "the lazy dog sleeps"
+    result = probe(
+        compose_probe(tmp_path, [f"hf={folder}", f"compare.text_a='{text}'",
+                                 f"compare.text_b='{text}'"])
+    )  # fmt: skip
+    pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
+    assert pooled["layer"].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(pooled["pooled_cosine"], 1.0, atol=1e-6)  # float32 states
+    assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
+    matrix = pd.read_csv(tmp_path / "compare" / "token_cosine_last_layer.csv", index_col=0)
+    assert matrix.shape == (len(text), len(text))  # [CLS]/[SEP] excluded
+    np.testing.assert_allclose(np.diag(matrix.to_numpy()), 1.0, atol=1e-5)
+    assert result.frame.empty and result.kinds == {folder: "encoder"}
+
+
+def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
+    pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
+    assert len(pooled) == 3 and (pooled["pooled_cosine"] < 1 - 1e-4).all()
+    matrix = pd.read_csv(tmp_path / "compare" / "token_cosine_last_layer.csv", index_col=0)
+    assert matrix.shape == (3, 4)
+    assert (tmp_path / "compare" / "compare.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_missing_paths(tmp_path) -> None:
+    for override, match in (
+        ("ckpt=/nonexistent/last.ckpt", "ckpt='/nonexistent/last.ckpt': no such file"),
+        ("run=/nonexistent/run", "run='/nonexistent/run': no such folder"),
+        ("hf=/nonexistent/model", "no such local folder"),
+    ):
+        with pytest.raises(FileNotFoundError, match=match):
+            probe(compose_probe(tmp_path, [override]))
+    (tmp_path / "empty_run").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+        probe(compose_probe(tmp_path, [f"run={tmp_path / 'empty_run'}"]))
+
+
+def test_checkpoint_of_another_format(tmp_path, tiny_hf_folder) -> None:
+    state_dict = tmp_path / "weights.pt"
+    torch.save({"layer.weight": torch.zeros(2, 2)}, state_dict)
+    with pytest.raises(CheckpointFormatError, match="plain state dict"):
+        probe(compose_probe(tmp_path, [f"ckpt={state_dict}"]))
+    lightning_other = tmp_path / "other.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, lightning_other)
+    with pytest.raises(CheckpointFormatError, match="not one of repgeom's CharLM"):
+        probe(compose_probe(tmp_path, [f"ckpt={lightning_other}"]))
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(CheckpointFormatError, match="torch.load cannot read it"):
+        probe(compose_probe(tmp_path, [f"ckpt={text}"]))
+    with pytest.raises(ValueError, match="use ckpt= instead|not a Hugging Face model folder"):
+        probe(compose_probe(tmp_path, [f"hf={tmp_path}"]))
+
+
+def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    folder = tiny_hf_folder("gpt2")
+    with pytest.raises(ValueError, match="one window of 32 tokens"):
+        probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={short}", "window=32"]))
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(ValueError, match="block_size=32"):
+        probe(compose_probe(tmp_path, [f"ckpt={ckpt}", f"text_file={short}"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ([], "give exactly one of run="),
+        (["hf=gpt2", "ckpt=x.ckpt"], r"got ckpt=x.ckpt, hf=gpt2"),
+        (["ckpt=x.ckpt", "hf_revisions=[a]"], "hf_revisions= needs hf="),
+        (["hf=gpt2", "compare.text_a=a"], "compare needs both"),
+        (["run=x", "compare.text_a=a", "compare.text_b=b"], "compare takes ckpt= or hf="),
+        (["hf=gpt2", "+settings.bogus=1"], "unknown key"),
+    ],
+)
+def test_bad_config(tmp_path, overrides, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        probe(compose_probe(tmp_path, overrides))
