@@ -28,7 +28,9 @@ CONF_DIR = str((__import__("pathlib").Path(__file__).resolve().parents[1] / "con
 
 def build_module(model: str, masking: str, total_steps: int) -> CharLM:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"model={model}", f"masking={masking}", "output_dir=/tmp"])
+        cfg = compose(
+            "train", overrides=[f"model={model}", f"masking={masking}", "output_dir=/tmp"]
+        )
     vocab = Vocab(range(205))  # enwik8's byte vocabulary size
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("_target_")
@@ -41,7 +43,9 @@ def build_module(model: str, masking: str, total_steps: int) -> CharLM:
 class Batches(torch.utils.data.Dataset):
     def __init__(self, n: int, batch_size: int, block_size: int, vocab_size: int) -> None:
         generator = torch.Generator().manual_seed(0)
-        self.data = torch.randint(0, vocab_size - 2, (n, batch_size, block_size + 1), generator=generator)
+        self.data = torch.randint(
+            0, vocab_size - 2, (n, batch_size, block_size + 1), generator=generator
+        )
 
     def __len__(self) -> int:
         return len(self.data)
@@ -57,9 +61,12 @@ def bare_loop(module: CharLM, batches: Batches, device: torch.device, precision:
     no_decay = [p for p in module.parameters() if p.dim() < 2]
     optim = module.hparams.optim
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim["optimizer"]["weight_decay"]},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=optim["optimizer"]["lr"], betas=tuple(optim["optimizer"]["betas"]),
+        [
+            {"params": decay, "weight_decay": optim["optimizer"]["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=optim["optimizer"]["lr"],
+        betas=tuple(optim["optimizer"]["betas"]),
     )
     scheduler = warmup_cosine(optimizer, **optim["scheduler"])
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
@@ -82,10 +89,18 @@ def lightning_loop(module: CharLM, batches: Batches, accelerator: str, precision
     """Seconds for one pass over `batches` through `Trainer.fit` (timed from the first batch)."""
     timer = _Timer()
     trainer = L.Trainer(
-        accelerator=accelerator, devices=1, precision=precision, max_steps=len(batches),
-        gradient_clip_val=1.0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[timer],
-        limit_val_batches=0, num_sanity_val_steps=0,
+        accelerator=accelerator,
+        devices=1,
+        precision=precision,
+        max_steps=len(batches),
+        gradient_clip_val=1.0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer],
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
     )
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
     trainer.fit(module, train_dataloaders=loader)
@@ -126,23 +141,33 @@ def main() -> None:
     tokens = args.steps * args.batch_size * block
     # One warm-up pass of each (allocator, kernels, Lightning set-up).
     bare_loop(module, Batches(3, args.batch_size, block, module.vocab.size), device, precision)
-    lightning_loop(module, Batches(3, args.batch_size, block, module.vocab.size), device.type, precision)
+    lightning_loop(
+        module, Batches(3, args.batch_size, block, module.vocab.size), device.type, precision
+    )
     bare, light = [], []
     for _ in range(args.rounds):
         bare.append(tokens / bare_loop(module, batches, device, precision))
         light.append(tokens / lightning_loop(module, batches, device.type, precision))
     bare_tps, light_tps = statistics.median(bare), statistics.median(light)
     n_params = module.model.num_params()
-    print(f"device: {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'})")
-    print(f"model: {args.model} ({n_params / 1e6:.2f}M non-embedding params), masking={args.masking}, "
-          f"batch {args.batch_size} x {block} tokens, precision {precision}")
-    print(f"bare PyTorch loop: {bare_tps:,.0f} tokens/s (median of {args.rounds} rounds of {args.steps} steps)")
+    print(
+        f"device: {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'})"
+    )
+    print(
+        f"model: {args.model} ({n_params / 1e6:.2f}M non-embedding params), masking={args.masking}, "
+        f"batch {args.batch_size} x {block} tokens, precision {precision}"
+    )
+    print(
+        f"bare PyTorch loop: {bare_tps:,.0f} tokens/s (median of {args.rounds} rounds of {args.steps} steps)"
+    )
     print(f"Lightning loop:    {light_tps:,.0f} tokens/s")
     print(f"ratio Lightning / bare: {light_tps / bare_tps:.3f}")
     if device.type == "cuda":
         from lightning.fabric.utilities.throughput import get_available_flops
 
-        peak = get_available_flops(device, torch.bfloat16 if precision == "bf16-mixed" else torch.float32)
+        peak = get_available_flops(
+            device, torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+        )
         flops_per_token = module.flops_per_window / block
         if peak:
             print(f"MFU (Lightning loop): {light_tps * flops_per_token / peak:.3f}")
