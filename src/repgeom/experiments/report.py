@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,13 +251,23 @@ def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
     return images, per_layer
 
 
-def common_bias(folder: Path) -> list[tuple[str, dict, str]]:
-    """Experiment 4: each model's summary.json and figure, as the experiment wrote them."""
-    found = []
-    for summary in sorted(folder.glob("*/summary.json")):
-        figure = summary.parent / "common_bias.png"
-        found.append((summary.parent.name, json.loads(summary.read_text()), figure.as_posix()))
-    return found
+def common_bias(folder: Path, out: Path) -> list[str]:
+    """Experiment 4: the page `render_markdown` makes from each model's summary.json, re-rooted
+    at `out` (headings one level down, figure links relative to the report)."""
+    from repgeom.experiments.common_bias import render_markdown
+
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("*/summary.json"))]
+    if not summaries:
+        raise FileNotFoundError(f"no */summary.json under {folder}; run experiment 4 first")
+    prefix = folder.resolve().relative_to(out.resolve()).as_posix()
+    lines = render_markdown(summaries).splitlines()[1:]  # its own title is ours
+    body = []
+    for line in lines:
+        if line.startswith("#"):
+            line = "#" + line
+        line = re.sub(r"\]\((?!https?:)([^)]+\.png)\)", rf"]({prefix}/\1)", line)
+        body.append(line)
+    return body
 
 
 def render(args: argparse.Namespace) -> Path:
@@ -312,21 +323,7 @@ def render(args: argparse.Namespace) -> Path:
             lines.append("")
     if args.common_bias:
         lines += ["## 4. An untrained block under a common bias (Godey et al. 2024, §4)", ""]
-        for model, summary, figure in common_bias(Path(args.common_bias)):
-            command = summary.get(
-                "command", f"python -m repgeom.experiments.common_bias model={model}"
-            )
-            lines += [
-                f"### {model}",
-                "",
-                f"Command: `{command}`",
-                "",
-                "```json",
-                json.dumps(summary, indent=1, default=str),
-                "```",
-                f"![{model}]({rel(figure)})",
-                "",
-            ]
+        lines += common_bias(Path(args.common_bias), out) + [""]
     if args.distributions:
         images, per_layer = distributions(Path(args.distributions), figures)
         lines += [
