@@ -12,9 +12,12 @@ from urllib.parse import urlparse
 
 import lightning as L
 import torch
+import wandb
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
-from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.models.lightning_module import CharLM
@@ -77,10 +80,42 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
                     conf.offline = mode in ("offline", "dryrun") if mode else not wandb_logged_in()
                 if conf.get("id") is None:
                     conf.id = _run_id(output_dir)
+                if conf.get("group") is None:
+                    conf.group = sweep_group()
                 conf.resume = "allow"
         log.debug("logger %s: %s", name, conf.get("_target_"))
         loggers.append(instantiate(conf))
     return loggers
+
+
+def sweep_group() -> str | None:
+    """The W&B group of a Hydra multirun, named after its sweep folder; None outside one.
+
+    The part after `multirun/` (`multirun/2024-05-01/12-00-00` -> "2024-05-01_12-00-00",
+    `multirun/masking-sweep` -> "masking-sweep"), else the folder's name. Name a sweep with
+    `hydra.sweep.dir=multirun/<name>`, or set `logger.wandb.group` directly.
+    """
+    if not HydraConfig.initialized():
+        return None
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return None
+    parts = Path(hydra_cfg.sweep.dir).parts
+    after = [i + 1 for i, part in enumerate(parts) if part == "multirun"]
+    tail = parts[after[-1]:] if after and after[-1] < len(parts) else parts[-1:]
+    return "_".join(tail)
+
+
+def resume_checkpoint(output_dir: Path) -> Path | None:
+    """The newest checkpoint of a run folder: `checkpoints/last.ckpt` or `hpc_ckpt_<n>.ckpt`.
+
+    Lightning's SLURMEnvironment writes `hpc_ckpt_<n>.ckpt` into the run folder when SLURM's
+    warning signal arrives, then requeues the job; the requeued job resumes from whichever of
+    the two is newer (by modification time, as Lightning's `ckpt_path="last"` decides).
+    """
+    candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
+    existing = [path for path in candidates if path.is_file()]
+    return max(existing, key=lambda path: path.stat().st_mtime, default=None)
 
 
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -118,21 +153,40 @@ def train(cfg: DictConfig) -> TrainResult:
         trainer_cfg, callbacks=build_callbacks(cfg), logger=loggers or False
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    # Windows per optimizer step over all ranks (conf/trainer/ddp.yaml); in the W&B config too.
+    resolved["effective_batch_size"] = _log_effective_batch_size(cfg, trainer)
     for logger in loggers:
         logger.log_hyperparams(resolved)
 
     ckpt_path = cfg.ckpt_path
-    last = output_dir / "checkpoints" / "last.ckpt"
-    if ckpt_path is None and last.exists():
-        log.info("Resuming from %s (found in the run folder)", last)
-        ckpt_path = str(last)
+    found = resume_checkpoint(output_dir)
+    if ckpt_path is None and found is not None:
+        log.info("Resuming from %s (found in the run folder)", found)
+        ckpt_path = str(found)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
+    # Under DDP only rank 0 has a W&B run; the other ranks hold a stand-in without a folder.
     wandb_dir = next(
         (Path(lg.experiment.dir).parent for lg in loggers if isinstance(lg, WandbLogger)), None
-    )
+    ) if trainer.is_global_zero else None
     _print_summary(trainer, output_dir, wandb_dir, offline=_is_offline(loggers))
+    if wandb_dir is not None:
+        # Close the W&B run: otherwise the next job of a multirun (same process) logs into it.
+        wandb.finish()
     return TrainResult(trainer, module, datamodule, output_dir, wandb_dir)
+
+
+def _log_effective_batch_size(cfg: DictConfig, trainer: L.Trainer) -> int:
+    """Per device x devices x nodes x accumulation; printed once, on rank 0."""
+    per_device = int(cfg.data.batch_size)
+    ranks = trainer.num_devices * trainer.num_nodes
+    accumulate = trainer.accumulate_grad_batches
+    effective = per_device * ranks * accumulate
+    rank_zero_info(
+        f"Effective batch size {effective} windows = {per_device} per device x {ranks} "
+        f"device(s) x {accumulate} accumulation step(s)"
+    )
+    return effective
 
 
 def _is_offline(loggers: list[Logger]) -> bool:
