@@ -79,7 +79,9 @@ def wandb_steps(wandb_run: Path, key: str = "train/loss") -> list[int]:
 
 
 def csv_metrics(run_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(run_dir / "csv" / "metrics.csv")
+    from repgeom.train import read_csv_metrics
+
+    return read_csv_metrics(run_dir)
 
 
 def probe_table(run_dir: Path) -> pd.DataFrame | None:

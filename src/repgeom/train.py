@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import lightning as L
+import pandas as pd
 import torch
 import wandb
 from hydra.core.hydra_config import HydraConfig
@@ -102,7 +103,7 @@ def sweep_group() -> str | None:
         return None
     parts = Path(hydra_cfg.sweep.dir).parts
     after = [i + 1 for i, part in enumerate(parts) if part == "multirun"]
-    tail = parts[after[-1]:] if after and after[-1] < len(parts) else parts[-1:]
+    tail = parts[after[-1] :] if after and after[-1] < len(parts) else parts[-1:]
     return "_".join(tail)
 
 
@@ -166,9 +167,13 @@ def train(cfg: DictConfig) -> TrainResult:
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     # Under DDP only rank 0 has a W&B run; the other ranks hold a stand-in without a folder.
-    wandb_dir = next(
-        (Path(lg.experiment.dir).parent for lg in loggers if isinstance(lg, WandbLogger)), None
-    ) if trainer.is_global_zero else None
+    wandb_dir = (
+        next(
+            (Path(lg.experiment.dir).parent for lg in loggers if isinstance(lg, WandbLogger)), None
+        )
+        if trainer.is_global_zero
+        else None
+    )
     _print_summary(trainer, output_dir, wandb_dir, offline=_is_offline(loggers))
     if wandb_dir is not None:
         # Close the W&B run: otherwise the next job of a multirun (same process) logs into it.
@@ -187,6 +192,35 @@ def _log_effective_batch_size(cfg: DictConfig, trainer: L.Trainer) -> int:
         f"device(s) x {accumulate} accumulation step(s)"
     )
     return effective
+
+
+def read_csv_metrics(run_dir: str | Path) -> pd.DataFrame:
+    """Every metric the CSV logger wrote in `run_dir`, across restarts, as one table.
+
+    Each start of a run (a resume, a requeued SLURM job) logs to its own `csv/version_N`
+    folder. Where a later start repeats steps (it resumed from a checkpoint older than the point
+    where the earlier start stopped), the later start's rows win from its first training step on.
+    """
+    files = sorted(
+        Path(run_dir).glob("csv/version_*/metrics.csv"),
+        key=lambda p: int(p.parent.name.removeprefix("version_")),
+    )
+    if not files:
+        raise FileNotFoundError(f"no csv/version_*/metrics.csv in {run_dir}: was logger=none?")
+    frames: list[pd.DataFrame] = []
+    for path in files:
+        frame = pd.read_csv(path)
+        # A start begins where its training loss begins (ThroughputMonitor counts its own
+        # batches from 1 after a resume, so the smallest step of the file would be too early).
+        steps = (
+            frame.loc[frame["train/loss"].notna(), "step"]
+            if "train/loss" in frame
+            else frame["step"]
+        )
+        if frames and not steps.empty:
+            frames = [f[f["step"] < steps.min()] for f in frames]
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _is_offline(loggers: list[Logger]) -> bool:

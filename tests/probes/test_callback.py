@@ -15,7 +15,7 @@ from repgeom.probes import table
 from repgeom.probes.callback import ProbeCallback, probe_schedule
 from repgeom.probes.compare_runs import main as compare_runs
 from repgeom.probes.measure import ProbeSettings, measure
-from repgeom.train import train
+from repgeom.train import read_csv_metrics, train
 
 STATE_METRICS = {
     "anisotropy",
@@ -95,7 +95,7 @@ def test_probing_leaves_training_unchanged(tmp_path: Path) -> None:
     losses = []
     for name, probe in (("with", PROBE), ("without", ["probe=none"])):
         train(compose_train(tmp_path / name, ["logger=csv", "trainer.max_steps=12", *probe]))
-        frame = pd.read_csv(tmp_path / name / "csv" / "metrics.csv").dropna(subset=["train/loss"])
+        frame = read_csv_metrics(tmp_path / name).dropna(subset=["train/loss"])
         losses.append(frame.set_index("step")["train/loss"])
     assert (tmp_path / "with" / "probes" / "probes.csv").exists()
     assert not (tmp_path / "without" / "probes").exists()
