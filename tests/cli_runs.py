@@ -30,6 +30,9 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", **extra}
     env["PATH"] = f"{Path(PYTHON).parent}{os.pathsep}{env.get('PATH', '')}"
     env.pop("WANDB_API_KEY", None)
+    # An in-process W&B run in this pytest process exports its service's address; a job that
+    # inherited it would share that service (and, requeued, find its run id still "in use").
+    env.pop("WANDB_SERVICE", None)
     return env
 
 
