@@ -1,15 +1,31 @@
 """Experiments 1-3 in miniature: the sweep preset runs and the report is rebuilt from its files."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
+from cli_runs import PYTHON, run_train, subprocess_env, tiny_overrides
+from hydra_configs import ROOT
 
-from cli_runs import run_train, tiny_overrides
-from repgeom.experiments.report import _fmt, _profile, main as report
+from repgeom.experiments.report import _fmt, _profile
+from repgeom.experiments.report import main as report
 from repgeom.probes.table import read_table
 
 pytestmark = pytest.mark.slow
+
+
+def run_probe(args: list[str]) -> None:
+    """`python probe.py ARGS` as a user runs it."""
+    proc = subprocess.run(
+        [PYTHON, "probe.py", *args],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +73,26 @@ def test_report_has_every_experiment_with_figures_and_numbers_from_the_tables(
     final = _profile(causal, "anisotropy", int(causal["step"].max()))
     assert _fmt(final) in text
     assert "gpt_tiny (2 layers, d=32), data=sample, 12 steps" in text
+
+
+def test_distributions_experiment_reports_the_best_family_per_layer(
+    sweep: Path, tmp_path: Path
+) -> None:
+    # Experiment 5: probe.py on the decoder's last checkpoint (distribution fits on by default).
+    run_probe(
+        [
+            f"ckpt={sweep / 'causal' / 'checkpoints' / 'last.ckpt'}",
+            "settings.distribution_samples=500",
+            f"hydra.run.dir={tmp_path / 'probe'}",
+        ]
+    )
+    path = report(["--distributions", str(tmp_path / "probe"), "--out", str(tmp_path / "docs")])
+    text = path.read_text()
+    assert "## 5. Activation distributions" in text
+    table = [line for line in text.splitlines() if line.startswith("| ") and "layer" not in line]
+    assert len(table) == 3  # embedding + 2 blocks of the tiny model
+    families = {"normal", "logistic", "t", "gennorm", "hypsecant"}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1] in families and cells[2] in families
+        assert int(cells[4]) >= 1

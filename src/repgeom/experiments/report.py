@@ -232,17 +232,15 @@ def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
     """Experiment 5: best-fitting family and number of modes per layer, from a probe.py run."""
     frame = read_table(run)
     frame = frame[frame["step"] == frame["step"].max()]
-    loglik = frame[frame["metric"].str.startswith("loglik_")]
-    best = (
-        loglik.sort_values("value")
-        .groupby("layer")
-        .tail(1)
-        .set_index("layer")["metric"]
-        .str.removeprefix("loglik_")
-    )
+
+    def best(prefix: str, largest: bool) -> pd.Series:
+        rows = frame[frame["metric"].str.startswith(prefix)].sort_values("value", ascending=largest)
+        return rows.groupby("layer").tail(1).set_index("layer")["metric"].str.removeprefix(prefix)
+
     per_layer = pd.DataFrame(
         {
-            "best family": best,
+            "best by log-likelihood": best("loglik_", largest=True),
+            "best by AIC": best("aic_", largest=False),
             "kurtosis": frame[frame["metric"] == "kurtosis"].set_index("layer")["value"],
             "modes": frame[frame["metric"] == "n_modes"].set_index("layer")["value"].astype(int),
         }
