@@ -112,7 +112,7 @@ def _attendable(T: int, causal: bool, device) -> torch.Tensor:
 
 def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
     B, H, T, _ = P.shape
-    P = P.to(torch.float64)
+    P32, P = P, P.to(torch.float64)  # sums in float64; max/min/median select, so any dtype
     att = _attendable(T, causal, P.device)  # (T, T)
     n_att = att.sum(dim=1)  # (T,)
     rows = (n_att > 1)[None, :].expand(B, T)  # (B, T) rows counted
@@ -132,9 +132,9 @@ def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
         )
     ent = -torch.special.xlogy(Pm, Pm).sum(dim=-1)  # (B, H, T), 0 log 0 = 0
     norm_ent = ent / torch.log(n_att.clamp(min=2).to(torch.float64))  # (B, H, T)
-    pmax = P.masked_fill(~att, -math.inf).amax(dim=-1)
-    pmin = P.masked_fill(~att, math.inf).amin(dim=-1)
-    srt = torch.sort(P.masked_fill(~att, math.inf), dim=-1).values  # attendable first
+    pmax = P32.masked_fill(~att, -math.inf).amax(dim=-1).to(torch.float64)
+    pmin = P32.masked_fill(~att, math.inf).amin(dim=-1).to(torch.float64)
+    srt = torch.sort(P32.masked_fill(~att, math.inf), dim=-1).values.to(torch.float64)
     lo = ((n_att - 1) // 2).view(1, 1, T, 1).expand(B, H, T, 1)
     hi = (n_att // 2).view(1, 1, T, 1).expand(B, H, T, 1)
     pmed = (srt.gather(-1, lo) + srt.gather(-1, hi)).squeeze(-1) / 2  # (B, H, T)

@@ -171,6 +171,8 @@ class ProbeCallback(L.Callback):
         The schedule, see `probe_schedule`.
     plot_every_n_probes : int
         Redraw the figures every this many probes (and always at the end); 0 only at the end.
+    plot_metrics : list of str or None
+        The metrics to draw (each figure costs a fraction of a second); None draws every metric.
     seed : int
         Fixes the probe windows and positions (the same for a causal and a bidirectional run).
     settings : dict
@@ -188,6 +190,7 @@ class ProbeCallback(L.Callback):
         n_log_spaced: int = 8,
         max_probes: int | None = 40,
         plot_every_n_probes: int = 5,
+        plot_metrics: list[str] | None = None,
         seed: int = 0,
         settings: dict[str, Any] | None = None,
     ) -> None:
@@ -202,6 +205,7 @@ class ProbeCallback(L.Callback):
             max_probes=max_probes,
         )
         self.plot_every_n_probes = plot_every_n_probes
+        self.plot_metrics = None if plot_metrics is None else list(plot_metrics)
         self.seed = seed
         self.settings = ProbeSettings(**{"seed": seed, **(settings or {})})
         self.schedule: list[int] = []
@@ -322,7 +326,7 @@ class ProbeCallback(L.Callback):
             run.log(scalars)
 
     def _plot(self, trainer: L.Trainer, frame: pd.DataFrame, step: int) -> list[Path]:
-        paths = plots.save_figures(frame, table.plot_dir(self.run_dir))
+        paths = plots.save_figures(frame, table.plot_dir(self.run_dir), metrics=self.plot_metrics)
         runs = self._wandb(trainer)
         if runs:
             import wandb
