@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Rebuild docs/results.md and its figures from the committed run tables (docs/results/runs,
+# docs/results/common_bias). To report new runs, point the arguments at their folders.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m repgeom.experiments.report \
+    --shape-of-learning docs/results/runs/shape_of_learning \
+    --distributions docs/results/runs/distributions_causal \
+    --distributions-command "python probe.py ckpt=<causal run>/checkpoints/last.ckpt" \
+    --common-bias docs/results/common_bias \
+    --notes docs/results_scale.md \
+    --out docs
