@@ -200,7 +200,11 @@ def _run_dir_of(ckpt_path: Path) -> Path:
 
 def _run_config(run_dir: Path) -> dict | None:
     """The training config of a run folder: Hydra's copy, else the CSV logger's resolved one."""
-    for path in (run_dir / ".hydra" / "config.yaml", run_dir / "csv" / "hparams.yaml"):
+    csv_copies = sorted(  # the CSV logger keeps one folder per start; the newest first
+        run_dir.glob("csv/version_*/hparams.yaml"),
+        key=lambda p: -int(p.parent.name.removeprefix("version_")),
+    )
+    for path in (run_dir / ".hydra" / "config.yaml", *csv_copies, run_dir / "csv" / "hparams.yaml"):
         if path.is_file():
             conf = OmegaConf.load(path)
             out = {}
