@@ -14,7 +14,7 @@ from repgeom.models.capture import Capture
 from repgeom.probes import table
 from repgeom.probes.callback import ProbeCallback, probe_schedule
 from repgeom.probes.compare_runs import main as compare_runs
-from repgeom.probes.measure import ProbeSettings, measure
+from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings, measure
 from repgeom.train import read_csv_metrics, train
 
 STATE_METRICS = {
@@ -29,18 +29,7 @@ STATE_METRICS = {
     "gride_k2",
     "gride_k16",
 }
-HEAD_METRICS = {
-    "attention_entropy",
-    "attention_entropy_norm",
-    "attention_max",
-    "attention_median",
-    "attention_min",
-    "qk_cosine",
-    "qk_dot",
-    "score_mean",
-    "score_std",
-    "score_max_abs",
-}
+HEAD_METRICS = set(PER_HEAD_METRICS)
 
 
 def test_schedule_is_log_spaced_then_even() -> None:

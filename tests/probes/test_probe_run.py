@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from wandb_records import wandb_history
 
 from repgeom.probes import runner, table
-from repgeom.probes.measure import ProbeSettings
+from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings
 from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
 from repgeom.train import train
 
@@ -41,18 +41,7 @@ STATE_METRICS = {
     "n_modes",
     "loglik_normal",
 }
-HEAD_METRICS = {
-    "attention_entropy",
-    "attention_entropy_norm",
-    "attention_max",
-    "attention_median",
-    "attention_min",
-    "qk_cosine",
-    "qk_dot",
-    "score_mean",
-    "score_std",
-    "score_max_abs",
-}
+HEAD_METRICS = set(PER_HEAD_METRICS)
 # Small and fast: a few hundred states, GRIDE up to order 8, few distribution samples.
 SMALL = [
     "n_states=192",

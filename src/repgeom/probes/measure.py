@@ -21,6 +21,20 @@ import torch
 from repgeom import metrics
 from repgeom.models.capture import Capture
 
+PER_HEAD_METRICS: tuple[str, ...] = (
+    "attention_entropy",
+    "attention_entropy_norm",
+    "attention_max",
+    "attention_median",
+    "attention_min",
+    "qk_cosine",
+    "qk_dot",
+    "score_mean",
+    "score_std",
+    "score_max_abs",
+)
+"""The metrics `measure` reports once per attention head (rows with head >= 0)."""
+
 
 @dataclass
 class ProbeSettings:
