@@ -1,8 +1,8 @@
 # Two commands set up and run everything on a fresh machine: `make quickstart` and `make test`.
 PYTHON ?= python3
 VENV ?= .venv
-# GPU users may point TORCH_SPEC at another build, e.g. TORCH_SPEC="torch==2.13.0" with
-# PIP_EXTRA_INDEX_URL set to their CUDA wheel index (see README, "GPU").
+# GPU users may point TORCH_SPEC at another build, e.g.
+#   make quickstart TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>"   (README, "GPU")
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyproject.toml
-	$(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install $(TORCH_SPEC)
 	$(BIN)/pip install -r requirements-dev.txt
 	# DADApy is a test-only reference; --no-deps keeps its numpy<2/jax pins out (requirements-dev.txt).
 	$(BIN)/pip install --no-deps dadapy==0.3.4
