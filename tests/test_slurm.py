@@ -150,8 +150,11 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     first, second = (wandb_losses(run) for run in runs)
     assert first.index.min() < 5 and first.index.max() < resumed_step
     assert second.index.min() >= resumed_step and second.index.max() >= final - 5
-    initial, before, after = first.iloc[0], first.tail(3).mean(), second.head(3).mean()
-    assert after < before + 0.1 and after < initial - 0.5, (initial, before, after)
+    # Per-step losses of 8-window batches of 32 characters scatter by ~0.15 nats, so the
+    # continuity check compares 10-step means and allows 0.3; a restart from scratch would sit
+    # at the untrained loss, several nats above.
+    initial, before, after = first.iloc[0], first.tail(10).mean(), second.head(10).mean()
+    assert after < before + 0.3 and after < initial - 0.5, (initial, before, after)
     # Each start logs to its own csv/version_N; stitched, the CSV curve runs from step 0 to the end.
     assert len(list(run_dir.glob("csv/version_*/metrics.csv"))) == 2
     steps = csv_metrics(run_dir).dropna(subset=["train/loss"])["step"]
