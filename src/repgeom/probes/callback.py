@@ -309,13 +309,8 @@ class ProbeCallback(L.Callback):
         return runs
 
     def _config(self) -> dict[str, Any]:
-        return {
-            "n_states": self.n_states,
-            "positions_per_window": self.positions_per_window,
-            "schedule": self.schedule,
-            **self.schedule_options,
-            "settings": asdict(self.settings),
-        }
+        """`probe_config()` plus the schedule, for the W&B run's config."""
+        return {**self.probe_config(), "schedule": self.schedule, **self.schedule_options}
 
     def _log_scalars(self, trainer: L.Trainer, step: int, frame: pd.DataFrame) -> None:
         runs = self._wandb(trainer)
