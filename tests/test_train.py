@@ -96,6 +96,27 @@ def test_resume_continues_the_same_curve(tmp_path: Path, masking: str) -> None:
     pd.testing.assert_series_equal(resumed, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("logging_counter_offset", [-1, 1])
+def test_resume_from_a_mid_step_checkpoint_logs_at_the_right_steps(
+    tmp_path: Path, logging_counter_offset: int
+) -> None:
+    # Lightning writes the SLURM requeue checkpoint from its signal handler, at any point of a
+    # step: restored, the loop's logging counter can be one behind or ahead of global_step.
+    overrides = ["logger=csv", "trainer.max_steps=10", "optim.scheduler.total_steps=20"]
+    train(compose_train(tmp_path, overrides))
+    ckpt_path = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    assert ckpt["global_step"] == 10
+    ckpt["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"] += (
+        logging_counter_offset
+    )
+    torch.save(ckpt, ckpt_path)
+
+    train(compose_train(tmp_path, ["logger=csv", "trainer.max_steps=20"]))
+    second_start = pd.read_csv(tmp_path / "csv" / "version_1" / "metrics.csv")
+    assert second_start.dropna(subset=["train/loss"])["step"].tolist() == list(range(10, 20))
+
+
 class PoisonWeights:
     """A callback that writes NaN into the weights after a given step (a diverging run)."""
 

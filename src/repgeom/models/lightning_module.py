@@ -95,6 +95,16 @@ class CharLM(L.LightningModule):
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         return loss, (targets != -100).sum()
 
+    def on_train_batch_start(self, batch: torch.Tensor, batch_idx: int) -> None:
+        """Keep the loggers' step equal to the optimizer step, also after a mid-step checkpoint.
+
+        Lightning writes the SLURM requeue checkpoint from inside its signal handler, at any
+        point of a training step; restored from it, the loop's logging counter can be one step
+        behind or ahead of `global_step`, and every metric of the resumed run would be logged at
+        the wrong step.
+        """
+        self.trainer.fit_loop.epoch_loop._batches_that_stepped = self.trainer.global_step
+
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         # The MLM mask of a step depends only on (seed, step), so a resumed run masks identically.
         loss, _ = self._loss(batch, generator_seed=self.hparams.seed * 1_000_003 + self.global_step)
