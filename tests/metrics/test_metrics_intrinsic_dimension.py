@@ -93,6 +93,17 @@ def test_duplicates_do_not_corrupt_twonn():
     assert dup.mle == pytest.approx(clean.mle, rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_copies_that_differ_only_by_the_sign_of_zero_are_duplicates(dtype) -> None:
+    X = _data("gauss5").astype(dtype)
+    X[:, 0] = 0.0
+    copies = X[:40].copy()
+    copies[:, 0] = -0.0
+    r = twonn(np.concatenate([X, copies]), batch_size=500)
+    assert r.n_duplicates == 40 and r.n_points == N and r.n_batches == 4
+    assert r.dimension == pytest.approx(twonn(X, batch_size=500).dimension, rel=1e-6)
+
+
 def test_batch_protocol():
     X = torch.randn(10000, 5, generator=torch.Generator().manual_seed(0))
     r = twonn(X)  # batch_size 4096 -> 2 batches of 5000

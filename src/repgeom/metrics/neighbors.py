@@ -30,7 +30,7 @@ def nearest_neighbors(X, k: int, *, device=None) -> tuple[torch.Tensor, torch.Te
 
     Precision. FAISS computes squared distances as ``||x||^2 + ||y||^2 - 2 x.y`` in float32,
     which cancels badly when all points share a large offset. So the data are first centred
-    (column mean subtracted in float64, then cast to float32), and the returned distances are
+    (column mean subtracted, in float32 for float32 data), and the returned distances are
     recomputed directly as ``||x_i - x_j||`` for the neighbours found (then re-sorted). The
     search runs for ``k + 1`` neighbours and drops the query itself (or, if the query is hidden
     behind more than ``k`` exact copies, the farthest candidate).
@@ -70,18 +70,20 @@ def nearest_neighbors(X, k: int, *, device=None) -> tuple[torch.Tensor, torch.Te
     return _nearest_neighbors(X.to(dev), k)
 
 
-def _centre32(X: torch.Tensor) -> torch.Tensor:
-    """Subtract the column mean (accumulated in float64); contiguous float32 result.
+def _centre32(X: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
+    """Subtract the column mean (or a given ``mean``); contiguous float32 result.
 
-    The precision fix for common offsets. For float32 (or lower) input the subtraction is done
-    in float32: ``x - m`` of nearby numbers is exact up to one rounding of the small result,
-    and the rounding of ``m`` itself is a constant shift that leaves distances unchanged.
+    The precision fix for common offsets. Float64 input is centred in float64, lower precisions
+    in float32 with a float32 mean (torch's cascaded sum, ten times faster than a float64
+    accumulation): an error in the mean is the same shift for every point, which leaves
+    distances unchanged, and ``x - m`` of nearby numbers is exact up to one rounding of the
+    small result.
     """
-    if X.dtype == torch.float64:
-        return (X - X.mean(dim=0, keepdim=True)).to(torch.float32).contiguous()
-    X32 = X.to(torch.float32)
-    mean = X32.mean(dim=0, keepdim=True, dtype=torch.float64).to(torch.float32)
-    return (X32 - mean).contiguous()
+    if X.dtype != torch.float64:
+        X = X.to(torch.float32)
+    if mean is None:
+        mean = X.mean(dim=0, keepdim=True)
+    return (X - mean).to(torch.float32).contiguous()
 
 
 def _search(Xc: torch.Tensor, kk: int) -> torch.Tensor:
