@@ -98,10 +98,11 @@ def test_sbatch_runs_a_two_process_job_to_the_end(slurm: LocalSlurm, tmp_path: P
 
 
 def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_path: Path) -> None:
-    # SLURM checks time limits every 30 s, so a warning "60 s before the end" of a 2-minute job
-    # arrives 30-60 s after the start: after Python's start-up (a 1-minute limit could signal
-    # before Lightning has installed its handler, and SIGUSR1 would kill the job). Training is
-    # bounded by trainer.max_time, 60 s of training time that Lightning's Timer keeps in the
+    # A one-minute limit. SLURM checks limits and warnings every 30 s and sends the warning
+    # when the next check would be too late (measured here: USR1@10 of a 1-minute job arrives
+    # 20-50 s after the start, whatever the number says), so it comes after Python's start-up
+    # and Lightning's handler (~12 s in), never before it (SIGUSR1 would kill the job). Training
+    # is bounded by trainer.max_time, 60 s of training time that Lightning's Timer keeps in the
     # checkpoint, so the first run is always interrupted and the rest takes 60 s at any speed.
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     max_steps, every = 10_000, 250
@@ -112,7 +113,7 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
         f"probe.log_spaced_until={every}",
     ]
     job = sbatch(
-        slurm, ["--ntasks-per-node=1", "--time=2", "--signal=USR1@60"], "slurm/train.sbatch",
+        slurm, ["--ntasks-per-node=1", "--time=1", "--signal=USR1@10"], "slurm/train.sbatch",
         overrides, run_dir, log,
     )
     # Once requeued, give the second run room, so that the test waits for one restart only.
