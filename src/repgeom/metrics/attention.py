@@ -134,10 +134,11 @@ def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
     norm_ent = ent / torch.log(n_att.clamp(min=2).to(torch.float64))  # (B, H, T)
     pmax = P32.masked_fill(~att, -math.inf).amax(dim=-1).to(torch.float64)
     pmin = P32.masked_fill(~att, math.inf).amin(dim=-1).to(torch.float64)
-    srt = torch.sort(P32.masked_fill(~att, math.inf), dim=-1).values.to(torch.float64)
+    srt = torch.sort(P32.masked_fill(~att, math.inf), dim=-1).values
     lo = ((n_att - 1) // 2).view(1, 1, T, 1).expand(B, H, T, 1)
     hi = (n_att // 2).view(1, 1, T, 1).expand(B, H, T, 1)
-    pmed = (srt.gather(-1, lo) + srt.gather(-1, hi)).squeeze(-1) / 2  # (B, H, T)
+    middle = srt.gather(-1, lo).to(torch.float64) + srt.gather(-1, hi).to(torch.float64)
+    pmed = middle.squeeze(-1) / 2  # (B, H, T)
     w = rows[:, None, :].to(torch.float64)  # (B, 1, T)
 
     def mean(x):  # per-head mean over counted rows
