@@ -25,6 +25,7 @@ quickstart: venv
 	$(BIN)/python train.py experiment=quickstart
 
 test: venv
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 clean:

@@ -1,4 +1,7 @@
-"""Train a character-level decoder or encoder on enwik8: `python train.py model=gpt_small masking=causal`."""
+"""Train a character-level decoder or encoder on enwik8.
+
+    python train.py model=gpt_small masking=causal
+"""
 
 import hydra
 from omegaconf import DictConfig

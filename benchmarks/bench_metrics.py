@@ -91,7 +91,8 @@ def bench_paper_protocol(X, device, repeats):
     runs = [timed(twonn, X, batch_size=4096) for _ in range(repeats)]
     t, r = float(np.median([t for t, _ in runs])), runs[0][1]
     report(f"twonn paper protocol (batches of 4096), {tag}", t,
-           f"median of {repeats}, {r.n_batches} batches, d={r.dimension:.2f}+-{r.dimension_std:.2f}")
+           f"median of {repeats}, {r.n_batches} batches, "
+           f"d={r.dimension:.2f}+-{r.dimension_std:.2f}")
     if device == "cpu":
         Xc = (X - X.mean(0)).contiguous()
         batches = [b.contiguous().numpy() for b in torch.tensor_split(Xc, r.n_batches)]

@@ -43,7 +43,8 @@ def quickstart_share() -> None:
     probe = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
     n = len(probe.done)
     print(
-        f"[quickstart gpt_tiny, CPU] {result.trainer.global_step} steps, train() wall {wall:.1f} s; "
+        f"[quickstart gpt_tiny, CPU] {result.trainer.global_step} steps, "
+        f"train() wall {wall:.1f} s; "
         f"{n} probes took {probe.seconds:.1f} s ({probe.seconds / n:.2f} s per probe incl. plots) "
         f"= {100 * probe.seconds / wall:.1f}% of the wall time"
     )
@@ -85,7 +86,8 @@ def gpt_small_share(device: torch.device) -> None:
         len(schedule) * probe_seconds / (len(schedule) * probe_seconds + max_steps * step_seconds)
     )
     print(
-        f"[gpt_small, {device}] one probe ({n_windows} windows x {block} = {n_windows * block} states, "
+        f"[gpt_small, {device}] one probe "
+        f"({n_windows} windows x {block} = {n_windows * block} states, "
         f"{model_config.n_layer + 1} layers, {len(output.rows)} numbers): {probe_seconds:.1f} s; "
         f"one training step (batch {cfg.data.batch_size} x {block}): {step_seconds:.2f} s; "
         f"{len(schedule)} probes over {max_steps} steps = {100 * share:.2f}% of the wall time"

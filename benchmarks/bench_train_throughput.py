@@ -23,7 +23,7 @@ from repgeom.data.vocab import Vocab
 from repgeom.models.lightning_module import CharLM, warmup_cosine
 from repgeom.train import resolve_precision
 
-CONF_DIR = str((__import__("pathlib").Path(__file__).resolve().parents[1] / "conf"))
+CONF_DIR = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "conf")
 
 
 def build_module(model: str, masking: str, total_steps: int) -> CharLM:
@@ -150,15 +150,20 @@ def main() -> None:
         light.append(tokens / lightning_loop(module, batches, device.type, precision))
     bare_tps, light_tps = statistics.median(bare), statistics.median(light)
     n_params = module.model.num_params()
-    print(
-        f"device: {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} CPU threads'})"
+    where = (
+        torch.cuda.get_device_name()
+        if device.type == "cuda"
+        else f"{torch.get_num_threads()} CPU threads"
     )
+    print(f"device: {device} ({where})")
     print(
-        f"model: {args.model} ({n_params / 1e6:.2f}M non-embedding params), masking={args.masking}, "
+        f"model: {args.model} ({n_params / 1e6:.2f}M non-embedding params), "
+        f"masking={args.masking}, "
         f"batch {args.batch_size} x {block} tokens, precision {precision}"
     )
     print(
-        f"bare PyTorch loop: {bare_tps:,.0f} tokens/s (median of {args.rounds} rounds of {args.steps} steps)"
+        f"bare PyTorch loop: {bare_tps:,.0f} tokens/s "
+        f"(median of {args.rounds} rounds of {args.steps} steps)"
     )
     print(f"Lightning loop:    {light_tps:,.0f} tokens/s")
     print(f"ratio Lightning / bare: {light_tps / bare_tps:.3f}")

@@ -37,7 +37,9 @@ def test_bert_small_is_gpt_small_with_post_norm(tmp_path: Path) -> None:
         assert bert[key] == gpt[key]
 
 
-@pytest.mark.parametrize("group", ["data", "optim", "trainer", "logger", "callbacks", "probe", "experiment"])
+@pytest.mark.parametrize(
+    "group", ["data", "optim", "trainer", "logger", "callbacks", "probe", "experiment"]
+)
 def test_every_group_option_instantiates(tmp_path: Path, group: str) -> None:
     for option in _options(group):
         cfg = compose_train(tmp_path, [f"{group}={option}"])

@@ -59,7 +59,8 @@ def test_capture_matches_the_training_path(causal: bool) -> None:
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 16))
     upper = torch.ones(16, 16, dtype=torch.bool).triu(1)
     assert bool(probs[..., upper].abs().max() == 0) is causal
-    # The explicit softmax path gives the logits of scaled_dot_product_attention (float32 tolerance).
+    # The explicit softmax path gives the logits of scaled_dot_product_attention (float32
+    # tolerance).
     record = {"hidden": [], "queries": [], "keys": [], "attention": []}
     torch.testing.assert_close(model._run(x, record), model(x), atol=1e-5, rtol=1e-5)
     # The last hidden state is what the final norm and head read.

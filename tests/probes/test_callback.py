@@ -101,7 +101,8 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
     final = frame[frame["step"] == 5]
     for layer_index, states in enumerate(capture.hidden):
         X = states.reshape(-1, states.size(-1))
-        got = final.query("metric == 'anisotropy' and layer == @layer_index")["value"].item()
+        row = (final["metric"] == "anisotropy") & (final["layer"] == layer_index)
+        got = final.loc[row, "value"].item()
         assert got == pytest.approx(metrics.anisotropy(X), rel=1e-6)
     probs = capture.attention[0]
     got = final.query("metric == 'attention_entropy' and layer == 1").sort_values("head")["value"]

@@ -42,7 +42,10 @@ class Finding:
 
     def markdown(self) -> str:
         verdict = "**agrees**" if self.agrees else "**does not agree**"
-        return f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n  *Ours:* {self.observed} → {verdict}"
+        return (
+            f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
+            f"  *Ours:* {self.observed} → {verdict}"
+        )
 
 
 def _save(fig: Figure, path: Path) -> str:
@@ -119,9 +122,12 @@ def shape_of_learning(
     inner = 1 < peak < blocks["causal"].index.max()
     findings["profile"].append(
         Finding(
-            "the decoder's anisotropy profile over layers is bell-shaped (highest in the middle layers)",
-            "the most anisotropic block of the final causal profile is neither the first nor the last block",
-            f"final causal profile (layer 0 = embedding) {_fmt(final['causal'])}, peak at block {peak}",
+            "the decoder's anisotropy profile over layers is bell-shaped "
+            "(highest in the middle layers)",
+            "the most anisotropic block of the final causal profile is neither the first nor "
+            "the last block",
+            f"final causal profile (layer 0 = embedding) {_fmt(final['causal'])}, "
+            f"peak at block {peak}",
             bool(inner),
         )
     )
@@ -141,7 +147,8 @@ def shape_of_learning(
             Finding(
                 f"anisotropy grows during training ({m})",
                 "every block's anisotropy is higher at the last probe than at step 0",
-                f"{int(grew.sum())} of {len(grew)} blocks grew; step 0 {_fmt(first[m])} → final {_fmt(final[m])}",
+                f"{int(grew.sum())} of {len(grew)} blocks grew; "
+                f"step 0 {_fmt(first[m])} → final {_fmt(final[m])}",
                 bool(grew.all()),
             )
         )
@@ -169,10 +176,12 @@ def shape_of_learning(
             )
             findings["id"].append(
                 Finding(
-                    f"the mean intrinsic dimension ({metric}) rises early in training, then falls ({m})",
-                    "the layer mean (blocks 1..L) peaks strictly inside the run, above both its start and its end",
-                    f"start {values[0]:.2f}, peak {values[top]:.2f} at step {steps[top]}, end {values[-1]:.2f} "
-                    f"(step {steps[-1]})",
+                    f"the mean intrinsic dimension ({metric}) rises early in training, "
+                    f"then falls ({m})",
+                    "the layer mean (blocks 1..L) peaks strictly inside the run, above both its "
+                    "start and its end",
+                    f"start {values[0]:.2f}, peak {values[top]:.2f} at step {steps[top]}, "
+                    f"end {values[-1]:.2f} (step {steps[-1]})",
                     bool(rise_fall),
                 )
             )

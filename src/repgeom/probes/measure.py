@@ -212,7 +212,7 @@ def _measure_id(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSe
     out.add(layer, "twonn_mle", twonn.mle, std=twonn.mle_std)
     out.add(layer, "duplicates", twonn.n_duplicates)
     for order, dim, std in zip(
-        result.gride.orders, result.gride.dimension, result.gride.dimension_std
+        result.gride.orders, result.gride.dimension, result.gride.dimension_std, strict=True
     ):
         out.add(layer, f"gride_k{order}", dim, std=std)
     out.add(layer, "near_duplicate_share", result.near_duplicate_share)
