@@ -102,14 +102,17 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     # when the next check would be too late (measured here: USR1@10 of a 1-minute job arrives
     # 20-50 s after the start, whatever the number says), so it comes after Python's start-up
     # and Lightning's handler (~12 s in), never before it (SIGUSR1 would kill the job). Training
-    # is bounded by trainer.max_time, 60 s of training time that Lightning's Timer keeps in the
-    # checkpoint, so the first run is always interrupted and the rest takes 60 s at any speed.
+    # is bounded by trainer.max_time, 90 s of training time that Lightning's Timer keeps in the
+    # checkpoint, so the first run is always interrupted and the rest takes 90 s at any speed.
+    # The first start may use up to ~60 s of it: up to ~40 s until the signal and ~20 s more
+    # until SLURM kills it (Lightning ignores the requeue's SIGTERM), saving last.ckpt on the
+    # way; 90 s leaves the resumed start enough time for more checkpoints.
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     max_steps, every = 10_000, 250
     overrides = [
         *tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={max_steps}",
         "trainer.val_check_interval=50", "trainer.log_every_n_steps=5",
-        '+trainer.max_time="00:00:01:00"', f"probe.every_n_steps={every}",
+        '+trainer.max_time="00:00:01:30"', f"probe.every_n_steps={every}",
         f"probe.log_spaced_until={every}",
     ]
     job = sbatch(

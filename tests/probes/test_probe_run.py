@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hub_server import FakeHub, commit_of
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra_configs import CONF_DIR, ROOT, compose_train
@@ -151,39 +152,56 @@ def test_revision_steps() -> None:
     assert revision_steps(["v1", "x1"]) == [0, 1]  # numbers repeat: the index
 
 
-def test_each_revision_is_loaded_and_is_one_step(
-    tmp_path, tiny_hf_folder, text_file, monkeypatch
+def _probe_py_from_hub(hub: FakeHub, args: list[str], hf_home: Path) -> subprocess.CompletedProcess:
+    """`python probe.py ARGS` as a user runs it, with `HF_ENDPOINT` pointing at `hub` (the hub
+    endpoint is read when huggingface_hub is imported, so only a fresh process can be pointed)."""
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(hf_home)}
+    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(offline, None)
+    command = [sys.executable, "probe.py", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+
+
+def test_each_hub_revision_is_downloaded_and_is_one_step(
+    tmp_path, tiny_hf_folder, text_file
 ) -> None:
-    """transformers' `revision=` needs a hub repository (a local folder ignores it), so two
-    local folders stand in for two revisions: the loader is patched to map revision -> folder.
-    """
-    from repgeom.probes import hf as hf_module
-
+    """`hf=ORG/NAME hf_revisions=[...]` against a local stand-in for the hub: every revision is
+    downloaded into the cache and probed as one step."""
     folders = {"step100": tiny_hf_folder("gpt2"), "step300": tiny_hf_folder("gpt2-scaled")}
-    real_load = hf_module.load_hf_model
-    calls = []
+    out, cache = tmp_path / "out", tmp_path / "hf_home"
+    args = ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
+            "window=32", *SMALL, "settings.distributions=false",
+            f"hydra.run.dir={out}"]  # fmt: skip
+    with FakeHub("org/pythia-like", folders) as hub:
+        done = _probe_py_from_hub(hub, args, cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Each revision's files came from the hub into its snapshot of the cache (files with equal
+    # content, here the weights, are stored once and fetched once, as from huggingface.co).
+    assert {revision for revision, _ in hub.downloads()} == set(folders)
+    for revision, folder in folders.items():
+        snapshot = cache / "hub" / "models--org--pythia-like" / "snapshots" / commit_of(revision)
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            assert (snapshot / name).read_bytes() == (Path(folder) / name).read_bytes()
 
-    def load(name, *, revision=None, **kwargs):
-        calls.append((name, revision))
-        return real_load(folders[revision], **kwargs)
-
-    monkeypatch.setattr(hf_module, "load_hf_model", load)
-    cfg = compose_probe(
-        tmp_path,
-        ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
-         "window=32", *SMALL, "settings.distributions=false"],
-    )  # fmt: skip
-    result = probe(cfg)
-    assert calls == [("org/pythia-like", "step100"), ("org/pythia-like", "step300")]
-    frame = table.read_table(tmp_path)
+    frame = table.read_table(out)
     assert sorted(frame["step"].unique()) == [100, 300]
     assert set(frame["revision"]) == {"step100", "step300"}
     assert set(frame["model"]) == {"org/pythia-like"}
     # The two revisions differ (another model), so their rows must too.
     a, b = (frame.query(f"step == {s} and metric == 'anisotropy'")["value"] for s in (100, 300))
     assert not np.allclose(a.to_numpy(), b.to_numpy())
-    plots = {p.name for p in result.plots}
-    assert {"profile_anisotropy.png", "vs_step_anisotropy.png"} <= plots
+    assert (out / "probes" / "plots" / "vs_step_anisotropy.png").exists()
+
+
+def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_file) -> None:
+    args = ["hf=org/pythia-like", "hf_revisions=[step999]", f"text_file={text_file}",
+            "window=32", *SMALL, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
+    with FakeHub("org/pythia-like", {"step100": tiny_hf_folder("gpt2")}) as hub:
+        done = _probe_py_from_hub(hub, args, tmp_path / "hf_home")
+    assert done.returncode != 0
+    assert "could not load hf='org/pythia-like' (revision='step999')" in done.stderr
+    assert "not a valid git identifier" in done.stderr
+    assert ("GET", "/api/models/org/pythia-like/revision/step999") in hub.requests
 
 
 # ---------------------------------------------------------------------------------------------
