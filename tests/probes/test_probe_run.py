@@ -170,10 +170,9 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     folders = {"step100": tiny_hf_folder("gpt2"), "step300": tiny_hf_folder("gpt2-scaled")}
     out, cache = tmp_path / "out", tmp_path / "hf_home"
     args = ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
-            "window=32", *SMALL, "settings.distributions=false",
-            f"hydra.run.dir={out}"]  # fmt: skip
+            "window=32", *SMALL, "settings.distributions=false"]  # fmt: skip
     with FakeHub("org/pythia-like", folders) as hub:
-        done = _probe_py_from_hub(hub, args, cache)
+        done = _probe_py_from_hub(hub, [*args, f"hydra.run.dir={out}"], cache)
     assert done.returncode == 0, done.stderr[-3000:]
     # Each revision's files came from the hub into its snapshot of the cache (files with equal
     # content, here the weights, are stored once and fetched once, as from huggingface.co).
@@ -191,6 +190,15 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     a, b = (frame.query(f"step == {s} and metric == 'anisotropy'")["value"] for s in (100, 300))
     assert not np.allclose(a.to_numpy(), b.to_numpy())
     assert (out / "probes" / "plots" / "vs_step_anisotropy.png").exists()
+
+    # Offline, with the hub gone, the same revisions come from the cache with the same numbers.
+    offline_out = tmp_path / "offline"
+    env = {**os.environ, "HF_HOME": str(cache), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "probe.py", *args, f"hydra.run.dir={offline_out}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = table.read_table(offline_out)
+    pd.testing.assert_series_equal(again["value"], frame["value"])
 
 
 def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_file) -> None:
