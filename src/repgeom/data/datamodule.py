@@ -40,6 +40,17 @@ log = logging.getLogger(__name__)
 
 CACHE_FORMAT = 1  # bump when the cache layout or the tokenization changes
 SPLITS = ("train", "valid", "test")
+PROBE_SEED_SALT = 0x70726F6265  # b"probe": the probe's draw differs from any other use of seed
+
+
+def choose_windows(n_available: int, n_wanted: int, seed: int) -> np.ndarray:
+    """Sorted indices of ``min(n_wanted, n_available)`` of `n_available` windows, from `seed`.
+
+    The probe set's draw (`Enwik8DataModule.probe_windows`, and probe.py on any text): spread
+    over the whole text rather than its first article; every window when fewer are available.
+    """
+    rng = np.random.default_rng([seed, PROBE_SEED_SALT])
+    return np.sort(rng.choice(n_available, size=min(n_wanted, n_available), replace=False))
 _M64 = (1 << 64) - 1
 
 
@@ -459,8 +470,7 @@ class Enwik8DataModule(L.LightningDataModule):
             raise ValueError(
                 f"n_windows must lie in [1, {n_slots}] (validation slots), got {n_windows}"
             )
-        rng = np.random.default_rng([seed, 0x70726F6265])  # 0x70726F6265 = b"probe"
-        slots = np.sort(rng.choice(n_slots, size=n_windows, replace=False))
+        slots = choose_windows(n_slots, n_windows, seed)
         idx = slots[:, None] * self.block_size + np.arange(self.block_size)[None, :]
         return torch.from_numpy(tokens[idx].astype(np.int64))  # (n_windows, block_size)
 

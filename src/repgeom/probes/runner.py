@@ -44,6 +44,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.data import enwik8
+from repgeom.data.datamodule import Enwik8DataModule, choose_windows
 from repgeom.probes import plots, table
 from repgeom.probes.callback import probe_gpt, probe_set, wandb_scalars
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_N_STATES = 4096
 DEFAULT_HF_WINDOW = 256
-PROBE_SEED_SALT = 0x70726F6265  # b"probe", as Enwik8DataModule.probe_windows
 CHECKPOINT_PATTERNS = ("*.ckpt",)
 # Columns of the console table: the main metric of each family (per-head ones averaged).
 CONSOLE_METRICS = (
@@ -268,8 +268,6 @@ def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
 def _datamodule_for(ckpt: dict, run_dir: Path, block_size: int, batch_size: int):
     """The datamodule of the checkpoint's data: source/clean from the checkpoint, path, cache and
     verify from the run config where there is one."""
-    from repgeom.data.datamodule import Enwik8DataModule
-
     state = ckpt.get("Enwik8DataModule") or {}
     data = (_run_config(run_dir) or {}).get("data") or {}
     kwargs = {
@@ -309,18 +307,6 @@ def read_text(path: str | os.PathLike) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"text_file={str(path)!r}: no such file ({path.resolve()})")
     return path.read_bytes().decode("utf-8", errors="replace")
-
-
-def choose_windows(n_available: int, n_wanted: int, seed: int) -> np.ndarray:
-    """Sorted indices of `n_wanted` of `n_available` windows, drawn from `seed` (all if fewer).
-
-    The same draw as `Enwik8DataModule.probe_windows`: spread over the whole text rather than
-    its first article.
-    """
-    if n_wanted >= n_available:
-        return np.arange(n_available)
-    rng = np.random.default_rng([seed, PROBE_SEED_SALT])
-    return np.sort(rng.choice(n_available, size=n_wanted, replace=False))
 
 
 def byte_windows(vocab, text: str, *, window: int) -> torch.Tensor:
