@@ -76,6 +76,7 @@ from repgeom.metrics import (
     mean_cosine_similarity,
     qk_alignment,
 )
+from repgeom.metrics._validation import check_int
 from repgeom.models.gpt import GPT, GPTConfig
 
 __all__ = [
@@ -173,9 +174,9 @@ def common_bias_sweep(
     if not isinstance(config, GPTConfig):
         raise ValueError(f"config must be a GPTConfig, got {type(config).__name__}")
     norm_values = _check_norms(norms)
-    n_tokens = _check_int(n_tokens, "n_tokens", 2)
-    n_sequences = _check_int(n_sequences, "n_sequences", 1)
-    seed = _check_int(seed, "seed", None)
+    n_tokens = check_int(n_tokens, "n_tokens", minimum=2)
+    n_sequences = check_int(n_sequences, "n_sequences", minimum=1)
+    seed = check_int(seed, "seed", minimum=None)
     if norm_position is not None:
         if norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre', 'post' or None, got {norm_position!r}")
@@ -190,7 +191,7 @@ def common_bias_sweep(
     if layers is None:
         layers = sorted({0, config.n_layer - 1})
     else:
-        layers = sorted({_check_int(i, "layers", 0) for i in layers})
+        layers = sorted({check_int(i, "layers", minimum=0) for i in layers})
         if not layers or layers[-1] >= config.n_layer:
             raise ValueError(
                 f"layers must be a non-empty list of block indices in [0, {config.n_layer - 1}], "
@@ -199,14 +200,6 @@ def common_bias_sweep(
     return _common_bias_sweep(
         config, norm_values, n_tokens, n_sequences, seed, float(token_std), layers
     )
-
-
-def _check_int(value, name: str, minimum: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _check_norms(norms) -> np.ndarray:

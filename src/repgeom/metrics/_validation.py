@@ -59,11 +59,13 @@ def check_matrix(x, name: str, *, min_rows: int = 2, min_cols: int = 1) -> torch
     return t
 
 
-def check_positive_int(value, name: str, *, minimum: int = 1) -> int:
+def check_int(value, name: str, *, minimum: int | None = 1) -> int:
+    """An integer (not a bool) of at least `minimum` (any integer when `minimum` is None)."""
+    need = "an integer" if minimum is None else f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be {need}, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {need}, got {value}")
     return int(value)
 
 

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import torch
 
-from ._validation import check_fraction, check_matrix, check_positive_int
+from ._validation import check_fraction, check_int, check_matrix
 
 __all__ = ["mean_cosine_similarity", "isotropic_cosine_baseline"]
 
@@ -110,10 +110,10 @@ def isotropic_cosine_baseline(
     >>> 0.0 < b < 0.01
     True
     """
-    n = check_positive_int(n, "n", minimum=2)
-    d = check_positive_int(d, "d", minimum=2)
+    n = check_int(n, "n", minimum=2)
+    d = check_int(d, "d", minimum=2)
     quantile = check_fraction(quantile, "quantile", include_low=False)
-    n_draws = check_positive_int(n_draws, "n_draws", minimum=10)
+    n_draws = check_int(n_draws, "n_draws", minimum=10)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     return _isotropic_cosine_baseline(n, d, quantile, n_draws, int(seed))

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from scipy import signal, stats
 
-from ._validation import as_tensor, check_finite, check_positive_int
+from ._validation import as_tensor, check_finite, check_int
 
 __all__ = ["DistributionResult", "activation_distribution", "FAMILIES"]
 
@@ -98,7 +98,7 @@ def activation_distribution(
     if t.numel() < 10:
         raise ValueError(f"X needs at least 10 values, got {t.numel()}")
     check_finite(t, "X")
-    n_samples = check_positive_int(n_samples, "n_samples", minimum=10)
+    n_samples = check_int(n_samples, "n_samples", minimum=10)
     if criterion not in ("loglik", "aic"):
         raise ValueError(f"criterion must be 'loglik' or 'aic', got {criterion!r}")
     if not 0 < float(mode_prominence) < 1:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import check_fraction, check_matrix, check_positive_int
+from ._validation import check_fraction, check_int, check_matrix
 from .neighbors import _centre32, _nearest_neighbors
 
 __all__ = [
@@ -136,8 +136,8 @@ def twonn(
     """
     X = check_matrix(X, "X", min_rows=3)
     discard_fraction = check_fraction(discard_fraction, "discard_fraction")
-    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
-    seed = _check_seed(seed)
+    batch_size = check_int(batch_size, "batch_size", minimum=3)
+    seed = check_int(seed, "seed", minimum=None)
     batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="TwoNN")
     tw, _, _ = _estimate(batches, n_dup, k=2, discard_fraction=discard_fraction,
                          max_order=None, threshold=None)
@@ -198,9 +198,9 @@ def gride(
     """
     X = check_matrix(X, "X", min_rows=3)
     max_order = _check_max_order(max_order)
-    batch_size = X.shape[0] if batch_size is None else check_positive_int(
+    batch_size = X.shape[0] if batch_size is None else check_int(
         batch_size, "batch_size", minimum=3)
-    seed = _check_seed(seed)
+    seed = check_int(seed, "seed", minimum=None)
     if not (0 < d_min < d_max) or not tol > 0:
         raise ValueError(f"need 0 < d_min < d_max and tol > 0, got {d_min}, {d_max}, {tol}")
     batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
@@ -264,9 +264,9 @@ def near_duplicate_share(
     """
     X = check_matrix(X, "X", min_rows=3)
     threshold = check_fraction(threshold, "threshold", include_low=False)
-    reference_order = check_positive_int(reference_order, "reference_order")
-    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
-    seed = _check_seed(seed)
+    reference_order = check_int(reference_order, "reference_order")
+    batch_size = check_int(batch_size, "batch_size", minimum=3)
+    seed = check_int(seed, "seed", minimum=None)
     batches, n_dup = _batches(X, batch_size, seed, min_points=max(3, reference_order + 1),
                               what=f"the near-duplicate share with reference_order="
                                    f"{reference_order}")
@@ -315,11 +315,11 @@ def intrinsic_dimension(
     """
     X = check_matrix(X, "X", min_rows=3)
     discard_fraction = check_fraction(discard_fraction, "discard_fraction")
-    batch_size = check_positive_int(batch_size, "batch_size", minimum=3)
+    batch_size = check_int(batch_size, "batch_size", minimum=3)
     max_order = _check_max_order(max_order)
     threshold = check_fraction(near_duplicate_threshold, "near_duplicate_threshold",
                                include_low=False)
-    seed = _check_seed(seed)
+    seed = check_int(seed, "seed", minimum=None)
     batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
                               what=f"GRIDE with max_order={max_order}")
     tw, gr, share = _estimate(batches, n_dup, k=max_order, discard_fraction=discard_fraction,
@@ -331,14 +331,8 @@ def intrinsic_dimension(
 # checks
 
 
-def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    return int(seed)
-
-
 def _check_max_order(max_order) -> int:
-    max_order = check_positive_int(max_order, "max_order", minimum=2)
+    max_order = check_int(max_order, "max_order", minimum=2)
     if max_order & (max_order - 1):
         raise ValueError(f"max_order must be a power of two (2, 4, ..., 64), got {max_order}")
     return max_order

@@ -7,7 +7,7 @@ import importlib
 import faiss
 import torch
 
-from ._validation import check_matrix, check_positive_int
+from ._validation import check_int, check_matrix
 
 __all__ = ["nearest_neighbors", "faiss_has_gpu"]
 
@@ -63,7 +63,7 @@ def nearest_neighbors(X, k: int, *, device=None) -> tuple[torch.Tensor, torch.Te
     ([1.0, 1.0, 2.0], [1, 0, 1])
     """
     X = check_matrix(X, "X", min_rows=2)
-    k = check_positive_int(k, "k")
+    k = check_int(k, "k")
     if k > X.shape[0] - 1:
         raise ValueError(f"k must be at most n - 1 = {X.shape[0] - 1} (X has {X.shape[0]} rows)")
     dev = torch.device(device) if device is not None else X.device
