@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from cli_runs import subprocess_env
 from hub_server import FakeHub, commit_of
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -116,14 +117,25 @@ def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text
     assert drift["false"] != pytest.approx(drift["true"])
 
 
+def run_probe_py(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    """`python probe.py ARGS` as a user runs it, in a fresh process with `env` added (the hub
+    endpoint, HF_ENDPOINT, is read when huggingface_hub is imported: only a new process sees
+    it); hub offline mode only where `env` asks for it."""
+    environment = subprocess_env(**env)
+    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if offline not in env:
+            environment.pop(offline, None)
+    command = [sys.executable, "probe.py", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+
+
 def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     """The entry point as a user runs it (one subprocess; every other test calls `probe`)."""
     folder = tiny_hf_folder("gpt2")
     out = tmp_path / "out"
-    command = [sys.executable, "probe.py", f"hf={folder}", f"text_file={text_file}", "window=32",
-               *SMALL, f"hydra.run.dir={out}"]  # fmt: skip
-    env = {**os.environ, "COLUMNS": "160"}
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    args = [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL,
+            f"hydra.run.dir={out}"]  # fmt: skip
+    done = run_probe_py(args, COLUMNS="160")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "decoder" in done.stdout and "anisotropy" in done.stdout
     frame = table.read_table(out)
@@ -152,16 +164,6 @@ def test_revision_steps() -> None:
     assert revision_steps(["v1", "x1"]) == [0, 1]  # numbers repeat: the index
 
 
-def _probe_py_from_hub(hub: FakeHub, args: list[str], hf_home: Path) -> subprocess.CompletedProcess:
-    """`python probe.py ARGS` as a user runs it, with `HF_ENDPOINT` pointing at `hub` (the hub
-    endpoint is read when huggingface_hub is imported, so only a fresh process can be pointed)."""
-    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(hf_home)}
-    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        env.pop(offline, None)
-    command = [sys.executable, "probe.py", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
-
-
 def test_each_hub_revision_is_downloaded_and_is_one_step(
     tmp_path, tiny_hf_folder, text_file
 ) -> None:
@@ -172,7 +174,9 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     args = ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
             "window=32", *SMALL, "settings.distributions=false"]  # fmt: skip
     with FakeHub("org/pythia-like", folders) as hub:
-        done = _probe_py_from_hub(hub, [*args, f"hydra.run.dir={out}"], cache)
+        done = run_probe_py(
+            [*args, f"hydra.run.dir={out}"], HF_ENDPOINT=hub.url, HF_HOME=str(cache)
+        )
     assert done.returncode == 0, done.stderr[-3000:]
     # Each revision's files came from the hub into its snapshot of the cache (files with equal
     # content, here the weights, are stored once and fetched once, as from huggingface.co).
@@ -193,9 +197,9 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
 
     # Offline, with the hub gone, the same revisions come from the cache with the same numbers.
     offline_out = tmp_path / "offline"
-    env = {**os.environ, "HF_HOME": str(cache), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "probe.py", *args, f"hydra.run.dir={offline_out}"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    done = run_probe_py(
+        [*args, f"hydra.run.dir={offline_out}"], HF_HOME=str(cache), HF_HUB_OFFLINE="1"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     again = table.read_table(offline_out)
     pd.testing.assert_series_equal(again["value"], frame["value"])
@@ -205,7 +209,7 @@ def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_fi
     args = ["hf=org/pythia-like", "hf_revisions=[step999]", f"text_file={text_file}",
             "window=32", *SMALL, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
     with FakeHub("org/pythia-like", {"step100": tiny_hf_folder("gpt2")}) as hub:
-        done = _probe_py_from_hub(hub, args, tmp_path / "hf_home")
+        done = run_probe_py(args, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
     assert done.returncode != 0
     assert "could not load hf='org/pythia-like' (revision='step999')" in done.stderr
     assert "not a valid git identifier" in done.stderr
