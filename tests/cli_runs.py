@@ -6,9 +6,7 @@ the script, Hydra's multirun and the submitit launcher are entered through `@hyd
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,22 +56,6 @@ def wandb_runs(run_dir: Path) -> list[Path]:
 def wandb_run_id(wandb_run: Path) -> str:
     """`offline-run-20240501_120000-<id>` -> `<id>`."""
     return wandb_run.name.rsplit("-", 1)[-1]
-
-
-def wandb_config(wandb_run: Path) -> dict:
-    """The run's config (every `config` record merged), read from its .wandb file."""
-    exe = shutil.which("wandb", path=str(Path(PYTHON).parent)) or "wandb"
-    out = subprocess.run(
-        [exe, "leet", "inspect", "--json", str(wandb_run)], capture_output=True, text=True,
-        check=True,
-    ).stdout
-    config: dict = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("type") == "config":
-                config.update(record["config"].get("update", {}))
-    return config
 
 
 def wandb_steps(wandb_run: Path, key: str = "train/loss") -> list[int]:

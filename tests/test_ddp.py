@@ -10,10 +10,10 @@ from cli_runs import (
     probe_table,
     run_train,
     tiny_overrides,
-    wandb_config,
     wandb_runs,
 )
 from hydra_configs import compose_train
+from wandb_records import wandb_config
 
 from repgeom.train import train
 

@@ -1,12 +1,11 @@
 """A local Hydra multirun (`python train.py -m masking=causal,bidirectional`) writes two runs."""
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import PYTHON, assert_complete_run, run_train, tiny_overrides, wandb_runs
+from cli_runs import assert_complete_run, run_train, tiny_overrides, wandb_runs
+from wandb_records import wandb_records
 
 pytestmark = pytest.mark.slow
 
@@ -15,17 +14,8 @@ STEPS = 10
 
 def wandb_group(wandb_run: Path) -> str | None:
     """The W&B group recorded in the run's header record."""
-    exe = Path(PYTHON).parent / "wandb"
-    out = subprocess.run(
-        [str(exe), "leet", "inspect", "--json", str(wandb_run)], capture_output=True, text=True,
-        check=True,
-    ).stdout
-    for line in out.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("type") == "run":
-                return record["run"].get("run_group")
-    return None
+    headers = wandb_records(wandb_run, "run")
+    return headers[0].get("run_group") if headers else None
 
 
 def test_masking_sweep_writes_two_complete_runs_in_one_wandb_group(tmp_path: Path) -> None:

@@ -9,22 +9,28 @@ import sys
 from pathlib import Path
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """History rows (dicts of logged key -> value) of the offline run in `run_dir`.
-
-    Uses `wandb leet inspect --json`, which prints the records of the run's .wandb file.
-    """
+def wandb_records(run_dir: Path, record_type: str) -> list[dict]:
+    """The records of one type ("history", "config", "run", ...) of the offline run in
+    `run_dir`, in order: `wandb leet inspect --json` prints the records of its .wandb file."""
     exe = shutil.which("wandb", path=str(Path(sys.executable).parent)) or "wandb"
     out = subprocess.run(
         [exe, "leet", "inspect", "--json", str(run_dir)], capture_output=True, text=True, check=True
     ).stdout
-    rows = []
-    for line in out.splitlines():
-        if line.startswith("{"):
-            record = json.loads(line)
-            if record.get("type") == "history":
-                rows.append(record["history"]["item"])
-    return rows
+    records = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+    return [record[record_type] for record in records if record.get("type") == record_type]
+
+
+def wandb_history(run_dir: Path) -> list[dict]:
+    """History rows (dicts of logged key -> value) of the offline run in `run_dir`."""
+    return [record["item"] for record in wandb_records(run_dir, "history")]
+
+
+def wandb_config(run_dir: Path) -> dict:
+    """The run's config (every `config` record merged)."""
+    config: dict = {}
+    for record in wandb_records(run_dir, "config"):
+        config.update(record.get("update", {}))
+    return config
 
 
 def logged_keys(run_dir: Path) -> set[str]:
