@@ -18,7 +18,13 @@ class Capture:
     Attributes
     ----------
     hidden : list of (B, T, C) tensors
-        The state after the embedding (index 0) and after every block (index 1..n_layer).
+        The residual stream: the state after the embedding (index 0) and after every block
+        (index 1..n_layer), before any final norm. This is the one layer convention of every
+        model repgeom probes, ours and Hugging Face's alike.
+    final_norm : (B, T, C) tensor or None
+        The output of the model's final normalisation (GPT-2's ``ln_f``), for models that have
+        one; probed as its own layer, named ``final_norm``, after the last block. None for
+        models without one (post-LN blocks normalise inside each block).
     queries, keys : list of (B, H, T, D) tensors, one per block
         Per-head queries and keys as they enter the attention product (before the 1/sqrt(D)
         scaling). Empty when the model's attention projections cannot be read.
@@ -33,6 +39,7 @@ class Capture:
     """
 
     hidden: list[torch.Tensor]
+    final_norm: torch.Tensor | None = None
     queries: list[torch.Tensor] = field(default_factory=list)
     keys: list[torch.Tensor] = field(default_factory=list)
     attention: list[torch.Tensor] = field(default_factory=list)

@@ -4,8 +4,8 @@ The same network serves as a decoder (causal self-attention) and as an encoder (
 that the attention mask is the only difference between the two; `norm="post"` gives BERT's
 block layout to separate the effect of the mask from that of the layer-norm position.
 
-Besides the logits, `capture()` returns what the probes read: the state after the embedding and
-after every block, per-head queries and keys, and (on request) attention probabilities. Normal
+Besides the logits, `capture()` returns what the probes read: the residual stream after the
+embedding and after every block, the output of the final norm (pre-LN only), per-head queries and keys, and (on request) attention probabilities. Normal
 training goes through `scaled_dot_product_attention` and pays nothing for this.
 """
 
@@ -178,6 +178,8 @@ class GPT(nn.Module):
                 record["hidden"].append(x)
         if pre_norm:
             x = self.transformer.ln(x)
+            if record is not None:
+                record["final_norm"] = x
         return self.lm_head(x)  # (B, T, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -193,6 +195,7 @@ class GPT(nn.Module):
         self._run(idx, record)
         return Capture(
             hidden=record["hidden"],
+            final_norm=record.get("final_norm"),
             queries=record["queries"],
             keys=record["keys"],
             attention=record.get("attention", []),
