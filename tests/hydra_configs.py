@@ -27,10 +27,10 @@ TINY = [
     "trainer.log_every_n_steps=1",
     "optim.scheduler.warmup_steps=5",
     "~callbacks.progress_bar",
-    "probe.n_states=256",
+    "probe.n_states=512",
     "probe.plot_every_n_probes=0",
     "probe.settings.max_order=16",
-    "probe.settings.twonn_batch_size=256",
+    "probe.settings.state_batch_size=256",
 ]
 
 

@@ -26,7 +26,7 @@ from repgeom.experiments.common_bias import (
     run,
     summarize,
 )
-from repgeom.metrics import isotropic_cosine_baseline
+from repgeom.metrics import isotropic_mean_cosine_chance
 from repgeom.models.gpt import GPTConfig
 
 D, H, L = 32, 2, 2
@@ -88,10 +88,10 @@ def test_unbiased_input_is_isotropic(pre: pd.DataFrame) -> None:
     cos0 = per_norm(pre, 0).loc[0.0, "cos_in"]
     # Isotropic Gaussian tokens: the mean cosine is 0 with std sqrt(2 / (d n (n-1))); the
     # 99.9% quantile of its absolute value bounds it for all but 1 in 1000 seeds (seed fixed).
-    bound = isotropic_cosine_baseline(B * T, D, quantile=0.999)
+    bound = isotropic_mean_cosine_chance(B * T, D, quantile=0.999)
     assert abs(cos0) <= bound
     assert per_norm(pre, 0).loc[0.0, "cos_baseline"] == pytest.approx(
-        isotropic_cosine_baseline(B * T, D)
+        isotropic_mean_cosine_chance(B * T, D)
     )
 
 

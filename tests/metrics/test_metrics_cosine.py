@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from repgeom.metrics import isotropic_cosine_baseline, mean_cosine_similarity
+from repgeom.metrics import (
+    isotropic_cosine_baseline,
+    isotropic_mean_cosine_chance,
+    mean_cosine_similarity,
+)
 
 
 def _brute_force_mean_cosine(X: np.ndarray) -> float:
@@ -55,31 +59,32 @@ def test_errors(X, match):
         mean_cosine_similarity(X)
 
 
-def test_baseline_matches_brute_force_monte_carlo():
+def test_mean_chance_matches_brute_force_monte_carlo():
     n, d, draws = 40, 8, 3000
     rng = np.random.default_rng(123)
     means = np.array([_brute_force_mean_cosine(rng.normal(size=(n, d))) for _ in range(draws)])
     sigma = math.sqrt(2.0 / (d * n * (n - 1)))  # exact std of the mean cosine
     assert means.std() == pytest.approx(sigma, rel=0.05)  # sanity of the reference itself
     for q in (0.5, 0.95):
-        got = isotropic_cosine_baseline(n, d, quantile=q, n_draws=draws, seed=0)
+        got = isotropic_mean_cosine_chance(n, d, quantile=q, n_draws=draws, seed=0)
         # two independent Monte-Carlo quantile estimates from 3000 draws each: standard error
         # of each ~0.03-0.05 sigma here, so 0.25 sigma is > 3 combined standard errors
         assert got == pytest.approx(np.quantile(means, q), abs=0.25 * sigma)
 
 
-def test_baseline_large_n_approaches_chi_square_limit():
+def test_mean_chance_large_n_approaches_chi_square_limit():
     from scipy.stats import chi2
 
     n, d = 3000, 64
     limit = (chi2.ppf(0.95, d) / d - 1) / (n - 1)
     # CLT limit is exact up to O(1/n); Monte-Carlo error of the 95th percentile with 2000
     # draws is ~3% of its value
-    assert isotropic_cosine_baseline(n, d) == pytest.approx(limit, rel=0.1)
+    assert isotropic_mean_cosine_chance(n, d) == pytest.approx(limit, rel=0.1)
 
 
-def test_baseline_is_deterministic():
-    assert isotropic_cosine_baseline(100, 16, seed=3) == isotropic_cosine_baseline(100, 16, seed=3)
+def test_mean_chance_is_deterministic():
+    first = isotropic_mean_cosine_chance(100, 16, seed=3)
+    assert first == isotropic_mean_cosine_chance(100, 16, seed=3)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +97,34 @@ def test_baseline_is_deterministic():
         (dict(n=10.5, d=8), "n must be"),
     ],
 )
-def test_baseline_errors(kwargs, match):
+def test_mean_chance_errors(kwargs, match):
     n, d = kwargs.pop("n"), kwargs.pop("d")
     with pytest.raises(ValueError, match=match):
-        isotropic_cosine_baseline(n, d, **kwargs)
+        isotropic_mean_cosine_chance(n, d, **kwargs)
+
+
+@pytest.mark.parametrize("d", [16, 128, 768])
+def test_godey_baseline_matches_monte_carlo_of_one_pair(d):
+    # Godey et al. 2024, appendix B: the 95th percentile of the cosine of pairs of N(0, I_d)
+    # draws. 200,000 independent pairs: the quantile's standard error is ~0.4% of its value.
+    rng = np.random.default_rng(d)
+    a, b = rng.normal(size=(2, 200_000, d)).astype(np.float32)
+    cosines = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert isotropic_cosine_baseline(d) == pytest.approx(np.quantile(cosines, 0.95), rel=0.02)
+
+
+def test_godey_baseline_is_the_papers_scale_and_far_above_the_mean_chance():
+    # ~1.645 / sqrt(d) for large d (normal limit of sqrt(d) * cosine); appendix B's Fig. 18
+    # reads about 0.15 at d = 128, where the mean over 4096 states has a chance level ~5e-5.
+    assert isotropic_cosine_baseline(128) == pytest.approx(1.645 / math.sqrt(128), rel=0.02)
+    assert isotropic_mean_cosine_chance(4096, 128) < 1e-3 * isotropic_cosine_baseline(128)
+    assert isotropic_cosine_baseline(128, quantile=0.5) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "d, kwargs, match",
+    [(1, {}, "d must be"), (8, dict(quantile=1.0), "quantile"), (8.5, {}, "d must be")],
+)
+def test_godey_baseline_errors(d, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        isotropic_cosine_baseline(d, **kwargs)

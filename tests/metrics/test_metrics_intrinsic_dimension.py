@@ -14,6 +14,7 @@ from repgeom.metrics import (
     near_duplicate_share,
     twonn,
 )
+from repgeom.metrics.intrinsic_dimension import batch_indices
 
 
 def embed(Z: np.ndarray, D: int, rng: np.random.Generator) -> np.ndarray:
@@ -99,9 +100,24 @@ def test_copies_that_differ_only_by_the_sign_of_zero_are_duplicates(dtype) -> No
     X[:, 0] = 0.0
     copies = X[:40].copy()
     copies[:, 0] = -0.0
-    r = twonn(np.concatenate([X, copies]), batch_size=500)
-    assert r.n_duplicates == 40 and r.n_points == N and r.n_batches == 4
-    assert r.dimension == pytest.approx(twonn(X, batch_size=500).dimension, rel=1e-6)
+    r = twonn(np.concatenate([X, copies]), batch_size=10**6)
+    assert r.n_duplicates == 40 and r.n_points == N and r.n_batches == 1
+    assert r.dimension == pytest.approx(twonn(X, batch_size=10**6).dimension, rel=1e-6)
+
+
+def test_batches_hold_at_least_batch_size_rows_and_duplicates_go_within_each():
+    # 2 x 500 rows with 40 copies: still two batches (the rule counts rows, as for every
+    # other per-layer metric), each deduplicated on its own.
+    X = _data("gauss5")[:960]
+    r = twonn(np.concatenate([X, X[:40]]), batch_size=500, seed=3)
+    assert r.n_batches == 2
+    halves = batch_indices(1000, 500, seed=3)
+    same_batch = sum(  # copies (rows 960..999) whose original (row - 960) shares their batch
+        len({i for i in h.tolist() if i < 40} & {i - 960 for i in h.tolist() if i >= 960})
+        for h in halves
+    )
+    assert 0 < same_batch < 40  # this draw splits some pairs and keeps others together
+    assert r.n_duplicates == same_batch and r.n_points == 1000 - same_batch
 
 
 def test_batch_protocol():

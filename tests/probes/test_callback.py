@@ -53,10 +53,17 @@ def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
     n_layers = result.module.model.config.n_layer
     n_heads = result.module.model.config.n_head
     last = frame[frame["step"] == 20]
+    # One layer convention: embedding, the residual stream after each block, then the final
+    # norm's output as its own named layer (pre-LN models have one).
+    names = ["embedding", *(f"block_{i}" for i in range(1, n_layers + 1)), "final_norm"]
     for metric in STATE_METRICS:
-        assert sorted(last.loc[last["metric"] == metric, "layer"]) == list(range(n_layers + 1)), (
-            metric
-        )
+        rows = last.loc[last["metric"] == metric].sort_values("layer")
+        assert rows["layer"].tolist() == list(range(n_layers + 2)), metric
+        assert rows["layer_name"].tolist() == names, metric
+    # Razzhigaev et al.'s protocol: 512 states in two batches of 256, mean and std over batches.
+    for metric in ("anisotropy", "mean_cosine", "twonn", "gride_k2"):
+        spread = last.loc[last["metric"] == metric, "std"]
+        assert len(spread) == n_layers + 2 and (spread > 0).all(), metric
     for metric in HEAD_METRICS:
         rows = last[last["metric"] == metric]
         assert len(rows) == n_layers * n_heads, metric
@@ -94,17 +101,25 @@ def test_probing_leaves_training_unchanged(tmp_path: Path) -> None:
 def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -> None:
     result = train(compose_train(tmp_path, ["logger=csv", "trainer.max_steps=5", *PROBE]))
     callback = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
+    probes = callback.probes
     model = result.module.model.eval()
     with torch.no_grad():
-        capture = model.capture(callback.windows)
+        capture = model.capture(probes.windows, attention=False)
+        whole = model.capture(probes.windows[: probes.attention_windows])
+    assert probes.positions.sum(1).eq(16).all() and probes.n_states == 512
     frame = table.read_table(tmp_path)
     final = frame[frame["step"] == 5]
-    for layer_index, states in enumerate(capture.hidden):
-        X = states.reshape(-1, states.size(-1))
-        row = (final["metric"] == "anisotropy") & (final["layer"] == layer_index)
-        got = final.loc[row, "value"].item()
-        assert got == pytest.approx(metrics.anisotropy(X), rel=1e-6)
-    probs = capture.attention[0]
+    # The same permutation as the probe (seed 0), cut into two batches of 256.
+    perm = torch.randperm(512, generator=torch.Generator().manual_seed(0))
+    for layer_index, states in enumerate([*capture.hidden, capture.final_norm]):
+        X = states[probes.positions]  # (512, C), in window order
+        values = [metrics.anisotropy(X[half]) for half in perm.chunk(2)]
+        row = final.loc[(final["metric"] == "anisotropy") & (final["layer"] == layer_index)]
+        assert row["value"].item() == pytest.approx(np.mean(values), rel=1e-6)
+        assert row["std"].item() == pytest.approx(np.std(values), rel=1e-6)
+    # The final norm is the model's own ln_f applied to the last block's residual stream.
+    torch.testing.assert_close(capture.final_norm, model.transformer.ln(capture.hidden[-1]))
+    probs = whole.attention[0]
     got = final.query("metric == 'attention_entropy' and layer == 1").sort_values("head")["value"]
     np.testing.assert_allclose(
         got, metrics.attention_entropy(probs, causal=True).entropy, rtol=1e-5
@@ -118,8 +133,8 @@ def test_causal_and_bidirectional_runs_probe_the_same_windows(tmp_path: Path) ->
             compose_train(tmp_path / masking, [f"masking={masking}", "trainer.max_steps=2", *PROBE])
         )
         callback = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
-        windows.append(callback.windows)
-    assert torch.equal(windows[0], windows[1])
+        windows.append((callback.probes.windows, callback.probes.positions))
+    assert torch.equal(windows[0][0], windows[1][0]) and torch.equal(windows[0][1], windows[1][1])
     # The README's comparison command draws both final profiles in one figure.
     out = compare_runs(
         [
@@ -149,8 +164,8 @@ def _capture(
 def test_nan_states_warn_once_per_metric_and_keep_the_rest() -> None:
     capture = _capture()
     capture.hidden[1][0, 3, 0] = float("nan")
-    settings = ProbeSettings(max_order=8, twonn_batch_size=128)
-    out = measure([capture], settings)
+    settings = ProbeSettings(max_order=8, state_batch_size=128)
+    out = measure([capture], [capture], settings)
     bad = [w for w in out.warnings if "layer 1:" in w]
     assert any("anisotropy" in w for w in bad) and any("intrinsic_dimension" in w for w in bad)
     frame = pd.DataFrame(out.rows)
@@ -162,9 +177,34 @@ def test_nan_states_warn_once_per_metric_and_keep_the_rest() -> None:
 def test_too_few_states_and_missing_attention_are_warnings_not_crashes() -> None:
     capture = _capture(n_windows=1, T=8)
     capture.attention = []
-    out = measure([capture], ProbeSettings(max_order=64))
+    out = measure([capture], [capture], ProbeSettings(max_order=64))
     assert any("intrinsic_dimension" in w and "layer 0" in w for w in out.warnings)
     assert any("attention probabilities were not captured" in w for w in out.warnings)
     metrics_logged = {row["metric"] for row in out.rows}
     assert {"anisotropy", "mean_cosine", "qk_cosine"} <= metrics_logged
     assert "attention_entropy" not in metrics_logged
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("discard_fraction", 0.0, r"discard_fraction must lie in the open interval \(0, 1\)"),
+        ("discard_fraction", 1.0, r"discard_fraction must lie in the open interval \(0, 1\)"),
+        ("near_duplicate_threshold", -0.1, r"near_duplicate_threshold must lie in"),
+        ("cosine_baseline_quantile", 1.5, r"cosine_baseline_quantile must lie in"),
+        ("state_batch_size", 2, r"state_batch_size must be an integer >= 3"),
+        ("max_order", 12, r"max_order must be a power of two"),
+    ],
+)
+def test_out_of_range_settings_fail_with_the_option_and_its_range(option, value, message):
+    with pytest.raises(ValueError, match=message):
+        ProbeSettings(**{option: value})
+
+
+def test_out_of_range_setting_fails_before_training(tmp_path: Path) -> None:
+    from hydra.errors import InstantiationException
+
+    cfg = compose_train(tmp_path, ["probe.settings.discard_fraction=0.0"])
+    with pytest.raises(InstantiationException, match="discard_fraction must lie in the open"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()

@@ -72,7 +72,7 @@ from matplotlib.figure import Figure
 from repgeom.metrics import (
     attention_entropy,
     drift,
-    isotropic_cosine_baseline,
+    isotropic_mean_cosine_chance,
     mean_cosine_similarity,
     qk_alignment,
 )
@@ -239,7 +239,7 @@ def _common_bias_sweep(config, norms, n_tokens, n_sequences, seed, token_std, la
     blocks = _fresh_blocks(config, seed)
     Z, u = _inputs(config, n_sequences, n_tokens, seed, token_std)
     d, n = config.n_embd, n_sequences * n_tokens
-    baseline = isotropic_cosine_baseline(n, d)
+    baseline = isotropic_mean_cosine_chance(n, d)
     fixed = dict(
         model=config.name, norm_position=config.norm, causal=config.causal, n_embd=d,
         n_layer=config.n_layer, n_head=config.n_head,

@@ -3,9 +3,12 @@
 Pipeline shared by every function here (so their numbers agree):
 
 1. centre ``X`` and cast to float32 -- the data FAISS searches;
-2. remove exact duplicate rows (``r1 = 0`` breaks the ratio estimators), counting them;
-3. shuffle with ``seed`` and cut into ``max(1, n // batch_size)`` batches of at least
-   ``batch_size`` points (one batch if ``n < batch_size``), as in Facco et al. 2017;
+2. shuffle with ``seed`` and cut into ``max(1, n // batch_size)`` batches of at least
+   ``batch_size`` rows (one batch if ``n < batch_size``; `batch_indices`), as in Facco et al.
+   2017 and Razzhigaev et al. 2023, section 2.2 -- the same batches the probe uses for its other
+   per-layer metrics;
+3. remove exact duplicate rows within each batch (``r1 = 0`` breaks the ratio estimators),
+   counting them;
 4. one exact kNN search per batch (:func:`repgeom.metrics.nearest_neighbors`), then each
    estimator reads the neighbour distances it needs; results are mean and (population)
    standard deviation over batches.
@@ -23,6 +26,7 @@ from ._validation import check_fraction, check_int, check_matrix
 from .neighbors import _centre32, _nearest_neighbors
 
 __all__ = [
+    "batch_indices",
     "TwoNNResult",
     "GrideResult",
     "IntrinsicDimensionResult",
@@ -105,7 +109,8 @@ def twonn(
     ----------
     X : Tensor or ndarray, shape (n, d)
         Points; any float dtype and device (the search runs in float32 on ``X``'s device).
-    discard_fraction : float in [0, 1), keyword-only
+    discard_fraction : float in (0, 1), keyword-only
+        0 would keep the largest ratio, whose empirical CDF is 1: ``-log(1 - F)`` is infinite.
     batch_size : int >= 3, keyword-only
     seed : int, keyword-only
         Seed of the shuffle.
@@ -135,7 +140,7 @@ def twonn(
     True
     """
     X = check_matrix(X, "X", min_rows=3)
-    discard_fraction = check_fraction(discard_fraction, "discard_fraction")
+    discard_fraction = check_fraction(discard_fraction, "discard_fraction", include_low=False)
     batch_size = check_int(batch_size, "batch_size", minimum=3)
     seed = check_int(seed, "seed", minimum=None)
     batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="TwoNN")
@@ -314,7 +319,7 @@ def intrinsic_dimension(
     ((2, 4, 8, 16), 1000)
     """
     X = check_matrix(X, "X", min_rows=3)
-    discard_fraction = check_fraction(discard_fraction, "discard_fraction")
+    discard_fraction = check_fraction(discard_fraction, "discard_fraction", include_low=False)
     batch_size = check_int(batch_size, "batch_size", minimum=3)
     max_order = _check_max_order(max_order)
     threshold = check_fraction(near_duplicate_threshold, "near_duplicate_threshold",
@@ -371,24 +376,37 @@ def _unique_rows(X: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(keep)).to(X.device)
 
 
+def batch_indices(n: int, batch_size: int, seed: int) -> list[torch.Tensor]:
+    """Row indices of the shuffled batches: ``max(1, n // batch_size)`` batches of at least
+    `batch_size` rows from one permutation drawn with `seed` (all rows, in order, when that is
+    one batch).
+
+    >>> [len(b) for b in batch_indices(10, 4, seed=0)]
+    [5, 5]
+    """
+    n_batches = max(1, n // batch_size)
+    if n_batches == 1:
+        return [torch.arange(n)]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return list(torch.tensor_split(perm, n_batches))
+
+
 def _batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, what: str):
-    """Deduplicate, shuffle, split and centre; returns (list of float32 batches, n_duplicates).
+    """Shuffle, split, deduplicate within each batch and centre; returns (list of float32
+    batches, n_duplicates).
 
     Each batch is centred with the mean of all of ``X`` as it is gathered, which saves a pass
     over the data compared with centring first (see :func:`_centre32` for why centre at all).
     """
     X = X if X.dtype == torch.float64 else X.to(torch.float32)
-    keep = _unique_rows(X)
-    n = keep.shape[0]
-    n_dup = X.shape[0] - n
-    n_batches = max(1, n // batch_size)
     mean = X.mean(dim=0, keepdim=True)
-    if n_batches == 1:  # the estimators do not depend on the order within a batch
-        batches = [_centre32(X if n_dup == 0 else X[keep], mean)]
-    else:
-        gen = torch.Generator().manual_seed(seed)
-        perm = keep[torch.randperm(n, generator=gen).to(keep.device)]
-        batches = [X[p].sub_(mean).to(torch.float32) for p in torch.tensor_split(perm, n_batches)]
+    batches, n_dup = [], 0
+    for index in batch_indices(X.shape[0], batch_size, seed):
+        index = index.to(X.device)
+        keep = index[_unique_rows(X[index])]
+        n_dup += len(index) - len(keep)
+        batches.append(_centre32(X[keep], mean))
+    n = X.shape[0] - n_dup
     smallest = min(b.shape[0] for b in batches)
     if smallest < min_points:
         raise ValueError(

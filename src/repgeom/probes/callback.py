@@ -7,7 +7,6 @@ The callback only schedules, captures and logs: the numbers come from `measure` 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -24,6 +23,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from repgeom.models.capture import Capture
 from repgeom.probes import plots, table
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
+from repgeom.probes.sampling import (
+    DEFAULT_ATTENTION_WINDOWS,
+    DEFAULT_N_STATES,
+    DEFAULT_POSITIONS_PER_WINDOW,
+    ProbeSet,
+    probe_set,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,44 +68,6 @@ def probe_schedule(
     return ordered
 
 
-def probe_set(
-    datamodule: Any,
-    *,
-    n_states: int,
-    positions_per_window: int | None,
-    block_size: int,
-    seed: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fixed probe windows of the validation split and, optionally, their position mask.
-
-    ``ceil(n_states / positions_per_window)`` windows from ``datamodule.probe_windows(n, seed)``
-    (every position of a window when `positions_per_window` is None); with
-    `positions_per_window`, a (n_windows, block_size) bool mask of that many random positions per
-    window, drawn once from `seed`. The training callback and ``probe.py`` both build their probe
-    set here, so a checkpoint probed later sees exactly the windows the training probe saw.
-
-    Returns
-    -------
-    windows : (n_windows, block_size) int64 tensor
-    valid : (n_windows, block_size) bool tensor, or None for every position
-    """
-    per_window = positions_per_window or block_size
-    if per_window > block_size:
-        raise ValueError(
-            f"probe.positions_per_window ({per_window}) exceeds the model's block_size "
-            f"({block_size}); use at most {block_size} or null for every position"
-        )
-    n_windows = math.ceil(n_states / per_window)
-    windows = datamodule.probe_windows(n_windows, seed=seed)
-    if per_window == block_size:
-        return windows, None
-    generator = torch.Generator().manual_seed(seed)
-    valid = torch.zeros(n_windows, block_size, dtype=torch.bool)
-    for row in valid:
-        row[torch.randperm(block_size, generator=generator)[:per_window]] = True
-    return windows, valid
-
-
 def gpt_captures(
     model: torch.nn.Module,
     windows: torch.Tensor,
@@ -120,23 +88,30 @@ def gpt_captures(
 
 def probe_gpt(
     model: torch.nn.Module,
-    windows: torch.Tensor,
-    valid: torch.Tensor | None,
+    probes: ProbeSet,
     *,
     batch_size: int,
     settings: ProbeSettings,
 ) -> ProbeOutput:
-    """`measure` our GPT on `windows`: eval mode, no gradients, the caller's RNG state untouched."""
+    """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
+
+    The states come from the sampled positions of every window (no attention materialised);
+    attention and Q/K from the first `probes.attention_windows` windows, whole.
+    """
     was_training = model.training
     device = next(model.parameters()).device
     model.eval()
     devices = [device] if device.type == "cuda" else []
+    whole = probes.windows[: probes.attention_windows]
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            captures = gpt_captures(
-                model, windows, valid, batch_size=batch_size, attention=settings.attention
+            states = gpt_captures(
+                model, probes.windows, probes.positions, batch_size=batch_size, attention=False
             )
-            return measure(captures, settings)
+            attention = gpt_captures(
+                model, whole, None, batch_size=batch_size, attention=settings.attention
+            )
+            return measure(states, attention, settings)
     finally:
         model.train(was_training)
 
@@ -164,7 +139,9 @@ class ProbeCallback(L.Callback):
         At least this many states per layer (windows x positions per window).
     positions_per_window : int or None
         Probe a fixed random subset of this many positions in each window (chosen once from
-        `seed`); None probes every position.
+        `seed`); None probes every position. See `repgeom.probes.sampling`.
+    attention_windows : int
+        Whole windows read by the attention and query/key metrics.
     batch_size : int
         Windows per forward pass; bounds the probe's memory (attention is T x T per head).
     every_n_steps, log_spaced_until, n_log_spaced, max_probes
@@ -182,9 +159,10 @@ class ProbeCallback(L.Callback):
     def __init__(
         self,
         *,
-        n_states: int = 4096,
-        positions_per_window: int | None = None,
-        batch_size: int = 8,
+        n_states: int = DEFAULT_N_STATES,
+        positions_per_window: int | None = DEFAULT_POSITIONS_PER_WINDOW,
+        attention_windows: int = DEFAULT_ATTENTION_WINDOWS,
+        batch_size: int = 16,
         every_n_steps: int = 1000,
         log_spaced_until: int = 1000,
         n_log_spaced: int = 8,
@@ -197,6 +175,7 @@ class ProbeCallback(L.Callback):
         super().__init__()
         self.n_states = n_states
         self.positions_per_window = positions_per_window
+        self.attention_windows = attention_windows
         self.batch_size = batch_size
         self.schedule_options = dict(
             every_n_steps=every_n_steps,
@@ -211,8 +190,7 @@ class ProbeCallback(L.Callback):
         self.schedule: list[int] = []
         self.done: set[int] = set()
         self.seconds = 0.0
-        self.windows: torch.Tensor | None = None
-        self.valid: torch.Tensor | None = None
+        self.probes: ProbeSet | None = None
         self.run_dir: Path | None = None
         self._wandb_ready = False
 
@@ -221,10 +199,11 @@ class ProbeCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self.windows, self.valid = probe_set(
+        self.probes = probe_set(
             trainer.datamodule,
             n_states=self.n_states,
             positions_per_window=self.positions_per_window,
+            attention_windows=self.attention_windows,
             block_size=pl_module.model.config.block_size,
             seed=self.seed,
         )
@@ -240,6 +219,7 @@ class ProbeCallback(L.Callback):
         return {
             "n_states": self.n_states,
             "positions_per_window": self.positions_per_window,
+            "attention_windows": self.attention_windows,
             "batch_size": self.batch_size,
             "seed": self.seed,
             "settings": asdict(self.settings),
@@ -292,9 +272,7 @@ class ProbeCallback(L.Callback):
 
     def run(self, model: torch.nn.Module):
         """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched."""
-        return probe_gpt(
-            model, self.windows, self.valid, batch_size=self.batch_size, settings=self.settings
-        )
+        return probe_gpt(model, self.probes, batch_size=self.batch_size, settings=self.settings)
 
     # -- logging ------------------------------------------------------------------------------
 

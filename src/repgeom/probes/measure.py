@@ -2,9 +2,22 @@
 
 The one place where `repgeom.metrics` is applied to a model: the training callback and
 `probe.py` both feed it `Capture`s (from our GPT or from a Hugging Face model) and get the same
-rows back. Captures arrive in micro-batches so memory stays bounded by the probe size: hidden
-states, queries and keys are kept (they are small), attention probabilities are reduced batch by
-batch and dropped.
+rows back. Two probe sets feed it (`repgeom.probes.sampling`):
+
+- **states**: a few random positions from each of many windows, so that neighbouring characters
+  of one window do not become each other's nearest neighbours. Every per-layer state metric
+  (anisotropy, mean cosine, drift, TwoNN, GRIDE) follows Razzhigaev et al. 2023, section 2.2:
+  the states are shuffled, cut into batches of at least ``state_batch_size`` (4096), the metric
+  is computed per batch, and the table holds the mean over batches with its standard deviation.
+- **attention**: whole windows, for the attention and query/key metrics, which need every
+  position a query attends to.
+
+Layers follow one convention for every model (`repgeom.models.capture.Capture`): ``embedding``
+(0), ``block_<i>`` (the residual stream after block i, 1..L), and where the model has a final
+norm its output as its own layer ``final_norm`` (L + 1); the ``layer_name`` column says which.
+Captures arrive in micro-batches so memory stays bounded by the probe size: hidden states,
+queries and keys are kept (they are small), attention probabilities are reduced batch by batch
+and dropped.
 """
 
 from __future__ import annotations
@@ -36,20 +49,69 @@ PER_HEAD_METRICS: tuple[str, ...] = (
 """The metrics `measure` reports once per attention head (rows with head >= 0)."""
 
 
+FINAL_NORM = "final_norm"
+"""`layer_name` of the final norm's output, probed as layer L + 1 where a model has one."""
+
+
+def layer_names(n_blocks: int, final_norm: bool) -> list[str]:
+    """Names of the probed layers by index: ``embedding``, ``block_1`` .. ``block_L``, and
+    ``final_norm`` when the model has one.
+
+    >>> layer_names(2, True)
+    ['embedding', 'block_1', 'block_2', 'final_norm']
+    """
+    return ["embedding", *(f"block_{i}" for i in range(1, n_blocks + 1))] + (
+        [FINAL_NORM] if final_norm else []
+    )
+
+
 @dataclass
 class ProbeSettings:
-    """What to compute, and the estimator options (see `repgeom.metrics` for each)."""
+    """What to compute, and the estimator options (see `repgeom.metrics` for each).
+
+    Checked on creation, so an out-of-range option fails before any model is run, with the
+    option's name and range.
+    """
 
     attention: bool = True
     intrinsic_dimension: bool = True
     distributions: bool = False
     discard_fraction: float = 0.1
-    twonn_batch_size: int = 4096
+    state_batch_size: int = 4096
     max_order: int = 64
-    near_duplicate_threshold: float = 0.1
+    near_duplicate_threshold: float = 0.005
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = 5000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        def fraction(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0.0 < value < 1.0
+            ):
+                raise ValueError(
+                    f"probe setting {name} must lie in the open interval (0, 1), got {value!r}"
+                )
+
+        def integer(name: str, minimum: int) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(
+                    f"probe setting {name} must be an integer >= {minimum}, got {value!r}"
+                )
+
+        for name in ("discard_fraction", "near_duplicate_threshold", "cosine_baseline_quantile"):
+            fraction(name)
+        integer("state_batch_size", 3)
+        integer("max_order", 2)
+        integer("distribution_samples", 10)
+        integer("seed", -(2**63))
+        if self.max_order & (self.max_order - 1):
+            raise ValueError(
+                f"probe setting max_order must be a power of two (2, 4, ..., 64), "
+                f"got {self.max_order}"
+            )
 
 
 @dataclass
@@ -58,13 +120,15 @@ class ProbeOutput:
 
     rows: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    layer_names: list[str] = field(default_factory=list)
 
     def add(
-        self, layer: int, metric: str, value: float, *, head: int = -1, std: float = math.nan
+        self, layer: int, metric: str, value: float, std: float = math.nan, *, head: int = -1
     ) -> None:
         self.rows.append(
             {
                 "layer": layer,
+                "layer_name": self.layer_names[layer] if layer < len(self.layer_names) else "",
                 "head": head,
                 "metric": metric,
                 "value": float(value),
@@ -72,11 +136,9 @@ class ProbeOutput:
             }
         )
 
-
-@functools.lru_cache(maxsize=64)
-def _cosine_baseline(n: int, d: int, quantile: float, seed: int) -> float:
-    """Chance level of the mean cosine; depends only on (n, d), so it is computed once."""
-    return metrics.isotropic_cosine_baseline(n, d, quantile=quantile, seed=seed)
+    def extend(self, other: ProbeOutput) -> None:
+        self.rows.extend(other.rows)
+        self.warnings.extend(other.warnings)
 
 
 class _AttentionSums:
@@ -104,41 +166,80 @@ class _AttentionSums:
         return {name: total / self.rows for name, total in self.sums.items()}
 
 
-def _flatten(hidden: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-    """(B, T, C) states -> (N, C) float32 rows at the valid positions."""
-    states = hidden if valid is None else hidden[valid.to(hidden.device)]
-    return states.reshape(-1, hidden.size(-1)).float()
+def measure(
+    state_captures: Iterable[Capture],
+    attention_captures: Iterable[Capture],
+    settings: ProbeSettings,
+) -> ProbeOutput:
+    """Every metric for every layer (and head): states from one probe set, attention from another.
 
+    Parameters
+    ----------
+    state_captures : iterable of Capture
+        Micro-batches of the state probe set; each capture's ``valid`` marks the sampled
+        positions. Only ``hidden`` and ``final_norm`` are read.
+    attention_captures : iterable of Capture
+        Micro-batches of whole windows for the attention and query/key metrics (empty when
+        ``settings.attention`` is False and no Q/K is wanted).
+    settings : ProbeSettings
 
-def measure(captures: Iterable[Capture], settings: ProbeSettings) -> ProbeOutput:
-    """Every metric for every layer (and head) of the states in `captures`.
-
-    Layer 0 is the state after the embedding, layer i the state after block i; attention and
-    Q/K metrics belong to the block that computes them (layers 1..L). A metric that cannot be
-    computed for a layer (too few points, NaN/Inf states, unreadable attention) is skipped with
-    one warning naming the metric and layer; every other metric is still returned.
+    Returns
+    -------
+    ProbeOutput
+        A metric that cannot be computed for a layer (too few points, NaN/Inf states,
+        unreadable attention) is skipped with one warning naming the metric and layer; every
+        other metric is still returned.
     """
-    out = ProbeOutput()
+    out = measure_states(state_captures, settings)
+    out.extend(measure_attention(attention_captures, settings, layer_names=out.layer_names))
+    return out
+
+
+def measure_states(captures: Iterable[Capture], settings: ProbeSettings) -> ProbeOutput:
+    """The per-layer state metrics (mean and std over shuffled batches) of the valid positions."""
     hidden: list[list[torch.Tensor]] = []
+    final: list[torch.Tensor] = []
+    for capture in captures:
+        if not hidden:
+            hidden = [[] for _ in capture.hidden]
+        valid = capture.valid
+        for layer, states in enumerate(capture.hidden):
+            hidden[layer].append(_flatten(states, valid))
+        if capture.final_norm is not None:
+            final.append(_flatten(capture.final_norm, valid))
+    if not hidden:
+        raise ValueError("measure() got no captures: the probe set is empty")
+    if final:
+        hidden.append(final)
+    out = ProbeOutput(layer_names=layer_names(len(hidden) - 1 - bool(final), bool(final)))
+    for layer, parts in enumerate(hidden):
+        _measure_states(out, layer, torch.cat(parts), settings)
+    return out
+
+
+def measure_attention(
+    captures: Iterable[Capture], settings: ProbeSettings, *, layer_names: list[str]
+) -> ProbeOutput:
+    """Per-head attention entropy and query/key alignment of every block, on whole windows."""
+    out = ProbeOutput(layer_names=layer_names)
     queries: list[list[torch.Tensor]] = []
     keys: list[list[torch.Tensor]] = []
     valids: list[torch.Tensor] = []
     attention: list[_AttentionSums] = []
     causal = True
+    seen = False
     for capture in captures:
         causal = capture.causal
-        if not hidden:
-            hidden = [[] for _ in capture.hidden]
+        if not seen:
             queries = [[] for _ in capture.queries]
             keys = [[] for _ in capture.keys]
             attention = [_AttentionSums() for _ in capture.attention]
+            seen = True
         valid = capture.valid
         if valid is None:
             B, T = capture.hidden[0].shape[:2]
             valid = torch.ones(B, T, dtype=torch.bool)
         valids.append(valid.cpu())
-        for layer, states in enumerate(capture.hidden):
-            hidden[layer].append(_flatten(states, valid))
         for layer, (q, k) in enumerate(zip(capture.queries, capture.keys, strict=True)):
             queries[layer].append(q)
             keys[layer].append(k)
@@ -148,11 +249,8 @@ def measure(captures: Iterable[Capture], settings: ProbeSettings) -> ProbeOutput
                     probs, causal=causal, valid=valid.to(probs.device)
                 )
                 attention[layer].add(result)
-    if not hidden:
-        raise ValueError("measure() got no captures: the probe set is empty")
-
-    for layer, parts in enumerate(hidden):
-        _measure_states(out, layer, torch.cat(parts), settings)
+    if not seen:
+        return out
     if settings.attention and not attention:
         out.warnings.append("attention probabilities were not captured; attention metrics skipped")
     for index, sums in enumerate(attention):
@@ -167,6 +265,12 @@ def measure(captures: Iterable[Capture], settings: ProbeSettings) -> ProbeOutput
     return out
 
 
+def _flatten(hidden: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """(B, T, C) states -> (N, C) float32 rows at the valid positions."""
+    states = hidden if valid is None else hidden[valid.to(hidden.device)]
+    return states.reshape(-1, hidden.size(-1)).float()
+
+
 @contextmanager
 def _skip_on_error(out: ProbeOutput, metric: str, layer: int) -> Iterator[None]:
     """On a ValueError from a metric (its inputs are unusable), record a warning and carry on."""
@@ -176,18 +280,35 @@ def _skip_on_error(out: ProbeOutput, metric: str, layer: int) -> Iterator[None]:
         out.warnings.append(f"probe: {metric} skipped at layer {layer}: {error}")
 
 
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std over batches (std NaN for one batch: there is no spread)."""
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.mean()), float(array.std()) if len(array) > 1 else math.nan
+
+
 def _measure_states(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings) -> None:
-    n, d = X.shape
+    d = X.shape[1]
+    split = metrics.batch_indices(X.shape[0], settings.state_batch_size, settings.seed)
+    batches = [X[index.to(X.device)] for index in split]
     with _skip_on_error(out, "anisotropy", layer):
-        out.add(layer, "anisotropy", metrics.anisotropy(X))
+        out.add(layer, "anisotropy", *_per_batch(metrics.anisotropy, batches))
     with _skip_on_error(out, "mean_cosine", layer):
-        out.add(layer, "mean_cosine", metrics.mean_cosine_similarity(X))
-        baseline = _cosine_baseline(n, d, settings.cosine_baseline_quantile, settings.seed)
-        out.add(layer, "cosine_baseline", baseline)
+        out.add(layer, "mean_cosine", *_per_batch(metrics.mean_cosine_similarity, batches))
+        out.add(
+            layer,
+            "cosine_baseline",
+            _cosine_baseline(d, settings.cosine_baseline_quantile),
+        )
+        out.add(
+            layer,
+            "mean_cosine_chance",
+            _mean_cosine_chance(len(batches[0]), d, settings.cosine_baseline_quantile,
+                                settings.seed),
+        )
     with _skip_on_error(out, "drift", layer):
-        result = metrics.drift(X)
-        out.add(layer, "drift_norm", result.norm)
-        out.add(layer, "drift_ratio", result.ratio)
+        results = [metrics.drift(batch) for batch in batches]
+        out.add(layer, "drift_norm", *_mean_std([r.norm for r in results]))
+        out.add(layer, "drift_ratio", *_mean_std([r.ratio for r in results]))
     if settings.intrinsic_dimension:
         with _skip_on_error(out, "intrinsic_dimension", layer):
             _measure_id(out, layer, X, settings)
@@ -196,9 +317,25 @@ def _measure_states(out: ProbeOutput, layer: int, X: torch.Tensor, settings: Pro
             _measure_distribution(out, layer, X, settings)
 
 
+def _per_batch(metric, batches: list[torch.Tensor]) -> tuple[float, float]:
+    return _mean_std([metric(batch) for batch in batches])
+
+
+@functools.lru_cache(maxsize=64)
+def _cosine_baseline(d: int, quantile: float) -> float:
+    """Godey et al.'s baseline: the quantile of one isotropic pair's cosine in d dimensions."""
+    return metrics.isotropic_cosine_baseline(d, quantile=quantile)
+
+
+@functools.lru_cache(maxsize=64)
+def _mean_cosine_chance(n: int, d: int, quantile: float, seed: int) -> float:
+    """Chance level of the mean cosine of one batch; depends only on (n, d), computed once."""
+    return metrics.isotropic_mean_cosine_chance(n, d, quantile=quantile, seed=seed)
+
+
 def _measure_id(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings) -> None:
     max_order = settings.max_order
-    batch = min(settings.twonn_batch_size, X.shape[0])
+    batch = min(settings.state_batch_size, X.shape[0])
     result = metrics.intrinsic_dimension(
         X,
         discard_fraction=settings.discard_fraction,
@@ -208,13 +345,14 @@ def _measure_id(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSe
         seed=settings.seed,
     )
     twonn = result.twonn
-    out.add(layer, "twonn", twonn.dimension, std=twonn.dimension_std)
-    out.add(layer, "twonn_mle", twonn.mle, std=twonn.mle_std)
+    spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
+    out.add(layer, "twonn", twonn.dimension, twonn.dimension_std * spread)
+    out.add(layer, "twonn_mle", twonn.mle, twonn.mle_std * spread)
     out.add(layer, "duplicates", twonn.n_duplicates)
     for order, dim, std in zip(
         result.gride.orders, result.gride.dimension, result.gride.dimension_std, strict=True
     ):
-        out.add(layer, f"gride_k{order}", dim, std=std)
+        out.add(layer, f"gride_k{order}", dim, std * spread)
     out.add(layer, "near_duplicate_share", result.near_duplicate_share)
 
 

@@ -43,14 +43,15 @@ from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from repgeom.probes.table import head_means, layer_means
+from repgeom.probes.table import FINAL_NORM, block_name, head_means, layer_means
 
 DPI = 120
 
 METRIC_LABELS: dict[str, str] = {
     "anisotropy": "Anisotropy",
     "mean_cosine": "Mean cosine similarity",
-    "cosine_baseline": "Cosine baseline (shuffled)",
+    "cosine_baseline": "Cosine baseline (95th pct. of an isotropic pair, Godey et al.)",
+    "mean_cosine_chance": "Chance level of the mean cosine (95th pct.)",
     "drift_norm": "Drift norm",
     "drift_ratio": "Drift ratio",
     "twonn": "Intrinsic dimension (TwoNN)",
@@ -207,12 +208,32 @@ def _single_axes(
     return fig, ax, cax
 
 
-def _layer_axis(ax: Axes, layers: Sequence[int]) -> None:
-    layers = sorted(int(v) for v in layers)
+def _layer_axis(ax: Axes, per_layer: pd.DataFrame) -> None:
+    """Layer ticks; the final norm's layer, where there is one, is labelled ``final norm``."""
+    names = per_layer.drop_duplicates("layer").set_index("layer")["layer_name"]
+    layers = sorted(int(v) for v in names.index)
     ax.set_xlabel("layer (0 = embedding)" if 0 in layers else "layer")
     step = max(1, math.ceil(len(layers) / 16))
-    ax.set_xticks(layers[::step])
+    ticks = layers[::step]
+    final = [layer for layer in layers if names[layer] == FINAL_NORM]
+    ticks = sorted(set(ticks) | set(final))
+    ax.set_xticks(ticks, ["final\nnorm" if t in final else str(t) for t in ticks])
     ax.grid(alpha=0.3)
+
+
+def _plot_profile(ax: Axes, group: pd.DataFrame, colour, label: str, **style) -> None:
+    """One layer profile: the blocks joined by a line, the final norm's output (if any) as an
+    open marker on a dotted segment, so it never reads as one more block."""
+    group = group.sort_values("layer")
+    final = group["layer_name"] == FINAL_NORM
+    ax.plot(group.loc[~final, "layer"], group.loc[~final, "value"], "-o", color=colour,
+            label=label, **{"ms": 3, "lw": 1.5, **style})
+    if final.any():
+        last_block = group.loc[~final].tail(1)
+        joined = pd.concat([last_block, group.loc[final]])
+        ax.plot(joined["layer"], joined["value"], ":", color=colour, lw=1)
+        ax.plot(group.loc[final, "layer"], group.loc[final, "value"], "o", mfc="white",
+                color=colour, ms=5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,9 +269,7 @@ def layer_profile(frame: pd.DataFrame, metric: str, *, by: str = "step") -> Figu
         colours, _ = _step_colours(steps)
         for colour, (step, group) in zip(colours, per_layer.groupby("step", sort=True),
                                          strict=True):
-            group = group.sort_values("layer")
-            ax.plot(group["layer"], group["value"], "-o", color=colour, ms=3, lw=1.5,
-                    label=f"step {step}")
+            _plot_profile(ax, group, colour, f"step {step}")
         _step_colorbar(fig, cax, steps)
         title = f"{metric_label(metric)} by layer, one line per probe"
     else:
@@ -261,12 +280,11 @@ def layer_profile(frame: pd.DataFrame, metric: str, *, by: str = "step") -> Figu
         )
         for colour, name in zip(colours, order.index, strict=True):
             group = per_layer.loc[per_layer[by] == name]
-            group = group.loc[group["step"] == group["step"].max()].sort_values("layer")
-            ax.plot(group["layer"], group["value"], "-o", color=colour, ms=3, lw=1.5,
-                    label=str(name))
+            group = group.loc[group["step"] == group["step"].max()]
+            _plot_profile(ax, group, colour, str(name))
         ax.legend(title=by, fontsize="small", loc="best")
         title = f"{metric_label(metric)} by layer, one line per {by}"
-    _layer_axis(ax, per_layer["layer"].unique())
+    _layer_axis(ax, per_layer)
     ax.set_ylabel(metric_label(metric))
     ax.set_title(title)
     return fig
@@ -492,11 +510,11 @@ def profiles_side_by_side(
     axes = fig.subplots(1, n, sharey=True, squeeze=False).ravel()
     colours = mpl.colormaps["tab10"](np.arange(n) % 10)
     for ax, colour, (label, (at, profile)) in zip(axes, colours, profiles.items(), strict=True):
-        ax.plot(profile["layer"], profile["value"], "-o", color=colour, ms=4, lw=2)
+        _plot_profile(ax, profile, colour, label, ms=4, lw=2)
         if profile["std"].notna().any():
             ax.fill_between(profile["layer"], profile["value"] - profile["std"],
                             profile["value"] + profile["std"], color=colour, alpha=0.2, lw=0)
-        _layer_axis(ax, profile["layer"].unique())
+        _layer_axis(ax, profile)
         ax.set_title(f"{label} (step {at})")
     axes[0].set_ylabel(metric_label(metric))
     fig.suptitle(f"{metric_label(metric)} by layer")
@@ -547,7 +565,8 @@ def compare_texts(
     left, right = fig.subplots(1, 2, width_ratios=[1, 1.25])
     left.plot(np.arange(pooled.size), pooled, "-o", color="tab:blue", ms=4, lw=2)
     left.axhline(0.0, color="grey", lw=0.8)
-    _layer_axis(left, range(pooled.size))
+    _layer_axis(left, pd.DataFrame({"layer": range(pooled.size),
+                                    "layer_name": [block_name(i) for i in range(pooled.size)]}))
     left.set_ylabel("cosine of mean-pooled states")
     left.set_title(f"{labels[0]} vs {labels[1]}, per layer")
     image = right.imshow(matrix, cmap="RdBu_r", vmin=-1.0, vmax=1.0, aspect="auto",

@@ -12,8 +12,9 @@ Every number comes from `repgeom.probes.measure.measure`, the function the train
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.table`).
 
 Our checkpoints are probed exactly as the training probe did: the probe set is rebuilt with
-`callback.probe_set` from the checkpoint's data (``source``, ``clean`` saved by the datamodule)
-and the training probe's config (``n_states``, ``positions_per_window``, ``seed``, settings),
+`sampling.probe_set` from the checkpoint's data (``source``, ``clean`` saved by the datamodule)
+and the training probe's config (``n_states``, ``positions_per_window``,
+``attention_windows``, ``seed``, settings),
 which the callback saves in every checkpoint; for older checkpoints it is read from the run
 folder's ``.hydra/config.yaml`` or ``csv/hparams.yaml``. A probe of ``last.ckpt`` therefore
 gives the numbers the training probe logged at that step. Values set in ``conf/probe.yaml`` (or
@@ -46,12 +47,20 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from repgeom.data import enwik8
 from repgeom.data.datamodule import Enwik8DataModule, choose_windows
 from repgeom.probes import plots, table
-from repgeom.probes.callback import probe_gpt, probe_set, wandb_scalars
+from repgeom.probes.callback import probe_gpt, wandb_scalars
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
+from repgeom.probes.sampling import (
+    DEFAULT_ATTENTION_WINDOWS,
+    DEFAULT_N_STATES,
+    DEFAULT_POSITIONS_PER_WINDOW,
+    ProbeSet,
+    choose_positions,
+    probe_set,
+    windows_needed,
+)
 
 log = logging.getLogger(__name__)
 
-DEFAULT_N_STATES = 4096
 DEFAULT_HF_WINDOW = 256
 CHECKPOINT_PATTERNS = ("*.ckpt",)
 # Columns of the console table: the main metric of each family (per-head ones averaged).
@@ -229,6 +238,7 @@ class TrainingProbe:
 
     n_states: int | None = None
     positions_per_window: int | None = None
+    attention_windows: int | None = None
     batch_size: int | None = None
     seed: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -243,6 +253,7 @@ def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
             return TrainingProbe(
                 n_states=config.get("n_states"),
                 positions_per_window=config.get("positions_per_window"),
+                attention_windows=config.get("attention_windows"),
                 batch_size=config.get("batch_size"),
                 seed=config.get("seed"),
                 settings=dict(config.get("settings") or {}),
@@ -257,6 +268,7 @@ def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
         return TrainingProbe(
             n_states=probe.get("n_states"),
             positions_per_window=probe.get("positions_per_window"),
+            attention_windows=probe.get("attention_windows"),
             batch_size=probe.get("batch_size"),
             seed=seed,
             settings=settings,
@@ -376,6 +388,8 @@ def resolve_device(device: str | None) -> torch.device:
 def _settings(cfg: DictConfig, base: dict[str, Any], seed: int) -> ProbeSettings:
     """`ProbeSettings`: defaults < the training probe's (`base`) < non-null values of cfg."""
     chosen = {"seed": seed, **{k: v for k, v in base.items() if v is not None}}
+    if "twonn_batch_size" in chosen:  # checkpoints written before the batches served every metric
+        chosen.setdefault("state_batch_size", chosen.pop("twonn_batch_size"))
     overrides = OmegaConf.to_container(cfg.get("settings") or {}, resolve=True)
     chosen.update({k: v for k, v in overrides.items() if v is not None})
     if cfg.get("seed") is not None and overrides.get("seed") is None:
@@ -552,27 +566,35 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
     if subject.source == "hf":
         seed = 0 if seed_cfg is None else int(seed_cfg)
         settings = _settings(cfg, {}, seed)
-        windows, mask = _hf_windows(cfg, loaded, seed)
+        probes, mask = _hf_probe_set(cfg, loaded, seed)
         print(
-            f"Probing {subject.label} ({subject.kind}, {loaded.family}): {len(windows)} windows "
-            f"of {windows.shape[1]} tokens"
+            f"Probing {subject.label} ({subject.kind}, {loaded.family}): {probes.n_states} "
+            f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
         from repgeom.probes.hf import hf_capture
 
-        batch_size = int(cfg.batch_size or 8)
+        batch_size = int(cfg.batch_size or 16)
 
-        def captures():
-            for start in range(0, len(windows), batch_size):
-                yield hf_capture(
+        def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
+            for start in range(0, n_windows, batch_size):
+                stop = min(start + batch_size, n_windows)
+                capture = hf_capture(
                     loaded,
-                    windows[start : start + batch_size],
-                    mask[start : start + batch_size],
-                    attention=settings.attention,
+                    probes.windows[start:stop],
+                    mask[start:stop],
+                    attention=attention,
                     include_special=bool(cfg.include_special),
                 )
+                if positions is not None:
+                    capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
+                yield capture
 
         with torch.random.fork_rng(devices=[]):
-            return measure(captures(), settings)
+            return measure(
+                captures(len(probes.windows), probes.positions, attention=False),
+                captures(probes.attention_windows, None, attention=settings.attention),
+                settings,
+            )
 
     ckpt = read_checkpoint(subject.path)
     run_dir = _run_dir_of(subject.path)
@@ -587,15 +609,21 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
         else ckpt["hyper_parameters"].get("seed", 0)
     )
     settings = _settings(cfg, trained.settings, seed)
+    recorded = trained.origin != "none"
     n_states = int(cfg.n_states or trained.n_states or DEFAULT_N_STATES)
-    batch_size = int(cfg.batch_size or trained.batch_size or 8)
+    per_window = _positions_per_window(cfg, trained.positions_per_window if recorded else None,
+                                       default=not recorded)
+    attention_windows = int(
+        cfg.get("attention_windows") or trained.attention_windows or DEFAULT_ATTENTION_WINDOWS
+    )
+    batch_size = int(cfg.batch_size or trained.batch_size or 16)
     window = cfg.get("window")
     if window is not None and window != block_size:
         raise ValueError(
             f"window={window}: our checkpoints are probed on windows of their block_size "
             f"({block_size}); leave window unset"
         )
-    if trained.origin == "none" and cfg.get("text_file") is None:
+    if not recorded and cfg.get("text_file") is None:
         print(
             f"note: {subject.path} carries no training probe config and its run folder none "
             f"either; probing n_states={n_states}, seed={seed} (numbers need not match a "
@@ -608,24 +636,43 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
                 f"{subject.path}: the checkpoint's vocabulary ({loaded.vocab}) differs from its "
                 f"data's ({datamodule.vocab}); was the data changed?"
             )
-        windows, valid = probe_set(
+        probes = probe_set(
             datamodule,
             n_states=n_states,
-            positions_per_window=trained.positions_per_window,
+            positions_per_window=per_window,
+            attention_windows=attention_windows,
             block_size=block_size,
             seed=seed,
         )
     else:
         all_windows = byte_windows(loaded.vocab, read_text(cfg.text_file), window=block_size)
-        wanted = math.ceil(n_states / block_size)
+        wanted = windows_needed(n_states, per_window, block_size)
         windows = all_windows[torch.from_numpy(choose_windows(len(all_windows), wanted, seed))]
-        valid = None
-        _note_short(len(windows) * block_size, n_states)
+        positions = choose_positions(torch.ones(windows.shape, dtype=torch.bool), per_window,
+                                     seed)
+        probes = ProbeSet(windows, positions, min(attention_windows, len(windows)))
+        _note_short(probes.n_states, n_states)
     print(
-        f"Probing {subject.label} ({subject.kind}): {len(windows)} windows of {block_size} "
-        f"characters (probe config: {trained.origin})"
+        f"Probing {subject.label} ({subject.kind}): {probes.n_states} states from "
+        f"{len(probes.windows)} windows of {block_size} characters (probe config: "
+        f"{trained.origin})"
     )
-    return probe_gpt(model, windows, valid, batch_size=batch_size, settings=settings)
+    return probe_gpt(model, probes, batch_size=batch_size, settings=settings)
+
+
+def _positions_per_window(cfg: DictConfig, trained: int | None, *, default: bool) -> int | None:
+    """``positions_per_window``: the command line's (``all``: every position), else the training
+    probe's, else (`default`) `DEFAULT_POSITIONS_PER_WINDOW`."""
+    value = cfg.get("positions_per_window")
+    if value is None:
+        return DEFAULT_POSITIONS_PER_WINDOW if default else trained
+    if value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"positions_per_window must be a positive integer, 'all' or null, got {value!r}"
+        )
+    return value
 
 
 def _note_short(n_got: int, n_states: int) -> None:
@@ -637,7 +684,9 @@ def _note_short(n_got: int, n_states: int) -> None:
         )
 
 
-def _hf_windows(cfg: DictConfig, hf, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_probe_set(cfg: DictConfig, hf, seed: int) -> tuple[ProbeSet, torch.Tensor]:
+    """The probe set of a Hugging Face model's text and the windows' attention mask: random
+    positions among each window's tokens (special tokens left out unless include_special)."""
     from repgeom.probes.hf import special_token_ids, tokenize_windows
 
     text = read_text(cfg.text_file) if cfg.get("text_file") else default_text(cfg.text_source)
@@ -646,13 +695,19 @@ def _hf_windows(cfg: DictConfig, hf, seed: int) -> tuple[torch.Tensor, torch.Ten
         positions = getattr(hf.model.config, "max_position_embeddings", None)
         window = min(DEFAULT_HF_WINDOW, positions) if positions else DEFAULT_HF_WINDOW
     ids, mask = tokenize_windows(hf, text, window=int(window))
-    per_window = window
+    candidates = mask.bool()
     if not cfg.include_special:
-        per_window = int((~torch.isin(ids[0], torch.tensor(special_token_ids(hf.tokenizer)))).sum())
+        candidates &= ~torch.isin(ids, torch.tensor(special_token_ids(hf.tokenizer)))
+    per_window = _positions_per_window(cfg, None, default=True)
+    usable = int(candidates[0].sum())
     n_states = int(cfg.n_states or DEFAULT_N_STATES)
-    chosen = torch.from_numpy(choose_windows(len(ids), math.ceil(n_states / per_window), seed))
-    _note_short(len(chosen) * per_window, n_states)
-    return ids[chosen], mask[chosen]
+    wanted = math.ceil(n_states / min(per_window or usable, usable))
+    chosen = torch.from_numpy(choose_windows(len(ids), wanted, seed))
+    positions = choose_positions(candidates[chosen], per_window, seed)
+    attention_windows = int(cfg.get("attention_windows") or DEFAULT_ATTENTION_WINDOWS)
+    probes = ProbeSet(ids[chosen], positions, min(attention_windows, len(chosen)))
+    _note_short(probes.n_states, n_states)
+    return probes, mask[chosen]
 
 
 # -- compare ----------------------------------------------------------------------------------

@@ -7,8 +7,11 @@ in `repgeom.probes.plots` reads it:
 column     dtype    meaning
 =========  =======  ===============================================================================
 step       int64    training step of the probe (or checkpoint step / revision index)
-layer      int64    0 = the state after the embedding, i = after block i (1..L); for per-head
-                    attention metrics the block index 1..L
+layer      int64    0 = the state after the embedding, i = the residual stream after block i
+                    (1..L), before any final norm; L + 1 = the final norm's output, for models
+                    that have one; for per-head attention metrics the block index 1..L
+layer_name str      ``embedding``, ``block_<i>`` or ``final_norm`` (tables written before this
+                    column existed get it from ``layer``: they hold no final-norm layer)
 head       int64    attention head, or -1 when the metric is not per head
 metric     str      metric name, e.g. ``anisotropy``, ``twonn``, ``qk_cosine``
 value      float64  the number
@@ -16,7 +19,7 @@ std        float64  its standard deviation (bootstrap, across windows, ...), NaN
 =========  =======  ===============================================================================
 
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
-are kept, after these six, and every function here and in `plots` can group by them.
+are kept, after these seven, and every function here and in `plots` can group by them.
 
 On-disk layout of a run (``<run_dir>`` is the Hydra run folder)::
 
@@ -29,8 +32,9 @@ with the dtypes above, given the run folder, the ``probes`` folder or either fil
 
 Layer means (`layer_means`, the ``metric_vs_step`` plot, `summary`) average over blocks 1..L and
 leave out layer 0 (the embedding) by default: the embedding is a lookup table, not a stage of the
-network, and at step 0 its random geometry would dominate the mean. Per-head metrics are averaged
-over heads first, so every layer weighs the same.
+network, and at step 0 its random geometry would dominate the mean. The final norm's layer is
+never part of a mean: it is a rescaled copy of block L, not a stage of its own. Per-head metrics
+are averaged over heads first, so every layer weighs the same.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-COLUMNS: tuple[str, ...] = ("step", "layer", "head", "metric", "value", "std")
+COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
 REQUIRED: tuple[str, ...] = ("step", "layer", "metric", "value")
-"""`head` defaults to -1 and `std` to NaN when a row leaves them out."""
+"""`head` defaults to -1, `std` to NaN and `layer_name` to the block's name when a row leaves
+them out."""
+FINAL_NORM = "final_norm"
+"""`layer_name` of the final norm's output (`repgeom.probes.measure.layer_names`)."""
 ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")
 """Optional string columns that name what was probed; a step is re-probed per value of these."""
 
@@ -102,6 +109,12 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
         frame["std"] = np.nan
     for col in _INT_COLUMNS:
         frame[col] = _as_int(frame[col], col)
+    derived = frame["layer"].map(block_name)
+    if "layer_name" in frame.columns:
+        given = frame["layer_name"].astype(object)
+        frame["layer_name"] = given.where(given.notna() & (given != ""), derived).astype(str)
+    else:
+        frame["layer_name"] = derived.astype(str)
     for col in _FLOAT_COLUMNS:
         frame[col] = pd.to_numeric(frame[col], errors="raise").astype("float64")
     if frame["metric"].isna().any():
@@ -112,6 +125,11 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
             frame[col] = frame[col].astype(str).where(frame[col].notna())
     extra = [c for c in frame.columns if c not in COLUMNS]
     return frame[[*COLUMNS, *extra]].reset_index(drop=True)
+
+
+def block_name(layer: int) -> str:
+    """The name of layer `layer` in a model without a final norm: embedding or block_<i>."""
+    return "embedding" if layer == 0 else f"block_{layer}"
 
 
 def _as_int(column: pd.Series, name: str) -> pd.Series:
@@ -277,7 +295,7 @@ def head_means(frame: pd.DataFrame) -> pd.DataFrame:
     was also reported for the whole layer) that row is kept as it is; otherwise the heads are
     averaged, ``std`` becoming the spread across heads. Output rows have ``head == -1``.
     """
-    keys = ["step", "layer", "metric", *extra_columns(frame)]
+    keys = ["step", "layer", "layer_name", "metric", *extra_columns(frame)]
     if frame.empty:
         return frame.copy()
     whole = frame["head"] == -1
@@ -312,14 +330,20 @@ def layer_means(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.D
         Columns ``step, metric, value, std, n_layers`` and the extra columns; ``std`` is the
         spread across layers (population std), ``n_layers`` how many layers went into the mean.
     """
-    per_layer = head_means(frame)
-    if not include_embedding:
-        per_layer = per_layer.loc[per_layer["layer"] >= 1]
+    per_layer = blocks(head_means(frame), include_embedding=include_embedding)
     keys = ["step", "metric", *extra_columns(frame)]
     if per_layer.empty:
         return pd.DataFrame(columns=[*keys[:2], "value", "std", "n_layers", *keys[2:]])
     means = _mean_std(per_layer, keys, sort=True).rename(columns={"count": "n_layers"})
     return means[["step", "metric", "value", "std", "n_layers", *keys[2:]]]
+
+
+def blocks(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.DataFrame:
+    """The rows of the transformer blocks (and the embedding if asked): no final-norm layer."""
+    keep = frame["layer_name"] != FINAL_NORM
+    if not include_embedding:
+        keep &= frame["layer"] >= 1
+    return frame.loc[keep]
 
 
 def _check_one_run(frame: pd.DataFrame, what: str) -> None:
@@ -349,10 +373,11 @@ def summary(frame: pd.DataFrame) -> dict[str, Any]:
         ``id_peak_step`` (int), ``id_peak_value`` (float): the step at which the layer mean
         (blocks 1..L) of ``twonn`` was largest, and that mean (the earliest such step on ties);
         ``final_anisotropy_step`` (int), ``final_anisotropy_profile`` (list of float, one per
-        layer from layer 0) and ``final_anisotropy_layers`` (list of int): anisotropy per layer
-        at the last step it was probed; ``most_anisotropic_layer`` (int) and
-        ``most_anisotropic_value`` (float): the argmax of that profile. Keys whose metric is
-        absent hold None.
+        layer from layer 0 to block L) and ``final_anisotropy_layers`` (list of int): anisotropy
+        per layer at the last step it was probed; ``most_anisotropic_layer`` (int) and
+        ``most_anisotropic_value`` (float): the argmax of that profile;
+        ``final_norm_anisotropy`` (float): the final norm's output at that step, for models
+        with one. Keys whose metric (or layer) is absent hold None.
 
     Raises
     ------
@@ -370,6 +395,7 @@ def summary(frame: pd.DataFrame) -> dict[str, Any]:
             "final_anisotropy_layers",
             "most_anisotropic_layer",
             "most_anisotropic_value",
+            "final_norm_anisotropy",
         ]
     )
     if frame.empty:
@@ -381,9 +407,15 @@ def summary(frame: pd.DataFrame) -> dict[str, Any]:
         peak = twonn.sort_values("step").loc[lambda f: f["value"].idxmax()]
         out["id_peak_step"], out["id_peak_value"] = int(peak["step"]), float(peak["value"])
 
-    aniso = head_means(frame.loc[frame["metric"] == "anisotropy"]).dropna(subset=["value"])
+    every = head_means(frame.loc[frame["metric"] == "anisotropy"]).dropna(subset=["value"])
+    aniso = blocks(every, include_embedding=True)
     if not aniso.empty:
         out["final_anisotropy_step"] = int(aniso["step"].max())
+        final_norm = every.loc[
+            (every["layer_name"] == FINAL_NORM) & (every["step"] == aniso["step"].max())
+        ]
+        if not final_norm.empty:
+            out["final_norm_anisotropy"] = float(final_norm["value"].iloc[0])
         last = aniso.loc[aniso["step"] == aniso["step"].max()].sort_values("layer")
         out["final_anisotropy_profile"] = [float(v) for v in last["value"]]
         out["final_anisotropy_layers"] = [int(v) for v in last["layer"]]
@@ -410,6 +442,8 @@ def format_summary(result: Mapping[str, Any]) -> str:
                 result["final_anisotropy_layers"], result["final_anisotropy_profile"], strict=True
             )
         )
+        if result.get("final_norm_anisotropy") is not None:
+            profile += f", final norm: {result['final_norm_anisotropy']:.3f}"
         lines.append(f"anisotropy per layer at step {result['final_anisotropy_step']}: {profile}")
         lines.append(
             f"most anisotropic layer: {result['most_anisotropic_layer']} "

@@ -1,0 +1,118 @@
+"""The probe set: which windows and positions the probes read, and its defaults.
+
+Razzhigaev et al. 2023 (section 2.2) shuffle the token states before cutting them into
+batches "to mitigate potential correlations". Shuffling alone does not decorrelate a set that
+holds every position of a few windows: neighbouring characters of one window are each other's
+nearest neighbours, and TwoNN reads that chain (on the quickstart checkpoint, 16 whole windows
+gave TwoNN 4.1-5.4 where 800 windows x 5 positions gave 7.3-7.6). So the state probe set takes
+a few random positions from each of many windows; `benchmarks/bench_probe_protocol.py` measured
+the defaults below against a 50,000-state reference (`benchmarks/README.md`).
+
+Attention and query/key metrics need every position a query attends to: they read the first
+`attention_windows` windows whole.
+
+The training callback and ``probe.py`` both build their probe set here, so a checkpoint probed
+later sees exactly the windows and positions the training probe saw.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DEFAULT_N_STATES = 8192
+"""States per layer: two batches of 4096, so every state metric has a spread over batches."""
+DEFAULT_POSITIONS_PER_WINDOW = 16
+"""Random positions per window (512 windows at the default size; chosen by measurement)."""
+DEFAULT_ATTENTION_WINDOWS = 16
+"""Whole windows for the attention and query/key metrics."""
+
+
+@dataclass(frozen=True)
+class ProbeSet:
+    """Windows, the sampled state positions in each, and how many windows attention reads.
+
+    windows : (n_windows, T) int64 tensor of token ids
+    positions : (n_windows, T) bool tensor, True at the positions whose states are probed
+    attention_windows : int, the first this many windows are read whole by attention metrics
+    """
+
+    windows: torch.Tensor
+    positions: torch.Tensor
+    attention_windows: int
+
+    @property
+    def n_states(self) -> int:
+        return int(self.positions.sum())
+
+
+def windows_needed(n_states: int, positions_per_window: int | None, window: int) -> int:
+    """How many windows give `n_states` states at `positions_per_window` (None: all) each."""
+    per_window = positions_per_window or window
+    if per_window > window:
+        raise ValueError(
+            f"probe.positions_per_window ({per_window}) exceeds the window length ({window}); "
+            f"use at most {window}, or null for every position"
+        )
+    return math.ceil(n_states / per_window)
+
+
+def choose_positions(
+    candidates: torch.Tensor, positions_per_window: int | None, seed: int
+) -> torch.Tensor:
+    """`positions_per_window` random positions among each window's `candidates`, from `seed`.
+
+    Parameters
+    ----------
+    candidates : (n_windows, T) bool tensor
+        Positions that may be probed (False for padding or left-out special tokens).
+    positions_per_window : int or None
+        None keeps every candidate; a window with fewer candidates keeps them all.
+    seed : int
+
+    Returns
+    -------
+    (n_windows, T) bool tensor
+    """
+    candidates = candidates.bool().cpu()
+    if positions_per_window is None:
+        return candidates.clone()
+    if positions_per_window < 1:
+        raise ValueError(
+            f"probe.positions_per_window must be a positive integer or null, "
+            f"got {positions_per_window}"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    # A random key per position, candidates first: the k smallest keys are k random candidates.
+    keys = torch.rand(candidates.shape, generator=generator).masked_fill(~candidates, 2.0)
+    k = min(positions_per_window, candidates.shape[1])
+    chosen = torch.zeros_like(candidates)
+    chosen.scatter_(1, keys.topk(k, dim=1, largest=False).indices, True)
+    return chosen & candidates
+
+
+def probe_set(
+    datamodule: Any,
+    *,
+    n_states: int = DEFAULT_N_STATES,
+    positions_per_window: int | None = DEFAULT_POSITIONS_PER_WINDOW,
+    attention_windows: int = DEFAULT_ATTENTION_WINDOWS,
+    block_size: int,
+    seed: int,
+) -> ProbeSet:
+    """The fixed probe set of a datamodule's validation split.
+
+    ``ceil(n_states / positions_per_window)`` windows from
+    ``datamodule.probe_windows(n, seed=seed)`` (the same windows for a causal and a
+    bidirectional run) and `positions_per_window` random positions in each, drawn once from
+    `seed`.
+    """
+    n_windows = windows_needed(n_states, positions_per_window, block_size)
+    windows = datamodule.probe_windows(n_windows, seed=seed)
+    positions = choose_positions(
+        torch.ones(windows.shape, dtype=torch.bool), positions_per_window, seed
+    )
+    return ProbeSet(windows, positions, min(attention_windows, len(windows)))
