@@ -456,6 +456,12 @@ class Enwik8DataModule(L.LightningDataModule):
             "pin_memory": torch.cuda.is_available(),
         }
 
+    @property
+    def n_probe_windows(self) -> int:
+        """How many distinct probe windows the validation split holds (aligned slots)."""
+        self._need_setup()
+        return len(self.tokens["valid"]) // self.block_size
+
     def probe_windows(self, n_windows: int, *, seed: int) -> torch.Tensor:
         """``n_windows`` fixed windows of the validation split, shape (n_windows, block_size).
 
@@ -465,7 +471,7 @@ class Enwik8DataModule(L.LightningDataModule):
         """
         self._need_setup()
         tokens = self.tokens["valid"]
-        n_slots = len(tokens) // self.block_size
+        n_slots = self.n_probe_windows
         if not 1 <= n_windows <= n_slots:
             raise ValueError(
                 f"n_windows must lie in [1, {n_slots}] (validation slots), got {n_windows}"

@@ -299,12 +299,6 @@ def _measure_states(out: ProbeOutput, layer: int, X: torch.Tensor, settings: Pro
             "cosine_baseline",
             _cosine_baseline(d, settings.cosine_baseline_quantile),
         )
-        out.add(
-            layer,
-            "mean_cosine_chance",
-            _mean_cosine_chance(len(batches[0]), d, settings.cosine_baseline_quantile,
-                                settings.seed),
-        )
     with _skip_on_error(out, "drift", layer):
         results = [metrics.drift(batch) for batch in batches]
         out.add(layer, "drift_norm", *_mean_std([r.norm for r in results]))
@@ -325,12 +319,6 @@ def _per_batch(metric, batches: list[torch.Tensor]) -> tuple[float, float]:
 def _cosine_baseline(d: int, quantile: float) -> float:
     """Godey et al.'s baseline: the quantile of one isotropic pair's cosine in d dimensions."""
     return metrics.isotropic_cosine_baseline(d, quantile=quantile)
-
-
-@functools.lru_cache(maxsize=64)
-def _mean_cosine_chance(n: int, d: int, quantile: float, seed: int) -> float:
-    """Chance level of the mean cosine of one batch; depends only on (n, d), computed once."""
-    return metrics.isotropic_mean_cosine_chance(n, d, quantile=quantile, seed=seed)
 
 
 def _measure_id(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings) -> None:

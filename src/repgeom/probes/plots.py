@@ -51,7 +51,6 @@ METRIC_LABELS: dict[str, str] = {
     "anisotropy": "Anisotropy",
     "mean_cosine": "Mean cosine similarity",
     "cosine_baseline": "Cosine baseline (95th pct. of an isotropic pair, Godey et al.)",
-    "mean_cosine_chance": "Chance level of the mean cosine (95th pct.)",
     "drift_norm": "Drift norm",
     "drift_ratio": "Drift ratio",
     "twonn": "Intrinsic dimension (TwoNN)",
