@@ -160,6 +160,37 @@ def test_final_norm_rule_refuses_two_candidates(tiny_hf_folder):
         final_norm_module(model)
 
 
+@pytest.mark.filterwarnings("ignore:.*no query/key hooks")  # tested elsewhere
+def test_unknown_layout_keeps_hugging_face_hidden_states_and_warns(tiny_hf, tiny_text):
+    """ALBERT shares one block over all layers: no list of num_hidden_layers blocks to hook.
+    An unknown family still gets its hidden states (post-LN ALBERT's are the residual stream)."""
+    from transformers import AlbertConfig, AlbertModel
+
+    from repgeom.probes.hf import HFModel
+
+    bert = tiny_hf("bert")
+    config = AlbertConfig(
+        vocab_size=len(bert.tokenizer),
+        embedding_size=16,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=64,
+    )
+    model = AlbertModel(config).eval()
+    hf = HFModel(model, bert.tokenizer, "albert", is_decoder=False, name="tiny-albert")
+    ids, mask = padded_batch(bert, tiny_text)
+    with pytest.warns(UserWarning, match="expected one nn.ModuleList of 3 blocks") as record:
+        cap = hf_capture(hf, ids, mask)
+        hf_capture(hf, ids, mask)
+    assert sum("ModuleList" in str(w.message) for w in record) == 1  # once per model
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert cap.final_norm is None and len(cap.hidden) == 4
+    for h, r in zip(cap.hidden, ref.hidden_states, strict=True):
+        torch.testing.assert_close(h, r)
+
+
 @pytest.mark.parametrize("family", QK_FAMILIES)
 def test_queries_and_keys_reproduce_attention(tiny_hf, family, tiny_text):
     hf = tiny_hf(family)

@@ -55,6 +55,7 @@ later token does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -100,6 +101,7 @@ class HFModel:
     name: str
     revision: str | None = None
     _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
+    _warned_layout: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def has_qk(self) -> bool:
@@ -630,11 +632,11 @@ def hf_capture(
         )
         hf._warned_qk = True
 
-    residual = _ResidualRecorder(model)
+    residual = _residual_recorder(hf)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), residual:
+        with torch.no_grad(), residual or contextlib.nullcontext():
             if recorder is not None:
                 with recorder:
                     out = _forward(model, input_ids, attention_mask, attention)
@@ -642,12 +644,15 @@ def hf_capture(
             else:
                 out = _forward(model, input_ids, attention_mask, attention)
                 queries, keys = [], []
-        last_block, final_norm = residual.collect()
     finally:
         model.train(was_training)
-    # Hugging Face's hidden_states: the embedding output and each block's input; its last entry
-    # is the final norm's output in pre-LN models, so it becomes the last block's output.
-    hidden = [*out.hidden_states[:-1], last_block]
+    if residual is None:
+        hidden, final_norm = list(out.hidden_states), None
+    else:
+        # Hugging Face's hidden_states: the embedding output and each block's input; its last
+        # entry is the final norm's output in pre-LN models, so it becomes the last block's.
+        last_block, final_norm = residual.collect()
+        hidden = [*out.hidden_states[:-1], last_block]
 
     valid = torch.ones_like(input_ids, dtype=torch.bool)  # (B, T)
     if attention_mask is not None:
@@ -664,6 +669,25 @@ def hf_capture(
         causal=hf.is_decoder,
         valid=valid,
     )
+
+
+def _residual_recorder(hf: HFModel) -> _ResidualRecorder | None:
+    """The hooks reading the residual stream; None (one warning) for an unknown family whose
+    blocks or final norm cannot be located, such as ALBERT's shared layer groups."""
+    try:
+        return _ResidualRecorder(hf.model)
+    except RuntimeError as error:
+        if hf.family in DECODER_FAMILIES | ENCODER_FAMILIES | set(_QK_FAMILIES):
+            raise
+        if not hf._warned_layout:
+            warnings.warn(
+                f"{hf.name}: {error}; its hidden states are taken as Hugging Face returns them "
+                "(for a pre-LN model the last one is after the final norm) and no final_norm "
+                "layer is measured",
+                stacklevel=3,
+            )
+            hf._warned_layout = True
+        return None
 
 
 def _forward(
