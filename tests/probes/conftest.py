@@ -70,6 +70,20 @@ FAMILIES = {
         ),
         "<s> $A </s>",
     ),
+    # Pre-LN encoder: no embedding norm, a norm before each sublayer, a final encoder.LayerNorm.
+    "xlm-roberta-xl": (
+        "XLMRobertaXLConfig",
+        dict(_BERTLIKE, max_position_embeddings=66, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+        dict(
+            bos_token="<s>",
+            eos_token="</s>",
+            cls_token="<s>",
+            sep_token="</s>",
+            pad_token="<pad>",
+            unk_token="<unk>",
+        ),
+        "<s> $A </s>",
+    ),
     "gpt_neox": (
         "GPTNeoXConfig",
         # rotary_pct < 1 as in Pythia (0.25): only part of each head's dims is rotated.
@@ -83,6 +97,21 @@ FAMILIES = {
             _SMALL,
             ffn_dim=64,
             word_embed_proj_dim=32,
+            pad_token_id=0,
+            bos_token_id=3,
+            eos_token_id=3,
+        ),
+        dict(bos_token="</s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+        "</s> $A",
+    ),
+    # OPT-350m's layout: post-LN blocks and no final norm (do_layer_norm_before=False).
+    "opt-post": (
+        "OPTConfig",
+        dict(
+            _SMALL,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
             pad_token_id=0,
             bos_token_id=3,
             eos_token_id=3,

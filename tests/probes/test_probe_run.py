@@ -270,6 +270,52 @@ def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run
     assert ProbeSettings(**from_run.settings) == ProbeSettings(**saved.settings)
 
 
+def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run) -> None:
+    """The layer convention across both probe paths: probing a checkpoint (ckpt=) and its
+    Hugging Face export (hf=) on the same text, windows, settings and seed gives the same value
+    on every (layer, head, metric) row that either path produces (final norm included)."""
+    from dataclasses import asdict
+
+    from repgeom.models.export_hf import export_hf
+
+    ckpt = trained_run / "checkpoints" / "last.ckpt"
+    folder = export_hf(ckpt, tmp_path / "exported")
+    text = tmp_path / "valid.txt"
+    text.write_text(runner.default_text("sample"), encoding="utf-8")  # markup, non-ASCII
+    # Every option the ckpt= path would otherwise take from the training probe is given
+    # explicitly, so the two runs differ in nothing but the model they load.
+    trained = runner.training_probe(runner.read_checkpoint(ckpt), trained_run)
+    settings = asdict(ProbeSettings(**trained.settings))
+    settings.update(max_order=8, twonn_batch_size=256, distribution_samples=500, distributions=True)
+    settings.pop("seed")  # the top-level seed= below sets it for both
+    block_size = 32  # hydra_configs.TINY
+    common = [f"text_file={text}", f"window={block_size}", "n_states=256", "batch_size=4",
+              "seed=3", "device=cpu", "plot_metrics=[]",
+              *(f"++settings.{k}={str(v).lower() if isinstance(v, bool) else v}"
+                for k, v in settings.items())]  # fmt: skip
+    ours_run = probe(compose_probe(tmp_path / "ckpt", [f"ckpt={ckpt}", *common]))
+    theirs_run = probe(compose_probe(tmp_path / "hf", [f"hf={folder}", *common]))
+    assert [s.source for s in (*ours_run.subjects, *theirs_run.subjects)] == ["ours", "hf"]
+    assert list(ours_run.kinds.values()) == list(theirs_run.kinds.values()) == ["decoder"]
+    ours, theirs = ours_run.frame, theirs_run.frame
+
+    keys = ["layer", "head", "metric"]
+    assert not ours.duplicated(keys).any() and not theirs.duplicated(keys).any()
+    merged = ours.merge(theirs, on=keys, how="outer", suffixes=("_ckpt", "_hf"), indicator=True)
+    only = merged.loc[merged["_merge"] != "both", [*keys, "_merge"]]
+    assert only.empty, f"rows only one path produced:\n{only}"
+    assert len(merged) > 100 and {"anisotropy", "twonn", "qk_cosine"} <= set(merged["metric"])
+    # On this CPU the two tables come out bit-identical (the same float32 kernels in the same
+    # order); other kernels may differ in summation order (~1e-6 on the states, as the export
+    # tests measure on large weights), which nearest-neighbour ratios and distribution fits
+    # amplify somewhat: 1e-4, relative for large values (log-likelihoods), absolute near zero.
+    for column in ("value", "std"):
+        np.testing.assert_allclose(
+            merged[f"{column}_hf"], merged[f"{column}_ckpt"], rtol=1e-4, atol=1e-4,
+            err_msg=column,
+        )  # fmt: skip
+
+
 def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, trained_run) -> None:
     assert [s for s, _ in runner.find_checkpoints(trained_run)] == [10, 20]
     overrides = [f"run={trained_run}", "logger=wandb", "settings.distributions=false",

@@ -2,10 +2,21 @@
 
 `hf_capture` fills the same `Capture` as our own `GPT.capture()`, so every probe reads one format:
 
-- hidden states: `output_hidden_states` as Hugging Face returns them, the embedding output at
-  index 0 and one entry per block. For pre-LN decoders (GPT-2, GPT-NeoX, OPT, Llama) the last
-  entry is *after* the final layer norm: that is Hugging Face's convention and what the papers
-  measured (our `GPT.capture()` returns the last block's raw output instead).
+- hidden states: the residual stream, as `GPT.capture()` returns it: the embedding output at
+  index 0 and the output of every block, *before* any final norm. Hugging Face's
+  `output_hidden_states` gives the embedding output and the input of every block, but for
+  pre-LN models (GPT-2, GPT-NeoX, OPT, Llama, Mistral, XLM-RoBERTa-XL) its last entry is the
+  final norm's output; so the last entry is replaced by the last block's output, read with a
+  forward hook on that block.
+- final norm: the output of the norm the base model applies after its stack of blocks
+  (``Capture.final_norm``, probed as its own layer ``final_norm``). The rule that finds it: the
+  stack of blocks is the ``nn.ModuleList`` with ``num_hidden_layers`` entries; the final norm is
+  the normalisation module (a ``LayerNorm``/``RMSNorm``, by class name) that is a direct child
+  of the stack's parent or of the base model itself, outside the embeddings: GPT-2 ``ln_f``,
+  GPT-NeoX ``final_layer_norm``, OPT ``decoder.final_layer_norm`` (absent for post-LN OPT
+  configs), Llama/Mistral ``norm``, XLM-RoBERTa-XL ``encoder.LayerNorm``. BERT, RoBERTa and
+  ELECTRA (post-LN) have none. A hook checks on every pass that the module's input is the last
+  block's output, so a family laid out differently fails loudly instead of being mismeasured.
 - attention probabilities: `output_attentions`; the model is loaded with eager attention, the only
   implementation that materialises them.
 - queries and keys: forward hooks on the attention projections of the families below, split into
@@ -16,18 +27,19 @@
   the extra factor is folded into Q. OPT multiplies the output of ``q_proj`` by 1/sqrt(D) before
   the product; our Q is the unscaled ``q_proj`` output, as for every other family.
 
-  ========  =============================  ==============================================
-  family    hooked modules                 queries and keys
-  ========  =============================  ==============================================
-  gpt2      ``attn.c_attn`` (Conv1D)       q, k, v = split of the fused output
-  bert,     ``attention.self.query/.key``  the two Linear outputs
-  roberta
-  gpt_neox  ``attention.query_key_value``  per head [q | k | v] interleaved, then rotary on
-                                           the first ``rotary_pct`` of each head's dims
-  opt       ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
-  llama,    ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
+  ==============  =============================  ==============================================
+  family          hooked modules                 queries and keys
+  ==============  =============================  ==============================================
+  gpt2            ``attn.c_attn`` (Conv1D)       q, k, v = split of the fused output
+  bert,           ``attention.self.query/.key``  the two Linear outputs
+  roberta,
+  xlm-roberta-xl
+  gpt_neox        ``attention.query_key_value``  per head [q | k | v] interleaved, then rotary on
+                                                 the first ``rotary_pct`` of each head's dims
+  opt             ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
+  llama,          ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
   mistral
-  ========  =============================  ==============================================
+  ==============  =============================  ==============================================
 
   The rotary cos/sin are read from the attention module's ``position_embeddings`` argument (a
   forward pre-hook with ``with_kwargs=True``) and applied with ``apply_rotary_pos_emb`` from the
@@ -43,6 +55,7 @@ later token does.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -59,7 +72,7 @@ from repgeom.models.capture import Capture
 
 # Families known by name. Others are told apart by their architecture names or by experiment.
 DECODER_FAMILIES = frozenset({"gpt2", "gpt_neox", "opt", "llama", "mistral"})
-ENCODER_FAMILIES = frozenset({"bert", "roberta"})
+ENCODER_FAMILIES = frozenset({"bert", "roberta", "xlm-roberta-xl"})
 
 
 @dataclass
@@ -88,6 +101,7 @@ class HFModel:
     name: str
     revision: str | None = None
     _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
+    _warned_layout: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def has_qk(self) -> bool:
@@ -349,6 +363,7 @@ _QK_FAMILIES: dict[str, _QKFamily] = {
     "gpt2": _QKFamily(("GPT2Attention",), ("c_attn",), _qk_gpt2),
     "bert": _QKFamily(("BertSelfAttention",), ("query", "key"), _qk_bert),
     "roberta": _QKFamily(("RobertaSelfAttention",), ("query", "key"), _qk_bert),
+    "xlm-roberta-xl": _QKFamily(("XLMRobertaXLSelfAttention",), ("query", "key"), _qk_bert),
     "gpt_neox": _QKFamily(("GPTNeoXAttention",), ("query_key_value",), _qk_neox, rotary=True),
     "opt": _QKFamily(("OPTAttention",), ("q_proj", "k_proj"), _qk_proj),
     "llama": _QKFamily(("LlamaAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
@@ -441,6 +456,111 @@ def _rotary_function(attn: nn.Module) -> Callable:
 
 
 # --------------------------------------------------------------------------------------------
+# Residual stream and final norm
+
+
+def block_stack(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of blocks: the ``nn.ModuleList`` with ``num_hidden_layers`` entries.
+
+    Raises
+    ------
+    RuntimeError
+        No such list, or more than one (the layout is not one repgeom knows how to read).
+    """
+    n_layer = model.config.num_hidden_layers
+    stacks = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) == n_layer
+    ]
+    if len(stacks) != 1:
+        raise RuntimeError(
+            f"{type(model).__name__}: expected one nn.ModuleList of {n_layer} blocks, found "
+            f"{stacks or 'none'}; repgeom.probes.hf cannot tell where its residual stream is"
+        )
+    return model.get_submodule(stacks[0])
+
+
+def _is_norm(module: nn.Module) -> bool:
+    # LayerNorm, RMSNorm and the families' own classes (LlamaRMSNorm, MistralRMSNorm, ...).
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or type(module).__name__.endswith("Norm")
+
+
+def final_norm_module(model: nn.Module) -> nn.Module | None:
+    """The norm the base model applies after its stack of blocks, or None if it has none.
+
+    The rule (module docstring): a normalisation module that is a direct child of the block
+    stack's parent or of the base model, and not an embedding norm (BLOOM's
+    ``word_embeddings_layernorm`` sits beside its ``ln_f``).
+
+    Raises
+    ------
+    RuntimeError
+        More than one candidate: which one is final cannot be told from the layout.
+    """
+    stack = block_stack(model)
+    stack_name = next(name for name, m in model.named_modules() if m is stack)
+    parent = model.get_submodule(stack_name.rpartition(".")[0])
+    found: dict[int, tuple[str, nn.Module]] = {}
+    for owner in (parent, model):
+        for name, child in owner.named_children():
+            if _is_norm(child) and "emb" not in name.lower():
+                found[id(child)] = (name, child)
+    if len(found) > 1:
+        names = [name for name, _ in found.values()]
+        raise RuntimeError(
+            f"{type(model).__name__}: several norms beside the block stack ({names}); "
+            "repgeom.probes.hf cannot tell which one is the final norm"
+        )
+    return next(iter(found.values()))[1] if found else None
+
+
+class _ResidualRecorder:
+    """Hooks that read the last block's output and the final norm's output (checking that the
+    final norm reads the last block's output)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.last_block = block_stack(model)[-1]
+        self.norm = final_norm_module(model)
+        self.block_out: torch.Tensor | None = None
+        self.norm_in: torch.Tensor | None = None
+        self.norm_out: torch.Tensor | None = None
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def __enter__(self) -> _ResidualRecorder:
+        def block_hook(module: nn.Module, args: tuple, output: Any) -> None:
+            self.block_out = output[0] if isinstance(output, tuple) else output
+
+        def norm_hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            self.norm_in, self.norm_out = args[0], output
+
+        self.handles.append(self.last_block.register_forward_hook(block_hook))
+        if self.norm is not None:
+            self.handles.append(self.norm.register_forward_hook(norm_hook))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def collect(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(last block output, final norm output or None)."""
+        if self.block_out is None:
+            raise RuntimeError("the forward pass never reached the last block")
+        if self.norm is None:
+            return self.block_out, None
+        if self.norm_out is None:
+            raise RuntimeError(f"the forward pass never reached the final norm {self.norm}")
+        if self.norm_in is not self.block_out and not torch.equal(self.norm_in, self.block_out):
+            raise RuntimeError(
+                f"the final norm ({type(self.norm).__name__}) does not read the last block's "
+                "output in this model; repgeom.probes.hf does not know its layout"
+            )
+        return self.block_out, self.norm_out
+
+
+# --------------------------------------------------------------------------------------------
 # Capture
 
 
@@ -479,8 +599,10 @@ def hf_capture(
     Returns
     -------
     Capture
-        On the model's device, in its dtype. ``queries``/``keys`` are empty for families other
-        than gpt2, bert, roberta, gpt_neox, opt, llama and mistral (one warning per model).
+        On the model's device, in its dtype. ``hidden`` is the residual stream before the final
+        norm, ``final_norm`` that norm's output (None for post-LN families); see the module
+        docstring. ``queries``/``keys`` are empty for families other than gpt2, bert, roberta,
+        xlm-roberta-xl, gpt_neox, opt, llama and mistral (one warning per model).
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
@@ -510,10 +632,11 @@ def hf_capture(
         )
         hf._warned_qk = True
 
+    residual = _residual_recorder(hf)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), residual or contextlib.nullcontext():
             if recorder is not None:
                 with recorder:
                     out = _forward(model, input_ids, attention_mask, attention)
@@ -523,6 +646,13 @@ def hf_capture(
                 queries, keys = [], []
     finally:
         model.train(was_training)
+    if residual is None:
+        hidden, final_norm = list(out.hidden_states), None
+    else:
+        # Hugging Face's hidden_states: the embedding output and each block's input; its last
+        # entry is the final norm's output in pre-LN models, so it becomes the last block's.
+        last_block, final_norm = residual.collect()
+        hidden = [*out.hidden_states[:-1], last_block]
 
     valid = torch.ones_like(input_ids, dtype=torch.bool)  # (B, T)
     if attention_mask is not None:
@@ -531,13 +661,33 @@ def hf_capture(
     if not include_special and special:
         valid &= ~torch.isin(input_ids, torch.tensor(special, device=device))
     return Capture(
-        hidden=list(out.hidden_states),
+        hidden=hidden,
+        final_norm=final_norm,
         queries=queries,
         keys=keys,
         attention=list(out.attentions) if attention else [],
         causal=hf.is_decoder,
         valid=valid,
     )
+
+
+def _residual_recorder(hf: HFModel) -> _ResidualRecorder | None:
+    """The hooks reading the residual stream; None (one warning) for an unknown family whose
+    blocks or final norm cannot be located, such as ALBERT's shared layer groups."""
+    try:
+        return _ResidualRecorder(hf.model)
+    except RuntimeError as error:
+        if hf.family in DECODER_FAMILIES | ENCODER_FAMILIES | set(_QK_FAMILIES):
+            raise
+        if not hf._warned_layout:
+            warnings.warn(
+                f"{hf.name}: {error}; its hidden states are taken as Hugging Face returns them "
+                "(for a pre-LN model the last one is after the final norm) and no final_norm "
+                "layer is measured",
+                stacklevel=3,
+            )
+            hf._warned_layout = True
+        return None
 
 
 def _forward(
