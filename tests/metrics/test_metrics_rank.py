@@ -140,7 +140,8 @@ def test_pca_dimension_matches_sklearn(shape, variance):
 
 
 def test_pca_dimension_float32_input():
-    X = torch.randn(300, 20, generator=torch.Generator().manual_seed(7)) * torch.linspace(0.1, 4, 20)
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(300, 20, generator=g) * torch.linspace(0.1, 4, 20)
     assert pca_dimension(X, variance=0.9) == _sklearn_pca_dimension(X.double().numpy(), 0.9)
 
 
