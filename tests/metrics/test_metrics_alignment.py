@@ -203,3 +203,15 @@ def test_mutual_knn_with_a_large_common_offset():
 def test_mutual_knn_errors(X, Y, kwargs, match):
     with pytest.raises(ValueError, match=match):
         mutual_knn(X, Y, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    X, Y = paired(600, 16, 24, seed=12, noise=0.5)
+    Xt, Yt = torch.tensor(X, dtype=torch.float32), torch.tensor(Y, dtype=torch.float32)
+    # CKA: float64 on either device, different reduction orders: ~1e-15
+    assert linear_cka(Xt.cuda(), Yt.cuda()) == pytest.approx(linear_cka(Xt, Yt), rel=1e-10)
+    # the GPU search (FAISS GPU or the torch fallback) finds the same neighbours barring
+    # float32 near-ties at the k-th place (see test_mutual_knn_matches_brute_force)
+    assert mutual_knn(Xt.cuda(), Yt.cuda()) == pytest.approx(mutual_knn(Xt, Yt), abs=2 / 6000)

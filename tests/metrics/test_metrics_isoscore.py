@@ -122,3 +122,11 @@ def test_low_precision_input(dtype, reference_isoscore):
 def test_errors(X, match):
     with pytest.raises(ValueError, match=match):
         isoscore(X)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    X = torch.tensor(CLOUDS["anisotropic"], dtype=torch.float32)
+    # float64 eigendecomposition on either device: ~1e-13
+    assert isoscore(X.cuda()) == pytest.approx(isoscore(X), abs=1e-10)

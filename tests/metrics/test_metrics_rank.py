@@ -181,3 +181,14 @@ def test_rankme_errors(Z, kwargs, match):
 def test_pca_dimension_variance_errors(variance):
     with pytest.raises(ValueError, match="variance"):
         pca_dimension(torch.randn(20, 3), variance=variance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    X = torch.randn(800, 48, generator=torch.Generator().manual_seed(8))
+    X = X * torch.linspace(0.1, 3, 48)
+    # float64 SVD / eigendecomposition on either device (cuSOLVER vs LAPACK): ~1e-13
+    assert effective_rank(X.cuda()) == pytest.approx(effective_rank(X), rel=1e-10)
+    assert rankme(X.cuda()) == pytest.approx(rankme(X), rel=1e-10)
+    assert pca_dimension(X.cuda(), variance=(0.9, 0.99)) == pca_dimension(X, variance=(0.9, 0.99))
