@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ._validation import check_fraction, check_matrix
@@ -187,8 +188,8 @@ def pca_dimension(X, *, variance: float | Sequence[float] = 0.9) -> int | tuple[
     (1, (1, 2))
     """
     X = check_matrix(X, "X", min_rows=2)
-    single = not isinstance(variance, Sequence) or isinstance(variance, str)
-    levels = [variance] if single else list(variance)
+    single = np.ndim(variance) == 0  # a number (or a string, refused below)
+    levels = [variance] if single else list(np.ravel(np.asarray(variance, dtype=object)))
     if not levels:
         raise ValueError("variance must be a number or a non-empty sequence of numbers in (0, 1]")
     levels = [check_fraction(v, "variance", include_low=False, include_high=True) for v in levels]
