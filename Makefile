@@ -17,6 +17,8 @@ $(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyprojec
 	$(BIN)/pip install -r requirements-dev.txt
 	# DADApy is a test-only reference; --no-deps keeps its numpy<2/jax pins out (requirements-dev.txt).
 	$(BIN)/pip install --no-deps dadapy==0.3.4
+	# IsoScore and CKA references for tests/metrics: --no-deps so pip never touches torch.
+	$(BIN)/pip install --no-deps isoscore==2.0.1 ckatorch==1.0.3
 	touch $@
 
 venv: $(VENV)/.installed

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
@@ -11,7 +12,8 @@ from hydra_configs import CONF_DIR, ROOT, compose_train
 from omegaconf import OmegaConf
 
 from repgeom.models.gpt import GPTConfig
-from repgeom.train import build_callbacks, build_loggers
+from repgeom.probes.callback import ProbeCallback
+from repgeom.train import build_callbacks, build_loggers, train
 
 
 def _options(group: str) -> list[str]:
@@ -86,3 +88,32 @@ def test_cfg_job_resolves_for_gpt_small(masking: str) -> None:
     assert cfg.masking.causal is (masking == "causal")
     assert cfg.data.source == "enwik8"  # the real run trains on the full, downloaded file
     assert cfg.run_name == f"gpt_small-{masking}-enwik8-seed0"
+
+
+@pytest.mark.parametrize("experiment", _options("experiment"))
+def test_probe_none_switches_the_probe_off_in_every_preset(tmp_path: Path, experiment: str) -> None:
+    # the presets set probe.* values and are composed after the probe group: with probe=none
+    # they still land in cfg.probe, which must not become a callback (it used to be handed to
+    # Lightning as a plain dict: "Missing key on_exception")
+    cfg = compose_train(tmp_path, [f"experiment={experiment}", "probe=none"])
+    callbacks = build_callbacks(cfg)
+    assert all(isinstance(cb, L.Callback) for cb in callbacks)
+    assert not any(isinstance(cb, ProbeCallback) for cb in callbacks)
+    with_probe = build_callbacks(compose_train(tmp_path, [f"experiment={experiment}"]))
+    assert sum(isinstance(cb, ProbeCallback) for cb in with_probe) == 1
+
+
+@pytest.mark.parametrize("preset", [[], ["experiment=quickstart"]])
+def test_probe_that_is_not_a_callback_fails_with_the_options(tmp_path: Path, preset) -> None:
+    # `~probe` drops the probe group; a preset's probe.* values then make a dict without
+    # _target_. Not the probe=none flag, so an error, naming probe and the options
+    cfg = compose_train(tmp_path, [*preset, "~probe"], tiny=False)
+    if not preset:  # no preset: no probe at all, which is fine
+        assert not any(isinstance(cb, ProbeCallback) for cb in build_callbacks(cfg))
+        return
+    match = r"probe has no _target_.*probe=<option>, one of \['default', 'full', 'none'\]"
+    with pytest.raises(ValueError, match=match):
+        build_callbacks(cfg)
+    with pytest.raises(ValueError, match=match):  # train() refuses before it builds anything
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()

@@ -119,14 +119,47 @@ def resume_checkpoint(output_dir: Path) -> Path | None:
     return max(existing, key=lambda path: path.stat().st_mtime, default=None)
 
 
+_PROBE_OPTIONS_DIR = Path(__file__).resolve().parents[2] / "conf" / "probe"
+
+
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """Instantiate every `_target_` entry of `cfg.callbacks` and the probe (`cfg.probe`)."""
-    confs = [*(cfg.get("callbacks") or {}).values(), cfg.get("probe")]
-    return [instantiate(conf) for conf in confs if conf]
+    confs = [*(cfg.get("callbacks") or {}).values()]
+    probe = _probe_conf(cfg.get("probe"))
+    return [instantiate(conf) for conf in [*confs, probe] if conf]
+
+
+def _probe_conf(conf: DictConfig | None) -> DictConfig | None:
+    """The probe callback's config, or None when the probe is off (`probe=none`, `probe: null`).
+
+    `conf/probe/none.yaml` sets `enabled: false`. The experiment presets set `probe.*` values
+    and are composed after the probe group, so with `probe=none` those values still land in
+    `cfg.probe`; the flag says to build nothing. Any other probe config must name its class
+    with `_target_`: a plain dict handed to Lightning as a callback fails much later, deep in
+    the trainer ("Missing key on_exception").
+    """
+    if conf is None:
+        return None
+    if conf.get("enabled", True) is False:
+        ignored = sorted(k for k in conf if k != "enabled")
+        if ignored:
+            log.info("probe=none: no probe during training; ignoring probe.%s (set by a preset)",
+                     ", probe.".join(ignored))
+        return None
+    if not conf.get("_target_"):
+        options = sorted(p.stem for p in _PROBE_OPTIONS_DIR.glob("*.yaml")) or [
+            "default", "full", "none"]
+        raise ValueError(
+            f"probe has no _target_, so it is not a callback (keys: {sorted(conf)}). Choose a "
+            f"probe config with probe=<option>, one of {options} (probe=none switches the "
+            "probe off), or give probe._target_ a callback class"
+        )
+    return conf
 
 
 def train(cfg: DictConfig) -> TrainResult:
     """Train the configured model; return the trainer, module and where everything was written."""
+    _probe_conf(cfg.get("probe"))  # a probe that is not a callback fails now, not after setup
     output_dir = Path(cfg.output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)

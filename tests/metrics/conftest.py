@@ -32,3 +32,25 @@ def dadapy_id_estimation():
     from dadapy.id_estimation import IdEstimation
 
     return IdEstimation
+
+
+@pytest.fixture(scope="session")
+def ckatorch_cka_base():
+    """``ckatorch.core.cka_base`` (ckatorch 1.0.3, "adapted from the one made by Kornblith et
+    al." in google-research/representation_similarity), the reference for linear CKA, or skip.
+
+    Installed with ``pip install --no-deps ckatorch==1.0.3`` (see requirements-dev.txt).
+    ``ckatorch/__init__.py`` imports its plotting and training helpers (seaborn, safetensors,
+    ...), which are not installed, so only ``ckatorch.core`` (torch only) is loaded, the way
+    the DADApy fixture above does it.
+    """
+    spec = importlib.util.find_spec("ckatorch")
+    if spec is None:
+        pytest.skip("ckatorch not installed: pip install --no-deps ckatorch==1.0.3")
+    if "ckatorch" not in sys.modules:
+        pkg = types.ModuleType("ckatorch")
+        pkg.__path__ = list(spec.submodule_search_locations)
+        sys.modules["ckatorch"] = pkg
+    from ckatorch.core import cka_base
+
+    return cka_base

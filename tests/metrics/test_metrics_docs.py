@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MODULES = ["anisotropy", "attention", "cosine", "distributions", "drift",
-           "intrinsic_dimension", "neighbors", "similarity"]
+MODULES = ["alignment", "anisotropy", "attention", "cosine", "distributions", "drift",
+           "intrinsic_dimension", "isoscore", "neighbors", "rank", "similarity"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -8,9 +8,11 @@ from sklearn.datasets import make_swiss_roll
 from repgeom.metrics import (
     GrideResult,
     IntrinsicDimensionResult,
+    MLEResult,
     TwoNNResult,
     gride,
     intrinsic_dimension,
+    mle_dimension,
     near_duplicate_share,
     twonn,
 )
@@ -32,6 +34,8 @@ def _data(name: str) -> np.ndarray:
         return embed(rng.uniform(size=(N, 10)), 768, rng)
     if name == "gauss5":
         return rng.normal(size=(N, 5))
+    if name == "gauss5_in_20":
+        return embed(rng.normal(size=(N, 5)), 20, rng)
     if name == "gauss20":
         return rng.normal(size=(N, 20))
     if name == "swissroll_in_100":
@@ -249,3 +253,92 @@ def test_near_duplicate_share_example():
     # 100 jittered copies and their 100 originals; for 8-D Gaussian points r1 < 0.01 x median
     # r_64 has probability ~ 64 * 1e-16
     assert near_duplicate_share(X) == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------------------------------------
+# Levina-Bickel MLE
+
+MLE_DATASETS = ["gauss5_in_20", "swissroll_in_100", "cube10_in_768", "gauss64_offset100"]
+
+
+@pytest.mark.parametrize("name", MLE_DATASETS)
+def test_mle_matches_scikit_dimension(name):
+    import skdim
+
+    X = _data(name)
+    ours = mle_dimension(torch.tensor(X), batch_size=N)  # one batch, as the reference
+    # skdim.id.MLE() defaults: unbiased=False (k - 1), no noise model, fit(n_neighbors=20,
+    # comb="mle"), i.e. MacKay-Ghahramani's inverse of the mean inverse
+    ref = skdim.id.MLE().fit(X, n_neighbors=20, comb="mle").dimension_
+    # same neighbours, same formula; float32 vs float64 distances (~1e-7 relative in each log
+    # ratio, averaging out to ~2e-8 here) only. The task asks 1%
+    assert ours.dimension == pytest.approx(ref, rel=1e-6)
+    assert isinstance(ours, MLEResult) and ours.k == 20 and ours.n_batches == 1
+    assert ours.n_points == N and ours.dimension_std == 0.0
+    # and it is MacKay-Ghahramani's average, not Levina-Bickel's plain mean of local estimates
+    plain = skdim.id.MLE().fit(X, n_neighbors=20, comb="mean").dimension_
+    assert abs(ours.dimension - plain) > 1e-3 * plain
+
+
+def test_mle_known_dimension():
+    rng = np.random.default_rng(1)
+    X = embed(rng.normal(size=(4000, 6)), 50, rng)
+    r = mle_dimension(X, batch_size=4000)
+    # MLE at k = 20 on 4000 Gaussian points in 6-D: statistical error ~ d / sqrt(N (k-1)) ~ 0.02,
+    # plus a downward bias from the density falling off within the 20-neighbourhoods (a few %);
+    # 10% as for TwoNN
+    assert r.dimension == pytest.approx(6.0, rel=0.1)
+    # the swiss roll is a 2-D manifold
+    assert mle_dimension(_data("swissroll_in_100")).dimension == pytest.approx(2.0, rel=0.1)
+
+
+def test_mle_batch_protocol_and_k():
+    X = torch.randn(10000, 5, generator=torch.Generator().manual_seed(0))
+    r = mle_dimension(X)  # batch_size 4096 -> 2 batches of 5000, as twonn
+    assert r.n_batches == 2 and r.n_points == 10000 and r.dimension_std > 0
+    assert r.dimension == pytest.approx(5.0, rel=0.1)
+    assert mle_dimension(X, seed=0) == r and mle_dimension(X, seed=1) != r
+    r5 = mle_dimension(X, k=5)
+    assert r5.k == 5 and r5.dimension == pytest.approx(5.0, rel=0.15)  # noisier at small k
+
+
+@pytest.mark.parametrize("max_order", [32, 8])
+def test_intrinsic_dimension_mle_is_mle_dimension(max_order):
+    X = torch.randn(9000, 12, generator=torch.Generator().manual_seed(3))
+    r = intrinsic_dimension(X, batch_size=4096, max_order=max_order)
+    sep = mle_dimension(X, batch_size=4096)
+    # one search for max(max_order, 20) neighbours; the exact search returns the same first
+    # 20 neighbours whatever k it is asked for, so the MLE is identical
+    assert r.mle.k == 20 and r.mle.n_batches == r.twonn.n_batches == 2
+    assert r.mle.dimension == pytest.approx(sep.dimension, rel=1e-9)
+    assert r.mle.dimension_std == pytest.approx(sep.dimension_std, rel=1e-6)
+    # searching 20 > max_order neighbours leaves TwoNN, GRIDE and the share unchanged
+    assert r.twonn.dimension == pytest.approx(twonn(X, batch_size=4096).dimension, rel=1e-9)
+    gr = gride(X, batch_size=4096, max_order=max_order)
+    np.testing.assert_allclose(r.gride.dimension, gr.dimension, rtol=1e-9)
+    assert r.near_duplicate_share == near_duplicate_share(X, batch_size=4096,
+                                                          reference_order=max_order)
+    r40 = intrinsic_dimension(X, batch_size=4096, max_order=max_order, mle_k=40)
+    assert r40.mle.k == 40
+    assert r40.mle.dimension == pytest.approx(mle_dimension(X, k=40).dimension, rel=1e-9)
+
+
+def test_mle_errors():
+    with pytest.raises(ValueError, match="k must be an integer >= 2"):
+        mle_dimension(torch.randn(50, 3), k=1)
+    with pytest.raises(ValueError, match="the MLE with k=20 needs at least 21 distinct points"):
+        mle_dimension(torch.randn(15, 3))
+    with pytest.raises(ValueError, match="the MLE with mle_k=20 needs at least 21 distinct"):
+        intrinsic_dimension(torch.randn(15, 3), max_order=8)
+    with pytest.raises(ValueError, match="mle_k must be an integer >= 2"):
+        intrinsic_dimension(torch.randn(100, 3), mle_k=0)
+    with pytest.raises(ValueError, match="X .*NaN or Inf"):
+        mle_dimension(torch.tensor([[float("nan"), 0.0]] * 30))
+
+
+def test_mle_ties_are_harmless():
+    # points on a square grid: many exactly equal neighbour distances. A local estimate can be
+    # infinite (all k distances equal) but its inverse is 0, and the average stays finite
+    g = np.stack(np.meshgrid(np.arange(30.0), np.arange(30.0)), -1).reshape(-1, 2)
+    r = mle_dimension(g, k=4)
+    assert np.isfinite(r.dimension) and r.dimension > 0

@@ -2,8 +2,23 @@
 
 Each public function validates its inputs (``ValueError`` naming the argument) and calls a
 private one that computes. See each docstring for the formula and the paper it follows.
+
+Modules:
+
+- ``anisotropy``: share of variance along the first principal direction.
+- ``cosine``: mean pairwise cosine and its isotropic chance level.
+- ``drift``: the common offset of the states.
+- ``rank``: effective rank (Roy & Vetterli, centred), RankMe (Garrido et al.), PCA dimension.
+- ``isoscore``: IsoScore (Rudman et al.), uniformity of the variance over dimensions.
+- ``intrinsic_dimension``: TwoNN, GRIDE, Levina-Bickel MLE, near-duplicate share, from one
+  exact kNN search per batch (``neighbors``).
+- ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
+  mutual-kNN alignment (Huh et al.).
+- ``similarity``: pooled similarity of two texts, token cosine matrix.
+- ``attention``, ``distributions``: attention entropy and QK alignment; activation laws.
 """
 
+from .alignment import linear_cka, mutual_knn
 from .anisotropy import anisotropy
 from .attention import AttentionResult, QKAlignmentResult, attention_entropy, qk_alignment
 from .cosine import (
@@ -16,14 +31,18 @@ from .drift import DriftResult, drift
 from .intrinsic_dimension import (
     GrideResult,
     IntrinsicDimensionResult,
+    MLEResult,
     TwoNNResult,
     batch_indices,
     gride,
     intrinsic_dimension,
+    mle_dimension,
     near_duplicate_share,
     twonn,
 )
+from .isoscore import isoscore
 from .neighbors import faiss_has_gpu, nearest_neighbors
+from .rank import effective_rank, pca_dimension, rankme
 from .similarity import pooled_similarity, token_cosine_matrix
 
 __all__ = [
@@ -40,6 +59,8 @@ __all__ = [
     "TwoNNResult",
     "gride",
     "GrideResult",
+    "mle_dimension",
+    "MLEResult",
     "near_duplicate_share",
     "intrinsic_dimension",
     "IntrinsicDimensionResult",
@@ -52,4 +73,10 @@ __all__ = [
     "FAMILIES",
     "pooled_similarity",
     "token_cosine_matrix",
+    "effective_rank",
+    "rankme",
+    "pca_dimension",
+    "isoscore",
+    "linear_cka",
+    "mutual_knn",
 ]

@@ -1,4 +1,5 @@
-"""Intrinsic dimension: TwoNN, multi-scale GRIDE and a near-duplicate flag from one kNN search.
+"""Intrinsic dimension: TwoNN, multi-scale GRIDE, the Levina-Bickel MLE and a near-duplicate flag
+from one kNN search.
 
 Pipeline shared by every function here (so their numbers agree):
 
@@ -29,12 +30,18 @@ __all__ = [
     "batch_indices",
     "TwoNNResult",
     "GrideResult",
+    "MLEResult",
     "IntrinsicDimensionResult",
     "twonn",
     "gride",
+    "mle_dimension",
     "near_duplicate_share",
     "intrinsic_dimension",
 ]
+
+# Neighbours of the Levina-Bickel MLE: scikit-dimension's default for skdim.id.MLE
+# (MLE._N_NEIGHBORS = 20, v0.3); the one place this default is written.
+MLE_NEIGHBORS = 20
 
 
 @dataclass(frozen=True)
@@ -77,13 +84,31 @@ class GrideResult:
     n_duplicates: int
 
 
+@dataclass(frozen=True)
+class MLEResult:
+    """Levina-Bickel MLE with MacKay-Ghahramani averaging, mean and std over batches.
+
+    dimension, dimension_std : the estimate, mean and (population) std over batches.
+    k : neighbours per point.
+    n_batches, n_points, n_duplicates : as in :class:`TwoNNResult`.
+    """
+
+    dimension: float
+    dimension_std: float
+    k: int
+    n_batches: int
+    n_points: int
+    n_duplicates: int
+
+
 @dataclass(frozen=True, eq=False)
 class IntrinsicDimensionResult:
-    """TwoNN, GRIDE and the near-duplicate share from one search per batch."""
+    """TwoNN, GRIDE, the MLE and the near-duplicate share from one search per batch."""
 
     twonn: TwoNNResult
     gride: GrideResult
     near_duplicate_share: float
+    mle: MLEResult
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,8 +169,8 @@ def twonn(
     batch_size = check_int(batch_size, "batch_size", minimum=3)
     seed = check_int(seed, "seed", minimum=None)
     batches, n_dup = _batches(X, batch_size, seed, min_points=3, what="TwoNN")
-    tw, _, _ = _estimate(batches, n_dup, k=2, discard_fraction=discard_fraction,
-                         max_order=None, threshold=None)
+    tw, _, _, _ = _estimate(batches, n_dup, k=2, discard_fraction=discard_fraction,
+                            max_order=None, threshold=None)
     return tw
 
 
@@ -210,9 +235,79 @@ def gride(
         raise ValueError(f"need 0 < d_min < d_max and tol > 0, got {d_min}, {d_max}, {tol}")
     batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
                               what=f"GRIDE with max_order={max_order}")
-    _, gr, _ = _estimate(batches, n_dup, k=max_order, discard_fraction=None,
-                         max_order=max_order, threshold=None, bracket=(d_min, d_max, tol))
+    _, gr, _, _ = _estimate(batches, n_dup, k=max_order, discard_fraction=None,
+                            max_order=max_order, threshold=None, bracket=(d_min, d_max, tol))
     return gr
+
+
+def mle_dimension(
+    X, *, k: int = MLE_NEIGHBORS, batch_size: int = 4096, seed: int = 0
+) -> MLEResult:
+    r"""Levina-Bickel maximum-likelihood intrinsic dimension, MacKay-Ghahramani averaging.
+
+    Levina & Bickel 2005 ("Maximum Likelihood Estimation of Intrinsic Dimension", NIPS 17,
+    section 2) model the neighbours of a point as a Poisson process of rate ``~ r^(m-1)``; the
+    MLE of the dimension from its ``k`` nearest distances :math:`T_1 \le \dots \le T_k` is
+
+    .. math:: \hat m_k(x) = \Big[\frac{1}{k-1}\sum_{j=1}^{k-1}
+              \log\frac{T_k(x)}{T_j(x)}\Big]^{-1}.
+
+    Levina & Bickel average :math:`\hat m_k(x)` over the points; MacKay & Ghahramani (2005,
+    "Comments on 'Maximum Likelihood Estimation of Intrinsic Dimension'") showed that averaging
+    the *inverses* is the maximum-likelihood combination of the points (each inverse is a mean
+    of log-ratios) and less biased; that is what is returned:
+
+    .. math:: \hat m_k = \Big[\frac{1}{N}\sum_x \hat m_k(x)^{-1}\Big]^{-1}.
+
+    This is scikit-dimension's ``skdim.id.MLE()`` with its defaults (``unbiased=False``, i.e.
+    ``k - 1`` in the numerator; ``comb="mle"``; no noise model; ``n_neighbors=20``). The
+    neighbour distances come from the same exact search as :func:`twonn` and :func:`gride`,
+    with the same batches (shuffle with ``seed``, batches of at least ``batch_size``, mean and
+    std over batches; see the module docstring).
+
+    Parameters
+    ----------
+    X : Tensor or ndarray, shape (n, d)
+        Points; any float dtype and device (searched in float32 on ``X``'s device).
+    k : int >= 2, keyword-only
+        Neighbours per point (20, scikit-dimension's default); each batch needs more than ``k``
+        distinct points. Small ``k`` is noisy, large ``k`` reads larger scales (curvature
+        biases the estimate down).
+    batch_size : int >= 3, keyword-only
+    seed : int, keyword-only
+
+    Returns
+    -------
+    MLEResult
+
+    Raises
+    ------
+    ValueError
+        On NaN/Inf, wrong shape, bad options, or a batch with ``k`` or fewer distinct points.
+
+    Notes
+    -----
+    Averaging inverses also keeps ties harmless: a point whose ``k`` distances are all equal
+    has an infinite :math:`\hat m_k(x)` but a zero inverse. Exact duplicates are removed first,
+    as for TwoNN (a zero distance would make a logarithm infinite).
+
+    Examples
+    --------
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(2000, 4, generator=g) @ torch.randn(4, 30, generator=g)  # 4-D plane
+    >>> r = mle_dimension(X)
+    >>> 3.5 < r.dimension < 4.5, r.k
+    (True, 20)
+    """
+    X = check_matrix(X, "X", min_rows=3)
+    k = check_int(k, "k", minimum=2)
+    batch_size = check_int(batch_size, "batch_size", minimum=3)
+    seed = check_int(seed, "seed", minimum=None)
+    batches, n_dup = _batches(X, batch_size, seed, min_points=k + 1,
+                              what=f"the MLE with k={k}")
+    return _estimate(batches, n_dup, k=k, discard_fraction=None, max_order=None,
+                     threshold=None, mle_k=k)[3]
 
 
 def near_duplicate_share(
@@ -275,8 +370,8 @@ def near_duplicate_share(
     batches, n_dup = _batches(X, batch_size, seed, min_points=max(3, reference_order + 1),
                               what=f"the near-duplicate share with reference_order="
                                    f"{reference_order}")
-    _, _, share = _estimate(batches, n_dup, k=reference_order, discard_fraction=None,
-                            max_order=None, threshold=threshold)
+    _, _, share, _ = _estimate(batches, n_dup, k=reference_order, discard_fraction=None,
+                               max_order=None, threshold=threshold)
     return share
 
 
@@ -287,15 +382,22 @@ def intrinsic_dimension(
     batch_size: int = 4096,
     max_order: int = 64,
     near_duplicate_threshold: float = 0.01,
+    mle_k: int = MLE_NEIGHBORS,
     seed: int = 0,
 ) -> IntrinsicDimensionResult:
-    """TwoNN, GRIDE and the near-duplicate share from a single kNN search per batch.
+    """TwoNN, GRIDE, the MLE and the near-duplicate share from a single kNN search per batch.
 
-    The probe's entry point: one exact search for ``max_order`` neighbours per batch feeds
-    :func:`twonn` (orders 1, 2), :func:`gride` (orders up to ``max_order``, on the same batches,
-    so ``gride.n_batches == twonn.n_batches``) and :func:`near_duplicate_share` (orders 1 and
+    The probe's entry point: one exact search for ``max(max_order, mle_k)`` neighbours per
+    batch feeds :func:`twonn` (orders 1, 2), :func:`gride` (orders up to ``max_order``, on the
+    same batches, so ``gride.n_batches == twonn.n_batches``), :func:`mle_dimension` (orders 1
+    to ``mle_k``) and :func:`near_duplicate_share` (orders 1 and
     ``reference_order = max_order``). Each part equals what the separate function returns with
-    the same ``batch_size``, ``seed`` (and ``reference_order=max_order``).
+    the same ``batch_size``, ``seed`` (and ``reference_order=max_order``, ``k=mle_k``).
+
+    The search covers ``mle_k`` even when ``max_order`` is smaller (rather than cutting the MLE
+    to ``max_order`` neighbours), so the MLE means the same thing whatever ``max_order`` is; at
+    the defaults (64 and 20) the search is the one GRIDE needs anyway. The FAISS search is
+    exact, so searching more neighbours leaves the first ``max_order`` unchanged.
 
     Parameters
     ----------
@@ -304,19 +406,22 @@ def intrinsic_dimension(
     max_order : as in :func:`gride`; each batch needs more than ``max_order`` distinct points.
     near_duplicate_threshold : the ``threshold`` of :func:`near_duplicate_share`, whose
         ``reference_order`` is ``max_order`` here
+    mle_k : the ``k`` of :func:`mle_dimension` (20); each batch needs more than
+        ``max(max_order, mle_k)`` distinct points.
 
     Returns
     -------
     IntrinsicDimensionResult
-        Fields ``twonn`` (TwoNNResult), ``gride`` (GrideResult), ``near_duplicate_share`` (float).
+        Fields ``twonn`` (TwoNNResult), ``gride`` (GrideResult), ``near_duplicate_share``
+        (float), ``mle`` (MLEResult).
 
     Examples
     --------
     >>> import torch
     >>> r = intrinsic_dimension(torch.randn(1000, 5, generator=torch.Generator().manual_seed(0)),
     ...                         max_order=16)
-    >>> r.gride.orders, r.twonn.n_points
-    ((2, 4, 8, 16), 1000)
+    >>> r.gride.orders, r.twonn.n_points, r.mle.k
+    ((2, 4, 8, 16), 1000, 20)
     """
     X = check_matrix(X, "X", min_rows=3)
     discard_fraction = check_fraction(discard_fraction, "discard_fraction", include_low=False)
@@ -324,12 +429,16 @@ def intrinsic_dimension(
     max_order = _check_max_order(max_order)
     threshold = check_fraction(near_duplicate_threshold, "near_duplicate_threshold",
                                include_low=False)
+    mle_k = check_int(mle_k, "mle_k", minimum=2)
     seed = check_int(seed, "seed", minimum=None)
-    batches, n_dup = _batches(X, batch_size, seed, min_points=max_order + 1,
-                              what=f"GRIDE with max_order={max_order}")
-    tw, gr, share = _estimate(batches, n_dup, k=max_order, discard_fraction=discard_fraction,
-                              max_order=max_order, threshold=threshold)
-    return IntrinsicDimensionResult(twonn=tw, gride=gr, near_duplicate_share=share)
+    k = max(max_order, mle_k)
+    what = (f"GRIDE with max_order={max_order}" if max_order >= mle_k
+            else f"the MLE with mle_k={mle_k}")
+    batches, n_dup = _batches(X, batch_size, seed, min_points=k + 1, what=what)
+    tw, gr, share, mle = _estimate(batches, n_dup, k=k, discard_fraction=discard_fraction,
+                                   max_order=max_order, threshold=threshold,
+                                   reference_order=max_order, mle_k=mle_k)
+    return IntrinsicDimensionResult(twonn=tw, gride=gr, near_duplicate_share=share, mle=mle)
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,6 +541,18 @@ def _twonn_from_mus(mu: np.ndarray, discard_fraction: float) -> tuple[float, flo
     return dim, float(mle)
 
 
+def _mle_from_distances(r: np.ndarray, k: int) -> float:
+    """Levina-Bickel MLE with MacKay-Ghahramani averaging from sorted distances r (N, >= k).
+
+    The mean over points of the inverse local estimate, ``sum_{j<k} log(T_k/T_j) / (k - 1)``,
+    inverted (float64; ``r[:, 0] > 0`` is guaranteed by the caller).
+    """
+    log_r = np.log(r[:, :k])
+    inv = (log_r[:, k - 1:k] - log_r[:, : k - 1]).sum(axis=1) / (k - 1)  # (N,) = 1 / m_k(x)
+    mean_inv = float(inv.mean())
+    return 1.0 / mean_inv if mean_inv > 0 else math.inf
+
+
 def _gride_score(d: float, mus, n1: int, n2: int, eps: float) -> float:
     # negative derivative of the GRIDE log-likelihood in d (DADApy _neg_dloglik_did)
     one_m = 1.0 - mus ** (-d)
@@ -455,8 +576,13 @@ def _gride_single(mus: np.ndarray, n1: int, n2: int, d0: float, d1: float, eps: 
 
 
 def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
-              bracket=(1e-3, 1e3, 1e-7)):
+              bracket=(1e-3, 1e3, 1e-7), reference_order=None, mle_k=None):
+    """One search for ``k`` neighbours per batch; each estimator that is asked for (a not-None
+    option) reads its columns. Returns (TwoNNResult, GrideResult, near-duplicate share,
+    MLEResult), None for those not asked for. ``reference_order`` defaults to ``k``."""
+    reference_order = k if reference_order is None else reference_order
     tw_dims, tw_mles, gr_dims, gr_scales, near, n_points = [], [], [], [], [], 0
+    mle_dims = []
     extra_dup = 0
     for Xb in batches:
         dist, _ = _nearest_neighbors(Xb, k, centred=True)  # centred globally in _batches
@@ -479,11 +605,13 @@ def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
                 n1 *= 2
             gr_dims.append(dims)
             gr_scales.append(scales)
-        if threshold is not None:  # r1 against the bulk spacing, median r_K (K = k here)
-            near.append(int((r[:, 0] < threshold * np.median(r[:, k - 1])).sum()))
+        if mle_k is not None:
+            mle_dims.append(_mle_from_distances(r, mle_k))
+        if threshold is not None:  # r1 against the bulk spacing, median r_K
+            near.append(int((r[:, 0] < threshold * np.median(r[:, reference_order - 1])).sum()))
     n_b = len(batches)
     n_dup_total = n_dup + extra_dup
-    tw = gr = share = None
+    tw = gr = share = mle = None
     if tw_dims:
         tw = TwoNNResult(
             dimension=float(np.mean(tw_dims)), dimension_std=float(np.std(tw_dims)),
@@ -500,4 +628,9 @@ def _estimate(batches, n_dup, *, k, discard_fraction, max_order, threshold,
         )
     if threshold is not None:
         share = sum(near) / n_points
-    return tw, gr, share
+    if mle_dims:
+        mle = MLEResult(
+            dimension=float(np.mean(mle_dims)), dimension_std=float(np.std(mle_dims)), k=mle_k,
+            n_batches=n_b, n_points=n_points, n_duplicates=n_dup_total,
+        )
+    return tw, gr, share, mle

@@ -1,0 +1,194 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.decomposition import PCA
+
+from repgeom.metrics import effective_rank, pca_dimension, rankme
+
+
+def frame(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """(k, d) orthonormal rows: k random orthogonal directions of R^d."""
+    Q, _ = np.linalg.qr(rng.normal(size=(d, k)))
+    return Q.T
+
+
+def equal_spread(k: int, d: int, rng: np.random.Generator, offset: float = 0.0) -> np.ndarray:
+    """2k points +-e_i along k orthogonal directions of R^d (plus a common offset): centred
+    singular values all equal to sqrt(2)."""
+    F = frame(d, k, rng)
+    return np.concatenate([F, -F]) + offset * rng.normal(size=d)
+
+
+def _erank_numpy(X: np.ndarray, centre: bool) -> float:
+    """Roy & Vetterli 2007, definition 1, written with numpy's SVD."""
+    X = X.astype(np.float64)
+    if centre:
+        X = X - X.mean(axis=0)
+    s = np.linalg.svd(X, compute_uv=False)
+    p = s / s.sum()
+    p = p[p > 0]
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def _rankme_numpy(Z: np.ndarray, eps: float = 1e-7) -> float:
+    """Garrido et al. 2023, eq. 1: p_k = sigma_k / ||sigma||_1 + eps, exp of the entropy."""
+    s = np.linalg.svd(Z.astype(np.float64), compute_uv=False)
+    p = s / s.sum() + eps
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+# ---------------------------------------------------------------------------------- effective rank
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17])
+def test_effective_rank_of_k_equal_directions_is_k(k):
+    X = equal_spread(k, 40, np.random.default_rng(k), offset=50.0)
+    # exact in exact arithmetic; float64 SVD noise on the zero singular values is ~1e-15
+    # relative, contributing ~1e-13 to the entropy; the common offset is removed by centring
+    assert effective_rank(torch.tensor(X)) == pytest.approx(k, abs=1e-9)
+
+
+def test_effective_rank_of_rank_one_is_one():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(300, 1, generator=g) @ torch.randn(1, 64, generator=g) + 7.0
+    # float32 data upcast: the rank-one structure is exact up to float32 rounding of the
+    # product (~1e-7 relative), which leaves singular values ~1e-7 of the first; entropy ~1e-5
+    assert effective_rank(X) == pytest.approx(1.0, abs=1e-4)
+    assert effective_rank(X.double()) == pytest.approx(1.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(500, 24), (30, 80)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_effective_rank_matches_numpy(shape, dtype):
+    rng = np.random.default_rng(1)
+    X = torch.tensor(rng.normal(size=shape) * np.linspace(0.1, 3.0, shape[1]) + 4.0).to(dtype)
+    ref = _erank_numpy(X.double().numpy(), centre=True)
+    # same float64 data (the upcast of X), two SVD implementations: ~1e-13
+    assert effective_rank(X) == pytest.approx(ref, rel=1e-10)
+
+
+def test_effective_rank_is_centred_and_rankme_is_not():
+    rng = np.random.default_rng(2)
+    X = equal_spread(4, 16, rng, offset=0.0)
+    shifted = X + 100.0 * frame(16, 1, rng)[0]
+    assert effective_rank(shifted) == pytest.approx(4.0, abs=1e-9)  # offset removed
+    # uncentred, one huge direction dominates: close to 1
+    assert rankme(shifted) < 1.5
+    assert rankme(shifted) == pytest.approx(_rankme_numpy(shifted), rel=1e-10)
+
+
+# ---------------------------------------------------------------------------------- RankMe
+
+
+def test_rankme_known_answers():
+    rng = np.random.default_rng(3)
+    F = frame(32, 6, rng)  # 6 orthonormal rows: 6 singular values equal to 1
+    # a 6 x 32 matrix has min(6, 32) = 6 singular values, all 1: p_k = 1/6 + eps and
+    # RankMe = exp(-6 (1/6 + eps) log(1/6 + eps)), 6 up to ~1e-6
+    expected = np.exp(-6 * (1 / 6 + 1e-7) * np.log(1 / 6 + 1e-7))
+    assert rankme(F) == pytest.approx(expected, rel=1e-12)
+    assert rankme(F) == pytest.approx(6.0, abs=1e-5)
+    rank_one = np.outer(rng.normal(size=50), rng.normal(size=20))  # 20 singular values, 1 nonzero
+    assert rankme(rank_one) == pytest.approx(1.0, abs=1e-4)  # eps * 19 terms: ~3e-5 above 1
+    assert rankme(rank_one, eps=0.0) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(400, 32), (16, 64)])
+def test_rankme_matches_numpy(shape):
+    rng = np.random.default_rng(4)
+    Z = rng.normal(size=shape) * np.linspace(0.5, 2.0, shape[1]) + 1.0
+    # same formula and data in float64; only the SVD routine differs
+    assert rankme(torch.tensor(Z)) == pytest.approx(_rankme_numpy(Z), rel=1e-10)
+    assert rankme(Z, eps=1e-3) == pytest.approx(_rankme_numpy(Z, eps=1e-3), rel=1e-10)
+
+
+# ---------------------------------------------------------------------------------- PCA dimension
+
+
+def test_pca_dimension_known_answers():
+    rng = np.random.default_rng(5)
+    X = equal_spread(10, 30, rng, offset=20.0)  # 10 equal variances
+    # at least 90% of 10 equal parts is exactly 9 of them; 99% needs all 10
+    assert pca_dimension(X) == 9
+    assert pca_dimension(X, variance=0.99) == 10
+    assert pca_dimension(X, variance=(0.9, 0.99, 1.0)) == (9, 10, 10)
+    assert pca_dimension(X, variance=0.05) == 1
+    rank_one = np.outer(rng.normal(size=100), rng.normal(size=12))
+    assert pca_dimension(rank_one, variance=(0.9, 0.99)) == (1, 1)
+
+
+def test_pca_dimension_variances():
+    # variances 8, 4, 2, 1, 1 along axes (exactly, via +-e_i): shares .5, .75, .875, .9375, 1
+    scale = np.sqrt(np.array([8.0, 4.0, 2.0, 1.0, 1.0]))
+    X = np.concatenate([np.diag(scale), -np.diag(scale)])
+    assert pca_dimension(X, variance=(0.5, 0.6, 0.875, 0.9, 0.95)) == (1, 2, 3, 4, 5)
+
+
+def _sklearn_pca_dimension(X: np.ndarray, variance: float) -> int:
+    return int(PCA(n_components=variance, svd_solver="full").fit(X).n_components_)
+
+
+@pytest.mark.parametrize("shape", [(600, 40), (50, 120)])
+@pytest.mark.parametrize("variance", [0.5, 0.9, 0.99])
+def test_pca_dimension_matches_sklearn(shape, variance):
+    rng = np.random.default_rng(6)
+    # a decaying spectrum, like hidden states: variance of column j ~ 1/(j+1)
+    X = rng.normal(size=shape) / np.sqrt(np.arange(1, shape[1] + 1)) + 3.0
+    # sklearn asks for a share strictly above `variance`, we for at least: the same unless a
+    # cumulative share equals a level exactly, which random data never do
+    assert pca_dimension(torch.tensor(X), variance=variance) == _sklearn_pca_dimension(X, variance)
+
+
+def test_pca_dimension_float32_input():
+    g = torch.Generator().manual_seed(7)
+    X = torch.randn(300, 20, generator=g) * torch.linspace(0.1, 4, 20)
+    assert pca_dimension(X, variance=0.9) == _sklearn_pca_dimension(X.double().numpy(), 0.9)
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("fn", [effective_rank, pca_dimension])
+@pytest.mark.parametrize(
+    "X, match",
+    [
+        (torch.tensor([[1.0, float("nan")], [0.0, 1.0]]), "X contains .* NaN or Inf"),
+        (torch.ones(1, 4), "X needs at least 2 rows"),
+        (torch.ones(4), "X must be 2-D"),
+        (torch.ones(5, 4), "X has zero variance"),
+    ],
+)
+def test_input_errors(fn, X, match):
+    with pytest.raises(ValueError, match=match):
+        fn(X)
+
+
+@pytest.mark.parametrize(
+    "Z, kwargs, match",
+    [
+        (torch.zeros(3, 4), {}, "Z is all zeros"),
+        (torch.ones(3), {}, "Z must be 2-D"),
+        (torch.ones(3, 4), {"eps": -1.0}, "eps must be"),
+        (torch.ones(3, 4), {"eps": "a"}, "eps must be"),
+    ],
+)
+def test_rankme_errors(Z, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        rankme(Z, **kwargs)
+
+
+@pytest.mark.parametrize("variance", [0.0, 1.5, -0.1, "x", (), (0.9, 2.0)])
+def test_pca_dimension_variance_errors(variance):
+    with pytest.raises(ValueError, match="variance"):
+        pca_dimension(torch.randn(20, 3), variance=variance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    X = torch.randn(800, 48, generator=torch.Generator().manual_seed(8))
+    X = X * torch.linspace(0.1, 3, 48)
+    # float64 SVD / eigendecomposition on either device (cuSOLVER vs LAPACK): ~1e-13
+    assert effective_rank(X.cuda()) == pytest.approx(effective_rank(X), rel=1e-10)
+    assert rankme(X.cuda()) == pytest.approx(rankme(X), rel=1e-10)
+    assert pca_dimension(X.cuda(), variance=(0.9, 0.99)) == pca_dimension(X, variance=(0.9, 0.99))
