@@ -63,8 +63,8 @@ def main() -> None:
     dm = Enwik8DataModule(source="sample", block_size=T, batch_size=16, num_workers=0)
     dm.prepare_data()
     dm.setup("fit")
-    print(f"checkpoint: {args.ckpt} (step {torch.load(args.ckpt, weights_only=False)['global_step']})"
-          f"; torch threads {torch.get_num_threads()}")
+    step = torch.load(args.ckpt, weights_only=False)["global_step"]
+    print(f"checkpoint: {args.ckpt} (step {step}); torch threads {torch.get_num_threads()}")
 
     def windows_for(split: str, n_states: int, per_window: int | None, seed: int):
         return split_windows(dm, split, windows_needed(n_states, per_window, T), seed)

@@ -286,7 +286,7 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
     # explicitly, so the two runs differ in nothing but the model they load.
     trained = runner.training_probe(runner.read_checkpoint(ckpt), trained_run)
     settings = asdict(ProbeSettings(**trained.settings))
-    settings.update(max_order=8, twonn_batch_size=256, distribution_samples=500, distributions=True)
+    settings.update(max_order=8, state_batch_size=256, distribution_samples=500, distributions=True)
     settings.pop("seed")  # the top-level seed= below sets it for both
     block_size = 32  # hydra_configs.TINY
     common = [f"text_file={text}", f"window={block_size}", "n_states=256", "batch_size=4",
