@@ -5,8 +5,9 @@ that the attention mask is the only difference between the two; `norm="post"` gi
 block layout to separate the effect of the mask from that of the layer-norm position.
 
 Besides the logits, `capture()` returns what the probes read: the residual stream after the
-embedding and after every block, the output of the final norm (pre-LN only), per-head queries and keys, and (on request) attention probabilities. Normal
-training goes through `scaled_dot_product_attention` and pays nothing for this.
+embedding and after every block, the output of the final norm (pre-LN only), per-head queries
+and keys, and (on request) attention probabilities. Normal training goes through
+`scaled_dot_product_attention` and pays nothing for this.
 """
 
 from __future__ import annotations
