@@ -9,8 +9,10 @@ stand-in vocabulary size to run them.
 
 from __future__ import annotations
 
-from hydra.utils import instantiate
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
+
+from repgeom.data.enwik8 import check_path
 
 
 class OptionError(ValueError):
@@ -22,12 +24,15 @@ def check_options(cfg: DictConfig) -> None:
 
     Checks the model (`GPTConfig`: positive sizes, ``n_embd % n_head == 0``, dropout), the
     optimizer and schedule (``optim.optimizer.lr > 0``, weight decay and betas, warmup),
-    ``trainer.max_steps`` and ``data.batch_size``. ``data.path`` is checked by the datamodule
-    when it is built (`Enwik8DataModule`), before it reads anything.
+    ``trainer.max_steps``, ``data.batch_size`` and ``data.path`` (an existing file, not a
+    folder: `repgeom.data.enwik8.check_path`, raising its `DataError`; the datamodule checks it
+    again when it is built, for code that builds one directly).
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["vocab_size"] = 1  # the real one is known only after the data is read
-    instantiate(model)  # GPTConfig.__post_init__ raises with "model.<name>"
+    # Called directly, not through Hydra's instantiate, which would wrap the config's own
+    # ValueError ("model.n_embd (...) must be divisible by model.n_head (...)") in its own.
+    get_class(model.pop("_target_"))(**model)
 
     optim = cfg.get("optim") or {}
     opt = optim.get("optimizer") or {}
@@ -55,6 +60,8 @@ def check_options(cfg: DictConfig) -> None:
     data = cfg.get("data") or {}
     if data.get("batch_size") is not None and int(data["batch_size"]) < 1:
         raise OptionError(f"data.batch_size must be >= 1, got {data['batch_size']}")
+    if data.get("path") is not None:
+        check_path(data["path"])
 
 
 def _positive(conf, key: str, name: str) -> None:
