@@ -21,7 +21,9 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from repgeom.console import drop_unset_wandb_anonymous, quiet_console
 from repgeom.models.lightning_module import CharLM
+from repgeom.options import check_options
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
                     conf.group = sweep_group()
                 conf.resume = "allow"
         log.debug("logger %s: %s", name, conf.get("_target_"))
-        loggers.append(instantiate(conf))
+        loggers.append(drop_unset_wandb_anonymous(instantiate(conf)))
     return loggers
 
 
@@ -159,7 +161,9 @@ def _probe_conf(conf: DictConfig | None) -> DictConfig | None:
 
 def train(cfg: DictConfig) -> TrainResult:
     """Train the configured model; return the trainer, module and where everything was written."""
+    quiet_console()
     _probe_conf(cfg.get("probe"))  # a probe that is not a callback fails now, not after setup
+    check_options(cfg)  # before the data is downloaded or tokenized
     output_dir = Path(cfg.output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True)

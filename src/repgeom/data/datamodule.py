@@ -312,6 +312,8 @@ class Enwik8DataModule(L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if val_windows is not None and val_windows < 1:
             raise ValueError(f"val_windows must be >= 1 or None, got {val_windows}")
+        if path is not None:
+            enwik8.check_path(path)
         self.source = source
         self.path = path
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else enwik8.default_cache_dir()

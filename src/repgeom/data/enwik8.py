@@ -6,8 +6,9 @@ Two sources share one code path:
   2006-03-03), downloaded from `ENWIK8_URL` into the cache folder or read from a local copy
   (zip or raw) given as ``path``.
 - ``"sample"``: the first 4,154,063 bytes of the same file, committed gzipped as
-  ``data/enwik8-head-4154063.gz`` (provenance in ``data/README.md``). Offline quickstart and
-  tests; results on it are not comparable with published enwik8 numbers.
+  ``repgeom/data/sample/enwik8-head-4154063.gz`` (package data; provenance in the README
+  beside it). Offline quickstart and tests; results on it are not comparable with published
+  enwik8 numbers.
 
 Every file is checked against its published sha256 and size before use. A mismatch raises
 `DataError` naming the file, what was expected, what was found and what to do. Users who knowingly
@@ -41,9 +42,11 @@ ENWIK8_SHA256 = "2b49720ec4d78c3c9fabaee6e4179a5e997302b3a70029f30f2d582218c024a
 ENWIK8_SIZE = 100_000_000
 ENWIK8_MEMBER = "enwik8"  # the one file inside enwik8.zip
 
-# src/repgeom/data/enwik8.py -> parents[3] is the project root (the package is installed editable).
+# The sample ships inside the package (package data), so it is found in any kind of install.
+SAMPLE_PATH = Path(__file__).resolve().parent / "sample" / "enwik8-head-4154063.gz"
+# src/repgeom/data/enwik8.py -> parents[3]: the project root when the package runs from a source
+# checkout (an editable install); in an installed wheel it is no project at all.
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-SAMPLE_PATH = PROJECT_ROOT / "data" / "enwik8-head-4154063.gz"
 SAMPLE_GZ_SHA256 = "6b6a77a2e4defd4b3dff78818157f36d30fb47139dce61fdd81d4f30086f84ed"
 SAMPLE_SHA256 = "7956f43d6c58c53672b92f03188d071bdef32b4bfaf0d3f2c10470fc81a06903"
 SAMPLE_SIZE = 4_154_063
@@ -75,9 +78,19 @@ SPECS = {
 
 
 def default_cache_dir() -> Path:
-    """``$REPGEOM_DATA`` if set, else ``<project root>/data/cache`` (git-ignored)."""
+    """Where downloads and token caches go unless ``data.cache_dir`` says otherwise.
+
+    ``$REPGEOM_DATA`` if set; else ``<project root>/data/cache`` (git-ignored) when the package
+    runs from a source checkout; else, for an installed wheel (whose folder may not even be
+    writable), the user cache ``$XDG_CACHE_HOME/repgeom`` (``~/.cache/repgeom``).
+    """
     env = os.environ.get("REPGEOM_DATA")
-    return Path(env).expanduser() if env else PROJECT_ROOT / "data" / "cache"
+    if env:
+        return Path(env).expanduser()
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "src" / "repgeom").is_dir():
+        return PROJECT_ROOT / "data" / "cache"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "repgeom"
 
 
 def split_sizes(n: int) -> tuple[int, int, int]:
@@ -209,6 +222,23 @@ def download(
     return dest
 
 
+def check_path(path: str | os.PathLike) -> Path:
+    """``data.path`` as a Path, refused with `DataError` unless it is an existing file.
+
+    The datamodule checks it when it is built, so a missing file is refused on every run, also
+    when a token cache for the expected checksum exists (which skips reading the file).
+    """
+    resolved = Path(path).expanduser()
+    if not resolved.exists():
+        raise DataError(f"data file {resolved} does not exist (data.path={str(path)!r}).")
+    if not resolved.is_file():
+        raise DataError(
+            f"data.path={str(path)!r} is a folder, not a file: point it at the enwik8 zip, the "
+            "raw file, or a copy of the sample's .gz."
+        )
+    return resolved
+
+
 def read_local(
     path: str | os.PathLike, *, spec: SourceSpec, verify: bool = True
 ) -> tuple[bytes, str]:
@@ -217,15 +247,13 @@ def read_local(
     A zip must hold one file (or a member named ``enwik8``). The bytes are checked against
     ``spec`` (see `check_bytes`). A truncated or corrupt archive raises `DataError`.
     """
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise DataError(f"data file {path} does not exist (data.path={str(path)!r}).")
+    path = check_path(path)
     with open(path, "rb") as f:
         magic = f.read(4)
     redo = (
         f"Delete {path} and download it again (or point data.path at a good copy). "
         if spec.name == "enwik8"
-        else f"Restore {path} from git (git checkout -- {path.name}). "
+        else f"Restore {path} from git (git checkout -- {path}) or reinstall repgeom. "
     )
     try:
         if magic.startswith(b"PK"):

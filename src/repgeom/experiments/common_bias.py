@@ -78,6 +78,7 @@ from repgeom.metrics import (
 )
 from repgeom.metrics._validation import check_int
 from repgeom.models.gpt import GPT, GPTConfig
+from repgeom.resources import conf_dir
 
 __all__ = [
     "COLUMNS",
@@ -663,7 +664,6 @@ def _command_line() -> str | None:
     return " ".join(["python -m repgeom.experiments.common_bias", *hc.task, *typed])
 
 
-_CONF_DIR = str(Path(__file__).resolve().parents[3] / "conf")
 
 
 def _fmt(value: float | None) -> str:
@@ -819,7 +819,7 @@ def main() -> None:
     """``python -m repgeom.experiments.common_bias [overrides]`` (see ``conf/common_bias.yaml``)."""
     import hydra
 
-    hydra.main(version_base="1.3", config_path=_CONF_DIR, config_name="common_bias")(run)()
+    hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="common_bias")(run)()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.models.capture import Capture
-from repgeom.probes import plots, table
+from repgeom.probes import plots, table, wandb_charts
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.sampling import (
     DEFAULT_ATTENTION_WINDOWS,
@@ -296,6 +296,7 @@ class ProbeCallback(L.Callback):
             return
         scalars = {"probe/step": step, "probe/seconds_total": self.seconds, **wandb_scalars(frame)}
         for run in runs:
+            wandb_charts.define_summaries(run, scalars)  # per-layer peak ID, final anisotropy
             run.log(scalars)
 
     def _plot(self, trainer: L.Trainer, frame: pd.DataFrame, step: int) -> list[Path]:
@@ -305,8 +306,9 @@ class ProbeCallback(L.Callback):
             import wandb
 
             images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
+            interactive = wandb_charts.charts(frame)  # tables and charts beside the PNGs
             for run in runs:
-                run.log({**images, "probe/step": step})
+                run.log({**images, **interactive, "probe/step": step})
         return paths
 
     def _finish(self, trainer: L.Trainer) -> None:
@@ -322,3 +324,4 @@ class ProbeCallback(L.Callback):
                 {f"probe_summary/{k}": v for k, v in result.items() if v is not None}
             )
             run.summary["probe_summary/seconds_total"] = self.seconds
+            run.summary.update(wandb_charts.summary(frame))

@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from repgeom.console import quiet_console
 from repgeom.data import enwik8
 from repgeom.data.datamodule import Enwik8DataModule, choose_windows
 from repgeom.probes import plots, table
@@ -429,6 +430,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", and in
         compare mode the per-layer pooled cosine (``<output_dir>/compare/pooled_cosine.csv``).
     """
+    quiet_console()
     mode = check_config(cfg)
     output_dir = Path(cfg.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)

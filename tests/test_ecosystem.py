@@ -1,0 +1,163 @@
+"""What a researcher sees outside the code: the interactive W&B tables of a real offline run,
+the dashboard specification checked against that run, and a quiet console."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from cli_runs import ROOT, subprocess_env, tiny_overrides
+from hydra_configs import compose_train
+from wandb_records import logged_keys, wandb_config, wandb_history, wandb_records
+
+from repgeom.dashboard import missing_keys
+from repgeom.probes import table, wandb_charts
+from repgeom.train import train
+
+SHORT = ["trainer.max_steps=6", "trainer.val_check_interval=3", "probe.every_n_steps=3",
+         "probe.log_spaced_until=2", "probe.n_log_spaced=2"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny training run with the real config: (run folder, its offline W&B run folder)."""
+    out = tmp_path_factory.mktemp("run")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.delenv("WANDB_API_KEY", raising=False)
+        result = train(compose_train(out, SHORT))
+    return out, result.wandb_dir
+
+
+def _table(wandb_run: Path, key: str) -> pd.DataFrame:
+    """The last version of table `key` logged to the run, read from its file as W&B stores it."""
+    rows = [r for r in wandb_history(wandb_run) if f"{key}._type" in r]
+    assert rows, f"{key} was never logged"
+    assert rows[-1][f"{key}._type"] == "table-file"
+    stored = json.loads((wandb_run / "files" / rows[-1][f"{key}.path"]).read_text())
+    return pd.DataFrame(stored["data"], columns=stored["columns"])
+
+
+def test_run_logs_profile_and_layer_step_tables(run: tuple[Path, Path]) -> None:
+    run_dir, wandb_run = run
+    probes = table.read_table(run_dir)
+    steps = sorted(probes["step"].unique())
+    for metric in ("anisotropy", "twonn"):
+        expected = wandb_charts.layer_values(probes, metric)
+        profile = _table(wandb_run, f"probe/tables/profile_{metric}")
+        assert list(profile.columns) == ["step", "layer", "layer_name", "value"]
+        assert sorted(profile["step"].unique()) == steps
+        assert profile["value"].to_numpy() == pytest.approx(expected["value"].to_numpy())
+        layer_step = _table(wandb_run, f"probe/tables/layer_step_{metric}")
+        assert len(layer_step) == len(steps) * probes["layer"].nunique()
+    # the chart's own table: one line per probe step, x = layer
+    lines = _table(wandb_run, "probe/charts/profile_anisotropy_table")
+    assert sorted(lines["lineKey"].unique()) == sorted(f"step {s}" for s in steps)
+    # the run config says how W&B draws the chart (line series, and the matrix preset)
+    config = wandb_config(wandb_run)
+    chart = config["_wandb.visualize.probe/charts/profile_anisotropy"]["panel_config"]
+    assert chart["panelDefId"] == "wandb/lineseries/v0"
+    chart = config["_wandb.visualize.probe/charts/layer_step_twonn"]["panel_config"]
+    assert chart["panelDefId"] == "wandb/confusion_matrix/v1"
+
+
+def _summary(wandb_run: Path) -> dict:
+    summary: dict = {}
+    for record in wandb_records(wandb_run, "summary"):
+        summary.update(record.get("update", {}))
+    return summary
+
+
+def test_run_summary_has_each_layers_id_peak_and_final_anisotropy(run: tuple[Path, Path]) -> None:
+    run_dir, wandb_run = run
+    summary = _summary(wandb_run)
+    probes = table.read_table(run_dir)
+    twonn = probes.loc[probes["metric"] == "twonn"].pivot(index="step", columns="layer",
+                                                         values="value")  # fmt: skip
+    for layer in twonn.columns:
+        assert summary[f"probe_summary/twonn_peak_step/layer_{layer:02d}"] == twonn[layer].idxmax()
+        # define_metric(summary="max"): W&B's own summary of the series is the same peak
+        assert summary[f"probe/twonn/layer_{layer:02d}"]["max"] == pytest.approx(twonn[layer].max())
+    last = probes["step"] == probes["step"].max()
+    aniso = probes.loc[(probes["metric"] == "anisotropy") & last]
+    for row in aniso.itertuples():
+        key = f"probe_summary/final_anisotropy/layer_{row.layer:02d}"
+        assert summary[key] == pytest.approx(row.value)
+
+
+def test_dashboard_dry_run_plots_only_keys_the_run_has(
+    run: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, wandb_run = run
+    out = tmp_path / "dashboard.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "repgeom.dashboard", "--entity", "me", "--project", "repgeom",
+         "--dry-run", str(out)],
+        capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert "6 sections" in proc.stdout
+    spec = json.loads(out.read_text())
+    names = [s["name"] for s in spec["sections"]]
+    assert names == [
+        "Loss and bpc", "Anisotropy per layer", "Intrinsic dimension (TwoNN, GRIDE) per layer",
+        "Attention entropy", "Q\u0304/K\u0304 alignment",
+        "Interactive profiles and layer x step maps",
+    ]  # fmt: skip
+    assert missing_keys(spec, logged_keys(wandb_run), set(_summary(wandb_run))) == []
+    # W&B's serialised view has the same sections and panels, and groups by masking and seed
+    sections = spec["viewspec"]["spec"]["section"]["panelBankConfig"]["sections"]
+    assert [s["name"] for s in sections] == names
+    assert [len(s["panels"]) for s in sections] == [len(s["panels"]) for s in spec["sections"]]
+    assert spec["group_by"] == ["masking.name", "seed"]
+    config = wandb_config(wandb_run)
+    assert config["masking"]["name"] == "causal" and config["seed"] == 0
+    # the check itself catches a key the run does not have
+    spec["sections"][0]["panels"][0]["y"] = ["train/no_such_key"]
+    assert missing_keys(spec, logged_keys(wandb_run), set()) != []
+
+
+def test_dashboard_save_needs_a_login(tmp_path: Path) -> None:
+    env = subprocess_env(HOME=str(tmp_path), NETRC=str(tmp_path / "none"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "repgeom.dashboard", "--entity", "me", "--project", "p"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "needs a W&B login" in proc.stderr and "--dry-run" in proc.stderr
+
+
+NOISE = (
+    "faiss.loader",  # "Loading faiss with AVX512 support", "Could not load library ..."
+    "Could not load library",
+    "Tip:",  # Lightning's litlogger / litmodels advertising
+    "anonymous setting",  # W&B
+    "LeafSpec",  # torch/Lightning pytree deprecation
+)
+
+
+@pytest.mark.slow
+def test_quickstart_console_is_quiet(tmp_path: Path) -> None:
+    """The quickstart preset, shrunk, as a user runs it: none of the noise, the final line."""
+    env = subprocess_env()
+    env.pop("WANDB_SILENT")  # what a user sees
+    args = ["experiment=quickstart", *tiny_overrides(), f"hydra.run.dir={tmp_path / 'run'}",
+            "trainer.max_steps=4", "trainer.val_check_interval=2"]  # fmt: skip
+    args = [a for a in args if a != "~callbacks.progress_bar"]
+    proc = subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 0, console[-4000:]
+    for noise in NOISE:
+        assert noise not in console, f"{noise!r} in the console:\n{console}"
+    assert "Probe summary" in console
+    assert "val/bpc" in console  # the progress bar's last render
+    final = [line for line in proc.stdout.splitlines() if line.startswith("Done: 4 steps")]
+    assert final and f"checkpoints {tmp_path / 'run' / 'checkpoints'}" in final[0]
+    assert "wandb sync" in final[0]
