@@ -62,10 +62,16 @@ def compose_probe(tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
         return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
 
 
-def assert_every_metric_every_layer(frame: pd.DataFrame, n_layers: int, n_heads: int) -> None:
+def assert_every_metric_every_layer(
+    frame: pd.DataFrame, n_layers: int, n_heads: int, *, final_norm: bool = True
+) -> None:
+    """Every state metric on the embedding, every block and (pre-LN models) the final norm."""
+    names = ["embedding", *(f"block_{i}" for i in range(1, n_layers + 1))]
+    names += ["final_norm"] if final_norm else []
     for metric in STATE_METRICS:
-        layers = sorted(frame.loc[frame["metric"] == metric, "layer"])
-        assert layers == list(range(n_layers + 1)), metric
+        rows = frame.loc[frame["metric"] == metric].sort_values("layer")
+        assert rows["layer"].tolist() == list(range(len(names))), metric
+        assert rows["layer_name"].tolist() == names, metric
     for metric in HEAD_METRICS:
         rows = frame[frame["metric"] == metric]
         assert len(rows) == n_layers * n_heads, metric
@@ -98,7 +104,8 @@ def test_hf_folder_every_metric_every_layer(
     assert result.kinds == {folder: kind}
     frame = table.read_table(tmp_path)
     assert set(frame["model"]) == {folder} and frame["step"].unique().tolist() == [0]
-    assert_every_metric_every_layer(frame, n_layers=2, n_heads=4)
+    # The pre-LN decoders have a final norm, probed as its own layer; BERT (post-LN) has none.
+    assert_every_metric_every_layer(frame, n_layers=2, n_heads=4, final_norm=family != "bert")
     info = json.loads((tmp_path / "probe_info.json").read_text())
     assert info["subjects"][0]["kind"] == kind
     assert (tmp_path / "probes" / "plots" / "profile_anisotropy.png").exists()
@@ -261,11 +268,11 @@ def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run
     """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
     ckpt = runner.read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
     saved = runner.training_probe(ckpt, trained_run)
-    assert saved.origin == "checkpoint" and saved.n_states == 256
+    assert saved.origin == "checkpoint" and saved.n_states == 512
     ckpt["callbacks"] = {key: {"done": [0]} for key in ckpt["callbacks"]}
     from_run = runner.training_probe(ckpt, trained_run)
     assert from_run.origin.startswith("run config")
-    assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (256, None, 0)
+    assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (512, 4, 0)
     # The run config lists what conf/probe/default.yaml sets; ProbeSettings fills the rest.
     assert ProbeSettings(**from_run.settings) == ProbeSettings(**saved.settings)
 

@@ -111,8 +111,8 @@ def _one_run(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     per_layer = head_means(rows)
     dup = per_layer.duplicated(["step", "layer"], keep=False)
     if dup.any():
-        extra = [c for c in per_layer.columns if c not in ("step", "layer", "head", "metric",
-                                                             "value", "std")]
+        extra = [c for c in per_layer.columns if c not in ("step", "layer", "layer_name", "head",
+                                                             "metric", "value", "std")]
         varying = [c for c in extra if per_layer.loc[dup, c].nunique(dropna=False) > 1]
         hint = ", ".join(f"{c!r}" for c in varying) or "no column tells them apart"
         raise ValueError(

@@ -63,12 +63,6 @@ def layer_values(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     per_layer = head_means(rows).dropna(subset=["value"])
     if per_layer.empty:
         return out
-    if "layer_name" in per_layer.columns:
-        names = per_layer["layer_name"].astype(str).where(per_layer["layer_name"].notna())
-        fallback = per_layer["layer"].map(layer_key)
-        per_layer = per_layer.assign(layer_name=names.fillna(fallback))
-    else:
-        per_layer = per_layer.assign(layer_name=per_layer["layer"].map(layer_key))
     per_layer = per_layer.sort_values(["step", "layer"], kind="stable")
     out = per_layer[["step", "layer", "layer_name", "value"]].reset_index(drop=True)
     return out.astype({"step": "int64", "layer": "int64", "value": "float64"})
