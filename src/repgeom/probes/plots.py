@@ -591,7 +591,8 @@ def profile_bands(
                                                          strict=True):
         final = profile["layer_name"] == FINAL_NORM
         inner = profile.loc[~final]
-        _plot_profile(ax, profile, colour, f"mean of {count}", ms=4, lw=2)
+        _plot_profile(ax, profile, colour, f"mean of {count} seed{'s' if count > 1 else ''}",
+                      ms=4, lw=2)
         ax.get_lines()[0].set_gid("mean")
         _band(ax, inner["layer"], inner["low"], inner["high"], colour,
               label=f"{level:.0%} interval over seeds")
