@@ -177,6 +177,10 @@ def test_a_tiny_rise_does_not_count_but_a_clear_rise_then_fall_does() -> None:
     noisy = pd.DataFrame({0: [1.0, 1.5, 1.0], 1: [1.0, 0.7, 1.0], 2: [1.0, 1.6, 1.0]})
     verdict = seeds.rise_then_fall(noisy, noisy * 0)
     assert verdict.interior and not verdict.agrees and verdict.seeds_holding == 2
+    # One seed and no batch std: no noise is known, so nothing is shown.
+    single = seeds.rise_then_fall(clear[[0]], noise[[0]] * float("nan"))
+    assert not single.agrees and not single.above_start.known_noise
+    assert seeds.rise_then_fall(clear[[0]], noise[[0]]).agrees  # its batch std decides
 
 
 def test_findings_count_seeds_and_give_hand_computed_intervals(planted) -> None:

@@ -28,6 +28,8 @@ The noise of an effect is the larger of
 
 An effect *holds* when its mean exceeds both, i.e. when the interval excludes 0 and the mean is
 above the batch noise. In one seed it holds when that seed's value exceeds its own batch noise.
+With a single seed there is no interval and the batch noise alone decides; with a single seed
+and no batch std, nothing does, and the effect does not hold.
 """
 
 from __future__ import annotations
@@ -347,9 +349,17 @@ class Effect:
         return max(self.batch_noise, half if np.isfinite(half) else 0.0)
 
     @property
+    def known_noise(self) -> bool:
+        """Whether any noise is known: an interval (2+ seeds) or a batch std."""
+        return bool(np.isfinite(self.interval.half_width) or self.batch_noise > 0)
+
+    @property
     def holds(self) -> bool:
-        """The mean exceeds the noise: the interval excludes 0 and the batch noise is beaten."""
-        return bool(self.interval.mean > self.noise)
+        """The mean exceeds the noise: the interval excludes 0 and the batch noise is beaten.
+
+        With one seed and no batch std nothing tells an effect from noise: it does not hold.
+        """
+        return bool(self.known_noise and self.interval.mean > self.noise)
 
     @property
     def seeds_holding(self) -> int:
@@ -378,6 +388,8 @@ def effect(
         name,
         t_interval(values, level=level),
         rms(stds),
+        # One seed's value holds when it beats its batch std; where the table has none (0), a
+        # positive value counts: the seed spread then decides the aggregate verdict.
         tuple(bool(v > s) for v, s in zip(values, stds, strict=True)),
     )
 
