@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Rebuild docs/results.md and its figures from the committed run tables (docs/results/runs,
 # docs/results/common_bias). To report new runs, point the arguments at their folders.
+# docs/results/runs/shape_of_learning holds one folder per run of the sweep, <masking>-seed<k>,
+# with probes/probes.parquet, .hydra/config.yaml and csv/version_0/hparams.yaml (the vocabulary
+# size is only in the last one) copied from multirun/shape_of_learning/<stamp>/<masking>-seed<k>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m repgeom.experiments.report \

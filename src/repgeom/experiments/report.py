@@ -7,7 +7,19 @@
         --out docs
 
 Each claim of the papers is turned into a check on the tables the runs wrote; the report states
-the check, the numbers it read and whether our run agrees.
+the check, the numbers it read and whether our runs agree.
+
+Experiments 1-3 run several seeds per masking. The sweep folder holds one run folder per run,
+named as Hydra's sweep names them, ``<masking>-seed<k>``, each with at least::
+
+    <masking>-seed<k>/probes/probes.parquet     (or probes.csv)
+    <masking>-seed<k>/.hydra/config.yaml        model, data, probe settings, masking.name, seed
+
+and optionally ``csv/version_*/hparams.yaml`` (or ``hparams.yaml``), where the training run saved
+``model.vocab_size``. Every verdict is counted per seed ("holds in 3 of 3 seeds") and decided on
+the mean over seeds with a tolerance: an effect counts when it exceeds both the probe's batch
+noise and the seed-to-seed spread (`repgeom.probes.seeds`). Profiles and verdicts read blocks
+1..L only, never the final norm's output (which is reported as its own number).
 """
 
 from __future__ import annotations
@@ -18,49 +30,85 @@ import re
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from matplotlib.figure import Figure
 
-from repgeom.probes import plots
-from repgeom.probes.table import head_means, layer_means, read_table
+from repgeom.probes import plots, seeds
+from repgeom.probes.seeds import Effect, Interval, t_interval
+from repgeom.probes.table import FINAL_NORM, read_table
 
 MASKINGS = ("causal", "bidirectional")
+RUN_FOLDER = re.compile(r"^(?P<masking>.+)-seed(?P<seed>\d+)$")
+"""Hydra's sweep sub-folder of the preset: ``${masking.name}-seed${seed}``."""
+NEAR_DUPLICATE_FLAG = 0.01
+"""A layer is flagged when more than this share of its states have a near-duplicate. At the
+probe's calibrated threshold (0.005 of the median neighbour distance), clean manifolds of
+dimension 2-10 read under 1%, so a share above it is a property of the states, not of the
+estimator."""
+PAPER_VOCAB = 205
+"""Characters of the full enwik8 after the cleaning of Razzhigaev et al. 2023, §2.1."""
 
 
 @dataclass
 class Finding:
-    """One claim, the check that tests it, what our run gave, and the verdict."""
+    """One claim, the check that tests it, what our runs gave, and the verdict.
+
+    ``seeds_holding`` of ``n_seeds`` runs (or pairs of runs, `unit`) show the effect on their own;
+    `agrees` is decided on the mean over seeds with its interval and noise.
+    """
 
     claim: str
     check: str
     observed: str
     agrees: bool
+    seeds_holding: int | None = None
+    n_seeds: int | None = None
+    unit: str = "seeds"
+
+    @property
+    def count(self) -> str:
+        """``holds in 3 of 3 seeds``, or '' when the finding is not per seed."""
+        if self.n_seeds is None:
+            return ""
+        return f"holds in {self.seeds_holding} of {self.n_seeds} {self.unit}"
 
     def markdown(self) -> str:
         verdict = "**agrees**" if self.agrees else "**does not agree**"
+        count = f"; {self.count}" if self.count else ""
         return (
             f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
-            f"  *Ours:* {self.observed} → {verdict}"
+            f"  *Ours:* {self.observed}{count} → {verdict}"
         )
+
+
+@dataclass
+class Run:
+    """One run folder of the sweep: its masking, seed, folder and saved config."""
+
+    masking: str
+    seed: int
+    path: Path
+    config: dict = field(default_factory=dict)
 
 
 def _save(fig: Figure, path: Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, facecolor="white")
+    # bbox_inches="tight": nothing (a legend beside the axes, a long title) is cut at the edge.
+    fig.savefig(path, dpi=110, facecolor="white", bbox_inches="tight")
     return path.as_posix()
-
-
-def _profile(frame: pd.DataFrame, metric: str, step: int) -> pd.Series:
-    rows = head_means(frame[(frame["metric"] == metric) & (frame["step"] == step)])
-    return rows.set_index("layer")["value"].sort_index()
 
 
 def _fmt(values: Sequence[float]) -> str:
     return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
+
+
+def _fmt_intervals(index: Sequence, intervals: Sequence[Interval], name: str = "block") -> str:
+    return "; ".join(f"{name} {int(i)} {ci}" for i, ci in zip(index, intervals, strict=True))
 
 
 def _markdown_table(frame: pd.DataFrame) -> str:
@@ -74,174 +122,415 @@ def _markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _run_facts(sweep: Path) -> dict:
-    """Model, data and steps of the sweep's runs, read from Hydra's saved configs."""
-    import yaml
+# ---------------------------------------------------------------------------------------------
+# The sweep on disk
 
+
+def find_runs(sweep: Path) -> dict[str, list[Run]]:
+    """The run folders of a sweep, grouped by masking and sorted by seed.
+
+    A run folder is a sub-folder of `sweep` with a probe table. Its masking and seed come from
+    its ``.hydra/config.yaml`` (``masking.name``, ``seed``) where there is one, else from its name
+    (``<masking>-seed<k>``; a folder named just ``causal`` is seed 0).
+
+    Raises
+    ------
+    FileNotFoundError
+        When `sweep` is missing or lacks runs of a masking in `MASKINGS`.
+    ValueError
+        When a folder's masking or seed cannot be told, or two folders share both.
+    """
+    if not sweep.is_dir():
+        raise FileNotFoundError(f"sweep: {sweep} is not a folder")
+    runs: dict[str, list[Run]] = {}
+    for folder in sorted(p for p in sweep.iterdir() if p.is_dir()):
+        if not any((folder / "probes" / f"probes.{ext}").is_file() for ext in ("parquet", "csv")):
+            continue
+        config_file = folder / ".hydra" / "config.yaml"
+        config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
+        named = RUN_FOLDER.match(folder.name)
+        masking = (config.get("masking") or {}).get("name") or (
+            named["masking"] if named else folder.name if folder.name in MASKINGS else None
+        )
+        seed = config.get("seed", int(named["seed"]) if named else 0 if masking else None)
+        if masking is None or seed is None:
+            raise ValueError(
+                f"{folder}: cannot tell its masking and seed; name it <masking>-seed<k> or keep "
+                "its .hydra/config.yaml"
+            )
+        runs.setdefault(str(masking), []).append(Run(str(masking), int(seed), folder, config))
+    missing = [m for m in MASKINGS if m not in runs]
+    if missing:
+        found = {m: [r.path.name for r in rs] for m, rs in runs.items()}
+        raise FileNotFoundError(
+            f"{sweep}: no run folder with a probe table for masking {missing} "
+            f"(expected <masking>-seed<k>/probes/probes.parquet); found {found or 'none'}"
+        )
+    for masking, group in runs.items():
+        group.sort(key=lambda r: r.seed)
+        seen = [r.seed for r in group]
+        if len(set(seen)) < len(seen):
+            raise ValueError(f"{sweep}: masking {masking!r} has a seed twice: {seen}")
+    return runs
+
+
+def vocab_size(run: Run) -> int | None:
+    """``model.vocab_size`` of a run, from its config or the training run's ``hparams.yaml``.
+
+    Hydra's saved config does not hold it (the data module sets it when it builds the
+    vocabulary); Lightning's CSV logger saves the resolved one in ``csv/version_*/hparams.yaml``.
+    None when no file of the run folder records it.
+    """
+    size = (run.config.get("model") or {}).get("vocab_size")
+    if size is not None:
+        return int(size)
+    for path in [run.path / "hparams.yaml", *sorted(run.path.glob("csv/version_*/hparams.yaml"))]:
+        if path.is_file():
+            size = ((yaml.safe_load(path.read_text()) or {}).get("model") or {}).get("vocab_size")
+            if size is not None:
+                return int(size)
+    return None
+
+
+def _run_facts(runs: dict[str, list[Run]]) -> dict:
+    """Model, data, steps, seeds, vocabulary and probe protocol of each masking's runs."""
     facts = {}
-    for masking in MASKINGS:
-        cfg = yaml.safe_load((sweep / masking / ".hydra" / "config.yaml").read_text())
+    for masking, group in runs.items():
+        cfg = group[0].config
+        if not cfg:
+            raise FileNotFoundError(f"{group[0].path}: no .hydra/config.yaml to read the scale")
+        probe = cfg.get("probe") or {}
+        settings = probe.get("settings") or {}
+        sizes = {vocab_size(r) for r in group}
         facts[masking] = {
             "model": cfg["model"]["name"],
             "layers": cfg["model"]["n_layer"],
             "width": cfg["model"]["n_embd"],
             "data": cfg["data"]["source"],
+            "clean": bool(cfg["data"].get("clean", False)),
             "steps": cfg["trainer"]["max_steps"],
             "batch": cfg["data"]["batch_size"],
             "block": cfg["model"]["block_size"],
+            "seeds": [r.seed for r in group],
+            "vocab": sorted(s for s in sizes if s is not None),
+            "n_states": probe.get("n_states"),
+            "positions": probe.get("positions_per_window"),
+            "state_batch": settings.get("state_batch_size"),
+            "accelerator": str(cfg["trainer"].get("accelerator", "cpu")),
+            "near_duplicate_threshold": settings.get("near_duplicate_threshold"),
         }
     return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiments 1-3
+
+
+def _count(effects: Sequence[Effect]) -> int:
+    """Seeds in which every one of `effects` holds."""
+    return int(np.all([e.per_seed_holds for e in effects], axis=0).sum())
+
+
+def _profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -> list[Finding]:
+    """Bell-shaped decoder, flatter encoder, anisotropy growing (Razzhigaev et al. 2023)."""
+    stacked = {m: seeds.per_seed(tables[m], "anisotropy") for m in MASKINGS}
+    last = {m: int(s["step"].max()) for m, s in stacked.items()}
+    first = {m: int(s["step"].min()) for m, s in stacked.items()}
+    final = {m: seeds.grid(stacked[m], step=last[m]) for m in MASKINGS}
+    out = []
+
+    values, stds = final["causal"]
+    bell = seeds.rise_then_fall(values, stds)
+    top = int(values.index[bell.peak])
+    causal = stacked["causal"]
+    norm = causal.loc[(causal["layer_name"] == FINAL_NORM) & (causal["step"] == last["causal"])]
+    last_block = t_interval(values.iloc[-1].to_numpy())
+    norm_text = (
+        f"; last block (block {int(values.index[-1])}) {last_block}, final-norm output "
+        f"{t_interval(norm['value'].to_numpy())} (not a block: left out of the check)"
+        if not norm.empty else f"; last block (block {int(values.index[-1])}) {last_block}"
+    )
+    out.append(Finding(
+        "the decoder's anisotropy profile over layers is bell-shaped "
+        "(highest in the middle layers)",
+        "the mean (over seeds) final causal profile over blocks 1..L peaks at neither the first "
+        "nor the last block, and the peak exceeds both by more than the noise (the larger of "
+        "the batch std and the 95% interval's half-width); per seed, the same on its own profile",
+        f"final causal profile (step {last['causal']}, mean [95% interval]) "
+        f"{_fmt_intervals(values.index, bell.mean)}; peak at block {top}; "
+        f"{bell.above_start.format().replace('start', 'first block')}, "
+        f"{bell.above_end.format().replace('end', 'last block')}{norm_text}",
+        bell.agrees, bell.seeds_holding, bell.n_seeds,
+    ))
+
+    spread, noise = {}, {}
+    for m in MASKINGS:
+        v, s = final[m]
+        hi, lo = v.to_numpy().argmax(axis=0), v.to_numpy().argmin(axis=0)
+        cols = np.arange(v.shape[1])
+        spread[m] = v.to_numpy()[hi, cols] - v.to_numpy()[lo, cols]
+        noise[m] = seeds.quadrature(s.to_numpy()[hi, cols], s.to_numpy()[lo, cols])
+    flatter = seeds.difference_effect(
+        "spread causal − spread bidirectional", spread["causal"], noise["causal"],
+        spread["bidirectional"], noise["bidirectional"],
+    )
+    out.append(Finding(
+        "the encoder's profile is flatter than the decoder's",
+        "max − min over blocks of the final profile, per seed; the mean causal spread exceeds "
+        "the mean bidirectional spread by more than the noise (Welch 95% interval over the two "
+        "groups of seeds); per seed, seed k of each masking compared",
+        f"spread causal {t_interval(spread['causal'])}, bidirectional "
+        f"{t_interval(spread['bidirectional'])}; {flatter.format()}",
+        flatter.holds, flatter.seeds_holding, min(n.values()), "seed pairs",
+    ))
+
+    for m in MASKINGS:
+        v_end, s_end = final[m]
+        v_0, s_0 = seeds.grid(stacked[m], step=first[m])
+        grew = [
+            seeds.effect(f"block {int(b)}", (v_end.loc[b] - v_0.loc[b]).to_numpy(),
+                         seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
+            for b in v_end.index
+        ]
+        held = sum(e.holds for e in grew)
+        out.append(Finding(
+            f"anisotropy grows during training ({m})",
+            f"every block's anisotropy is higher at the last probe (step {last[m]}) than at "
+            f"step {first[m]}, by more than the noise",
+            f"{held} of {len(grew)} blocks grew; increase per block "
+            + "; ".join(f"{e.name} {e.interval}" for e in grew),
+            held == len(grew), _count(grew), n[m],
+        ))
+    return out
+
+
+def _near_duplicates(stacked: pd.DataFrame, step: int) -> pd.DataFrame:
+    """Blocks (all seeds) whose near-duplicate share at `step` is above `NEAR_DUPLICATE_FLAG`."""
+    rows = stacked.loc[(stacked["step"] == step) & (stacked["layer_name"] != FINAL_NORM)
+                       & (stacked["layer"] >= 1)]
+    return rows.loc[rows["value"] > NEAR_DUPLICATE_FLAG]
+
+
+def _id_findings(
+    tables: dict[str, list[pd.DataFrame]], names: dict[str, list[str]], threshold: float | None
+) -> list[Finding]:
+    """The intrinsic dimension rises, then falls; and where TwoNN reads near-duplicates."""
+    out = []
+    shares = {
+        m: seeds.per_seed(tables[m], "near_duplicate_share")
+        for m in MASKINGS if all("near_duplicate_share" in set(t["metric"]) for t in tables[m])
+    }
+    for metric in ("twonn", "gride_k16"):
+        for m in MASKINGS:
+            if not all(metric in set(t["metric"]) for t in tables[m]):
+                continue
+            values, stds = seeds.grid(seeds.per_seed(tables[m], metric), layer_mean=True)
+            if len(values) < 3:
+                continue
+            rf = seeds.rise_then_fall(values, stds)
+            steps = [int(s) for s in values.index]
+            note = ""
+            if metric == "twonn" and m in shares:
+                flagged = _near_duplicates(shares[m], steps[0])
+                if not flagged.empty:
+                    worst = flagged.loc[flagged["value"].idxmax()]
+                    note = (
+                        f". TwoNN at step {steps[0]} reads layers the report flags as "
+                        f"near-duplicates: {len(flagged)} (block, seed) pairs above "
+                        f"{NEAR_DUPLICATE_FLAG:.0%}, up to {worst['value']:.3f} "
+                        f"(block {int(worst['layer'])}, {names[m][int(worst['seed'])]}), so its "
+                        "start is not a dimension"
+                    )
+            out.append(Finding(
+                f"the mean intrinsic dimension ({metric}) rises early in training, then falls "
+                f"({m})",
+                "the mean over seeds of the layer mean (blocks 1..L) peaks strictly inside the "
+                "run, and peak − start and peak − end both exceed the noise: their 95% "
+                "intervals over seeds exclude 0 and their means beat the batch std (root mean "
+                "square of the per-layer stds, combined in quadrature over the two points)",
+                f"start {rf.mean[0]} (step {steps[0]}), peak {rf.mean[rf.peak]} at step "
+                f"{steps[rf.peak]}, end {rf.mean[-1]} (step {steps[-1]}); "
+                f"{rf.above_start.format()}, {rf.above_end.format()}{note}",
+                rf.agrees, rf.seeds_holding, rf.n_seeds,
+            ))
+    if shares:
+        per_run, flagged_runs = [], []
+        for m, stacked in shares.items():
+            last = int(stacked["step"].max())
+            at_last = stacked.loc[(stacked["step"] == last) & (stacked["layer"] >= 1)
+                                  & (stacked["layer_name"] != FINAL_NORM)]
+            for _, group in at_last.groupby(seeds.SEED):
+                per_run.append(float(group["value"].max()))
+            for seed, group in stacked.loc[(stacked["layer"] >= 1)
+                                           & (stacked["layer_name"] != FINAL_NORM)].groupby(
+                                               seeds.SEED):
+                worst = group.loc[group["value"].idxmax()]
+                if worst["value"] > NEAR_DUPLICATE_FLAG:
+                    flagged_runs.append(
+                        f"{names[m][int(seed)]}: {worst['value']:.3f} at step "
+                        f"{int(worst['step'])}, block {int(worst['layer'])}"
+                    )
+        largest = t_interval(per_run)
+        upper = largest.high if np.isfinite(largest.high) else largest.mean
+        held = sum(v <= NEAR_DUPLICATE_FLAG for v in per_run)
+        at = f"{threshold}" if threshold is not None else "the probe's default"
+        out.append(Finding(
+            "TwoNN reads the smallest scale, so a layer full of near-duplicates makes it "
+            "meaningless (issue 3); the final curves should be free of them",
+            f"per run, the largest near-duplicate share over blocks at the last probe (at the "
+            f"probe's calibrated threshold, {at} of the median neighbour distance) is at most "
+            f"{NEAR_DUPLICATE_FLAG:.0%}; the upper end of its 95% interval over all runs too",
+            f"largest final share per run {largest}; runs with a flagged block at any step: "
+            + ("; ".join(flagged_runs) if flagged_runs else "none")
+            + " (TwoNN is flagged there; GRIDE at order 16 reads past it)",
+            bool(upper <= NEAR_DUPLICATE_FLAG), held, len(per_run), "runs",
+        ))
+    return out
+
+
+def _attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -> list[Finding]:
+    """Attention entropy falls, early layers sharper, Q̄/K̄ sign (Godey et al. 2024, §5)."""
+    out = []
+    for m in MASKINGS:
+        ent = seeds.per_seed(tables[m], "attention_entropy")
+        first, last = int(ent["step"].min()), int(ent["step"].max())
+        v_end, s_end = seeds.grid(ent, step=last)
+        v_0, s_0 = seeds.grid(ent, step=first)
+        fell = [
+            seeds.effect(f"block {int(b)}", (v_0.loc[b] - v_end.loc[b]).to_numpy(),
+                         seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
+            for b in v_end.index
+        ]
+        held = sum(e.holds for e in fell)
+        out.append(Finding(
+            f"attention entropy falls during training ({m})",
+            f"every block's head-mean entropy is lower at the last probe (step {last}) than at "
+            f"step {first}, by more than the noise",
+            f"{held} of {len(fell)} blocks fell; drop per block (nats) "
+            + "; ".join(f"{e.name} {e.interval}" for e in fell),
+            held == len(fell), _count(fell), n[m],
+        ))
+        b0, bl = v_end.index[0], v_end.index[-1]
+        sharper = seeds.effect(
+            "last block − first block", (v_end.loc[bl] - v_end.loc[b0]).to_numpy(),
+            seeds.quadrature(s_end.loc[bl].to_numpy(), s_end.loc[b0].to_numpy()),
+        )
+        out.append(Finding(
+            f"early layers attend more sharply than late ones ({m})",
+            "final entropy of the first block is below that of the last block by more than "
+            "the noise",
+            f"first block {t_interval(v_end.loc[b0])}, last block {t_interval(v_end.loc[bl])} "
+            f"nats; {sharper.format()}",
+            sharper.holds, sharper.seeds_holding, n[m],
+        ))
+        qk_v, qk_s = seeds.grid(seeds.per_seed(tables[m], "qk_cosine"), step=last)
+        q0, ql = qk_v.index[0], qk_v.index[-1]
+        positive = seeds.effect(f"cos in block {int(q0)}", qk_v.loc[q0].to_numpy(),
+                                qk_s.loc[q0].to_numpy())
+        negative = seeds.effect(f"−cos in block {int(ql)}", -qk_v.loc[ql].to_numpy(),
+                                qk_s.loc[ql].to_numpy())
+        out.append(Finding(
+            f"mean query and mean key align in early layers and oppose in late layers ({m})",
+            "final head-mean cos(Q̄, K̄) is above 0 in the first block and below 0 in the last, "
+            "each by more than the noise",
+            f"final head-mean cos(Q̄, K̄) per block "
+            f"{_fmt_intervals(qk_v.index, [t_interval(qk_v.loc[b]) for b in qk_v.index])}",
+            positive.holds and negative.holds, _count([positive, negative]), n[m],
+        ))
+    return out
 
 
 def shape_of_learning(
     sweep: Path, figures: Path
 ) -> tuple[list[str], dict[str, list[Finding]], dict]:
-    """Experiments 1-3 from a sweep folder holding `causal/` and `bidirectional/` runs."""
-    tables = {m: read_table(sweep / m) for m in MASKINGS}
-    facts = _run_facts(sweep)
+    """Experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs (see the module doc).
+
+    Returns
+    -------
+    images : list of str
+        The figures written under `figures`.
+    findings : dict
+        ``profile``, ``id`` and ``attention``: the `Finding` of each check.
+    facts : dict
+        Per masking, what `_run_facts` read from the configs.
+
+    Raises
+    ------
+    ValueError
+        When the seeds of a masking were probed at different steps.
+    """
+    runs = find_runs(sweep)
+    tables = {m: [read_table(r.path) for r in runs[m]] for m in MASKINGS}
+    names = {m: [r.path.name for r in runs[m]] for m in MASKINGS}
+    seeds.check_steps(tables, names)
+    facts = _run_facts({m: runs[m] for m in MASKINGS})
+    n = {m: len(tables[m]) for m in MASKINGS}
     images = []
-    findings: dict[str, list[Finding]] = {"profile": [], "id": [], "attention": []}
 
-    # 1. Decoder vs encoder anisotropy profile, and anisotropy growing with training.
-    images.append(
-        _save(
-            plots.profiles_side_by_side(tables, "anisotropy"), figures / "anisotropy_profiles.png"
-        )
-    )
+    images.append(_save(plots.profile_bands(tables, "anisotropy"),
+                        figures / "anisotropy_profiles.png"))
     for m in MASKINGS:
-        images.append(
-            _save(
-                plots.per_layer_vs_step(tables[m], "anisotropy"),
-                figures / f"anisotropy_vs_step_{m}.png",
-            )
-        )
-    final = {m: _profile(t, "anisotropy", int(t["step"].max())) for m, t in tables.items()}
-    first = {m: _profile(t, "anisotropy", int(t["step"].min())) for m, t in tables.items()}
-    blocks = {m: p.loc[p.index >= 1] for m, p in final.items()}
-    peak = blocks["causal"].idxmax()
-    inner = 1 < peak < blocks["causal"].index.max()
-    findings["profile"].append(
-        Finding(
-            "the decoder's anisotropy profile over layers is bell-shaped "
-            "(highest in the middle layers)",
-            "the most anisotropic block of the final causal profile is neither the first nor "
-            "the last block",
-            f"final causal profile (layer 0 = embedding) {_fmt(final['causal'])}, "
-            f"peak at block {peak}",
-            bool(inner),
-        )
-    )
-    spread = {m: float(b.max() - b.min()) for m, b in blocks.items()}
-    findings["profile"].append(
-        Finding(
-            "the encoder's profile is flatter than the decoder's",
-            "max − min over blocks of the final profile is smaller for the bidirectional model",
-            f"spread causal {spread['causal']:.3f}, bidirectional {spread['bidirectional']:.3f}; "
-            f"final bidirectional profile {_fmt(final['bidirectional'])}",
-            spread["bidirectional"] < spread["causal"],
-        )
-    )
-    for m in MASKINGS:
-        grew = (final[m] > first[m]).loc[final[m].index >= 1]
-        findings["profile"].append(
-            Finding(
-                f"anisotropy grows during training ({m})",
-                "every block's anisotropy is higher at the last probe than at step 0",
-                f"{int(grew.sum())} of {len(grew)} blocks grew; "
-                f"step 0 {_fmt(first[m])} → final {_fmt(final[m])}",
-                bool(grew.all()),
-            )
-        )
-
-    # 2. Intrinsic dimension over training: rises early, then falls.
-    id_frames = {m: t.assign(run=m) for m, t in tables.items()}
-    combined = pd.concat(id_frames.values(), ignore_index=True)
+        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "anisotropy"),
+                            figures / f"anisotropy_vs_step_{m}.png"))
     for metric in ("twonn", "gride_k16"):
-        if metric in set(combined["metric"]):
-            images.append(
-                _save(
-                    plots.metric_vs_step(combined, metric, by="run"),
-                    figures / f"{metric}_vs_step.png",
-                )
-            )
-    for metric in ("twonn", "gride_k16"):
-        for m in MASKINGS:
-            means = layer_means(tables[m][tables[m]["metric"] == metric]).sort_values("step")
-            if means.empty:
-                continue
-            values, steps = means["value"].to_numpy(), means["step"].to_numpy()
-            top = int(np.argmax(values))
-            rise_fall = (
-                0 < top < len(values) - 1 and values[-1] < values[top] and values[top] > values[0]
-            )
-            findings["id"].append(
-                Finding(
-                    f"the mean intrinsic dimension ({metric}) rises early in training, "
-                    f"then falls ({m})",
-                    "the layer mean (blocks 1..L) peaks strictly inside the run, above both its "
-                    "start and its end",
-                    f"start {values[0]:.2f}, peak {values[top]:.2f} at step {steps[top]}, "
-                    f"end {values[-1]:.2f} (step {steps[-1]})",
-                    bool(rise_fall),
-                )
-            )
-    share = combined[combined["metric"] == "near_duplicate_share"]
-    if not share.empty:
-        last = share[share["step"] == share.groupby("run")["step"].transform("max")]
-        worst, early = last.loc[last["value"].idxmax()], share.loc[share["value"].idxmax()]
-        findings["id"].append(
-            Finding(
-                "TwoNN reads the smallest scale, so a layer full of near-duplicates makes it "
-                "meaningless (issue 3); the final curves should be free of them",
-                "near-duplicate share at the last probe is below 5% in every layer of both runs",
-                f"largest final share {worst['value']:.3f} ({worst['run']}, layer "
-                f"{int(worst['layer'])}); largest over the whole run {early['value']:.3f} "
-                f"({early['run']}, layer {int(early['layer'])}, step {int(early['step'])}): "
-                "TwoNN there is flagged, GRIDE at order 16 reads past it",
-                bool(worst["value"] < 0.05),
-            )
-        )
-
-    # 3. Attention sharpening and Q/K alignment.
+        if all(metric in set(t["metric"]) for ts in tables.values() for t in ts):
+            images.append(_save(plots.metric_vs_step_bands(tables, metric),
+                                figures / f"{metric}_vs_step.png"))
     for m in MASKINGS:
-        images.append(
-            _save(
-                plots.per_layer_vs_step(tables[m], "attention_entropy"),
-                figures / f"attention_entropy_{m}.png",
-            )
-        )
-        images.append(
-            _save(plots.per_head_vs_step(tables[m], "qk_cosine"), figures / f"qk_cosine_{m}.png")
-        )
-        t = tables[m]
-        ent_first = _profile(t, "attention_entropy", int(t["step"].min()))
-        ent_last = _profile(t, "attention_entropy", int(t["step"].max()))
-        findings["attention"].append(
-            Finding(
-                f"attention entropy falls during training ({m})",
-                "every block's head-mean entropy is lower at the last probe than at step 0",
-                f"step 0 {_fmt(ent_first)} → final {_fmt(ent_last)} nats",
-                bool((ent_last < ent_first).all()),
-            )
-        )
-        findings["attention"].append(
-            Finding(
-                f"early layers attend more sharply than late ones ({m})",
-                "final entropy of the first block is below that of the last block",
-                f"first block {ent_last.iloc[0]:.3f}, last block {ent_last.iloc[-1]:.3f} nats",
-                bool(ent_last.iloc[0] < ent_last.iloc[-1]),
-            )
-        )
-        qk = _profile(t, "qk_cosine", int(t["step"].max()))
-        findings["attention"].append(
-            Finding(
-                f"mean query and mean key align in early layers and oppose in late layers ({m})",
-                "final head-mean cos(Q̄, K̄) is positive in the first block and negative in the last",
-                f"final head-mean cos(Q̄, K̄) per block {_fmt(qk)}",
-                bool(qk.iloc[0] > 0 and qk.iloc[-1] < 0),
-            )
-        )
+        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "attention_entropy"),
+                            figures / f"attention_entropy_{m}.png"))
+        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "qk_cosine"),
+                            figures / f"qk_cosine_{m}.png"))
+
+    threshold = facts["causal"]["near_duplicate_threshold"]
+    findings = {
+        "profile": _profile_findings(tables, n),
+        "id": _id_findings(tables, names, threshold),
+        "attention": _attention_findings(tables, n),
+    }
     return images, findings, facts
+
+
+def setup_lines(facts: dict) -> list[str]:
+    """The paragraph that states the seeds, the vocabulary, the probe protocol and the statistics
+    of experiments 1-3, every number read from `facts` (`_run_facts`)."""
+    counts = ", ".join(
+        f"{len(f['seeds'])} {m} (seeds {', '.join(map(str, f['seeds']))})" for m, f in facts.items()
+    )
+    sizes = sorted({v for f in facts.values() for v in f["vocab"]})
+    vocab = (
+        f"ours {', '.join(map(str, sizes))}, paper {PAPER_VOCAB}"
+        if sizes else f"ours not recorded in the run folders (no model.vocab_size in "
+        f".hydra/config.yaml or csv/version_*/hparams.yaml), paper {PAPER_VOCAB}"
+    )
+    f = facts["causal"]
+    text = "cleaned text (markup removed, as the paper's §2.1 does)" if f["clean"] else "raw text"
+    if f["n_states"] and f["positions"] and f["state_batch"]:
+        protocol = (
+            f"{f['n_states']} hidden states per layer and probe, {f['positions']} positions from "
+            f"each of {f['n_states'] // f['positions']} windows (decorrelated: no two states "
+            f"from one window beyond those {f['positions']}), in batches of {f['state_batch']}; "
+            "every number is the mean over batches, with the std over batches (Razzhigaev et "
+            "al. 2023, §2.2)"
+        )
+    else:
+        protocol = "probe settings not recorded in the runs' configs"
+    return [
+        f"Seeds per masking: {counts}. Data: {f['data']}, {text}; vocabulary {vocab} "
+        f"(characters of the full enwik8). Probe protocol: {protocol}.",
+        "",
+        "Statistics: a verdict is decided on the mean over seeds. Every effect (a difference "
+        "such as peak − end) is given as mean [95% interval over seeds], the interval being "
+        "mean ± t_{0.975, n−1} · s/√n (s the sample std of the n per-seed values; Welch's "
+        "interval for a causal − bidirectional difference). It counts only when its mean "
+        "exceeds the noise, the larger of (a) the batch noise — the table's std over batches, "
+        "combined in quadrature over the points the effect is made of, the std of a layer mean "
+        "taken as the root mean square of the per-layer stds (an overestimate whatever the "
+        "correlation between layers) — and (b) the interval's half-width. "
+        "\"Holds in k of n seeds\" counts the seeds in which the effect beats that seed's own "
+        "batch noise. Profiles and verdicts use blocks 1..L; the final norm's output is shown "
+        "in the figures as an open marker and reported as its own number, never as a block.",
+    ]
 
 
 def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
@@ -316,14 +605,16 @@ def render(args: argparse.Namespace) -> Path:
         f = facts["causal"]
         scale = (
             f"{f['model']} ({f['layers']} layers, d={f['width']}), data={f['data']}, "
-            f"{f['steps']} steps of {f['batch']}×{f['block']} characters, on CPU"
+            f"{f['steps']} steps of {f['batch']}×{f['block']} characters, on "
+            f"{f['accelerator'].upper()}"
         )
-        command = "python train.py -m experiment=shape_of_learning masking=causal,bidirectional"
+        command = "python train.py -m experiment=shape_of_learning"
         titles = {
             "profile": "1. Decoder vs encoder anisotropy profile (Razzhigaev et al. 2023)",
             "id": "2. Intrinsic dimension over training (Razzhigaev et al. 2023)",
             "attention": "3. Attention sharpening and Q/K drift (Godey et al. 2024, §5)",
         }
+        lines += ["## Experiments 1-3: runs and statistics", "", *setup_lines(facts), ""]
         for key, title in titles.items():
             lines += [
                 f"## {title}",
@@ -370,7 +661,8 @@ def render(args: argparse.Namespace) -> Path:
 def main(argv: Sequence[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shape-of-learning", help="sweep folder with causal/ and bidirectional/ runs"
+        "--shape-of-learning",
+        help="sweep folder with <masking>-seed<k>/ runs (probes/probes.parquet, .hydra/)",
     )
     parser.add_argument("--distributions", help="probe.py run folder with distribution fits")
     parser.add_argument(

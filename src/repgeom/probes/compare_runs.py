@@ -8,6 +8,17 @@ The one command to lay a causal and a bidirectional run beside each other::
 Each RUN is a run folder (its table is ``<run>/probes/probes.parquet`` or ``.csv``), a ``probes``
 folder, or a table file. Every panel shows one run's layer profile at its last probe step (or at
 ``--step``), on a shared y axis.
+
+Several runs per label (seeds) are drawn as one panel: the mean profile over those runs and its
+95% t-interval, shaded (`repgeom.probes.seeds`). Repeat a label, or let each run's saved Hydra
+config name its group::
+
+    python -m repgeom.probes.compare_runs sweep/causal-seed{0,1,2} \\
+        sweep/bidirectional-seed{0,1,2} \\
+        --labels causal causal causal bidirectional bidirectional bidirectional
+    python -m repgeom.probes.compare_runs sweep/*-seed* --group-by masking
+
+The runs of one label must have been probed at the same steps.
 """
 
 from __future__ import annotations
@@ -17,24 +28,54 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from repgeom.probes.plots import DPI, profiles_side_by_side
+import yaml
+
+from repgeom.probes.plots import DPI, profile_bands, profiles_side_by_side
 from repgeom.probes.table import PROBE_DIR, read_table
+
+
+def _run_folder(run: str) -> Path:
+    path = Path(run).resolve()
+    if path.is_file():  # <run>/probes/probes.csv -> <run>/probes
+        path = path.parent
+    if path.name == PROBE_DIR:  # <run>/probes -> <run>
+        path = path.parent
+    return path
 
 
 def _labels(runs: Sequence[str]) -> list[str]:
     """Default labels: each run folder's name, or its last two parts where names repeat."""
-    paths = []
-    for run in runs:
-        path = Path(run).resolve()
-        if path.is_file():  # <run>/probes/probes.csv -> <run>/probes
-            path = path.parent
-        if path.name == PROBE_DIR:  # <run>/probes -> <run>
-            path = path.parent
-        paths.append(path)
+    paths = [_run_folder(run) for run in runs]
     names = [p.name for p in paths]
     if len(set(names)) < len(names):
         names = [f"{p.parent.name}/{p.name}" for p in paths]
     return names
+
+
+def config_labels(runs: Sequence[str], key: str) -> list[str]:
+    """One label per run: the value of `key` (e.g. ``masking`` -> ``masking.name``, or a dotted
+    path such as ``model.name``) in the run's ``.hydra/config.yaml``.
+
+    Raises
+    ------
+    FileNotFoundError
+        When a run has no saved config.
+    ValueError
+        When a config lacks `key`.
+    """
+    path_of = {"masking": "masking.name"}.get(key, key)
+    labels = []
+    for run in runs:
+        config_file = _run_folder(run) / ".hydra" / "config.yaml"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"--group-by {key}: {run} has no {config_file}")
+        value = yaml.safe_load(config_file.read_text())
+        for part in path_of.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError(f"--group-by {key}: {config_file} has no {path_of!r}")
+            value = value[part]
+        labels.append(str(value))
+    return labels
 
 
 def _step(text: str) -> int | str:
@@ -60,20 +101,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("compare.png"),
                         help="PNG to write (default: %(default)s)")
     parser.add_argument("--labels", nargs="+", metavar="LABEL",
-                        help="one label per run (default: the run folders' names)")
+                        help="one label per run (default: the run folders' names); runs that "
+                             "share a label are drawn as their mean with a 95%% interval")
+    parser.add_argument("--group-by", metavar="KEY",
+                        help="label each run by KEY of its .hydra/config.yaml ('masking' for "
+                             "masking.name, or a dotted path), grouping the runs that share it")
     parser.add_argument("--step", type=_step, default="last",
                         help="probe step drawn in every panel, or 'last' for each run's own last")
     parser.add_argument("--dpi", type=int, default=DPI, help="resolution (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.labels is not None and len(args.labels) != len(args.runs):
         parser.error(f"--labels: got {len(args.labels)} labels for {len(args.runs)} runs")
-    if args.labels is not None and len(set(args.labels)) != len(args.labels):
-        parser.error(f"--labels: labels must differ, got {args.labels}")
+    if args.labels is not None and args.group_by is not None:
+        parser.error("--labels and --group-by: pass one of them")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    """Read each run's table, draw `profiles_side_by_side`, write it to ``--out``; return the path.
+    """Read each run's table, draw the figure, write it to ``--out``; return the path.
+
+    One run per label: `profiles_side_by_side`. Several runs under a label: `profile_bands`,
+    one panel per label with the mean over its runs and the 95% interval.
 
     Raises
     ------
@@ -83,11 +131,20 @@ def main(argv: Sequence[str] | None = None) -> Path:
         When a run lacks the metric (naming it and listing the metrics present) or the step.
     """
     args = parse_args(argv)
-    labels = args.labels or _labels(args.runs)
-    frames = {label: read_table(run) for label, run in zip(labels, args.runs, strict=True)}
-    fig = profiles_side_by_side(frames, args.metric, step=args.step)
+    if args.group_by is not None:
+        labels = config_labels(args.runs, args.group_by)
+    else:
+        labels = args.labels or _labels(args.runs)
+    groups: dict[str, list] = {}
+    for label, run in zip(labels, args.runs, strict=True):
+        groups.setdefault(label, []).append(read_table(run))
+    if all(len(tables) == 1 for tables in groups.values()):
+        frames = {label: tables[0] for label, tables in groups.items()}
+        fig = profiles_side_by_side(frames, args.metric, step=args.step)
+    else:
+        fig = profile_bands(groups, args.metric, step=args.step)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=args.dpi, facecolor="white")
+    fig.savefig(args.out, dpi=args.dpi, facecolor="white", bbox_inches="tight")
     print(f"wrote {args.out}")
     return args.out
 
