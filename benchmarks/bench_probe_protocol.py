@@ -72,12 +72,12 @@ def main() -> None:
     candidates = {
         # name: (split, n_states, positions per window)
         "before: 4096 states, 16 whole windows": ("valid", 4096, None),
-        "8192 states, 32 whole windows": ("valid", 8192, None),
-        "8192 states, 128 windows x 64": ("valid", 8192, 64),
-        "8192 states, 512 windows x 16 (default)": ("valid", 8192, 16),
-        "8192 states, 683 windows x 12": ("valid", 8192, 12),
-        "default on the train split": ("train", 8192, 16),
-        "8192 states, 2048 windows x 4, train split": ("train", 8192, 4),
+        "8192: 32 whole windows": ("valid", 8192, None),
+        "8192: 128 windows x 64": ("valid", 8192, 64),
+        "8192: 512 windows x 16": ("valid", 8192, 16),
+        "8192: 512 windows x 16, train split": ("train", 8192, 16),
+        "sample fallback: 811 windows x 11": ("valid", 8921, 11),
+        "default: 2048 windows x 4 (train split)": ("train", 8192, 4),
     }
     start = time.perf_counter()
     reference = probe_table(model, split_windows(dm, "train", 5000, args.seed + 1), 10, args.seed)
