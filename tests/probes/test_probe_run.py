@@ -108,6 +108,9 @@ def test_hf_folder_every_metric_every_layer(
     assert_every_metric_every_layer(frame, n_layers=2, n_heads=4, final_norm=family != "bert")
     info = json.loads((tmp_path / "probe_info.json").read_text())
     assert info["subjects"][0]["kind"] == kind
+    expected = {"0": "embedding", "1": "block_1", "2": "block_2"}
+    expected |= {"3": "final_norm"} if family != "bert" else {}
+    assert info["layers"] == {folder: expected}
     assert (tmp_path / "probes" / "plots" / "profile_anisotropy.png").exists()
 
 

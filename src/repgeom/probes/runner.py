@@ -847,11 +847,29 @@ def _fmt(value: Any) -> str:
     return "" if value is None or not np.isfinite(value) else f"{value:.4g}"
 
 
+def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:
+    """{model: {layer index: layer name}} from the table (one entry "" for our checkpoints)."""
+    if frame is None or frame.empty:
+        return {}
+    key = frame["model"] if "model" in frame.columns else pd.Series("", index=frame.index)
+    names = frame.assign(_model=key.fillna("")).drop_duplicates(["_model", "layer"])
+    return {
+        str(model): {str(int(r.layer)): r.layer_name for r in group.itertuples()}
+        for model, group in names.sort_values("layer").groupby("_model")
+    }
+
+
 def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
-    """``probe_info.json``: what was probed, encoder or decoder, at which step."""
+    """``probe_info.json``: what was probed, encoder or decoder, at which step, and the name of
+    every layer index in the table (``embedding``, ``block_<i>``, ``final_norm``)."""
     info = {
         "mode": mode,
         "compare": result.compare is not None,
+        "layers": _layer_names(result.frame),
+        "layer_convention": (
+            "layer 0: embedding output; 1..L: the residual stream after each block, before any "
+            "final norm; L + 1 (final_norm): the final norm's output, for models that have one"
+        ),
         "subjects": [
             {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items() if k != "load"}
             for s in result.subjects
