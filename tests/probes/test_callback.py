@@ -1,5 +1,6 @@
 """The training probe: schedule, table, W&B keys, bad input, and no effect on training."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +107,10 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
     with torch.no_grad():
         capture = model.capture(probes.windows, attention=False)
         whole = model.capture(probes.windows[: probes.attention_windows])
-    assert probes.positions.sum(1).eq(16).all() and probes.n_states == 512
+    assert probes.positions.sum(1).eq(4).all() and probes.n_states == 512
+    used = json.loads((tmp_path / "probes" / "probe_set.json").read_text())
+    assert used == {"n_states": 512, "n_windows": 128, "window": 32, "positions_per_window": 4,
+                    "attention_windows": 16}
     frame = table.read_table(tmp_path)
     final = frame[frame["step"] == 5]
     # The same permutation as the probe (seed 0), cut into two batches of 256.

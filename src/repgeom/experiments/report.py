@@ -192,6 +192,13 @@ def vocab_size(run: Run) -> int | None:
     return None
 
 
+def _probe_set_used(group: list[Run]) -> dict | None:
+    """The probe set a run actually used (``probes/probe_set.json``, written by the callback);
+    None for runs written before it existed."""
+    path = group[0].path / "probes" / "probe_set.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def _run_facts(runs: dict[str, list[Run]]) -> dict:
     """Model, data, steps, seeds, vocabulary and probe protocol of each masking's runs."""
     facts = {}
@@ -215,6 +222,7 @@ def _run_facts(runs: dict[str, list[Run]]) -> dict:
             "vocab": sorted(s for s in sizes if s is not None),
             "n_states": probe.get("n_states"),
             "positions": probe.get("positions_per_window"),
+            "used": _probe_set_used(group),
             "state_batch": settings.get("state_batch_size"),
             "accelerator": str(cfg["trainer"].get("accelerator", "cpu")),
             "near_duplicate_threshold": settings.get("near_duplicate_threshold"),
@@ -505,7 +513,27 @@ def setup_lines(facts: dict) -> list[str]:
     )
     f = facts["causal"]
     text = "cleaned text (markup removed, as the paper's §2.1 does)" if f["clean"] else "raw text"
-    if f["n_states"] and f["positions"] and f["state_batch"]:
+    used = f["used"]
+    if used and f["state_batch"]:
+        fallback = ""
+        if f["positions"] and used["positions_per_window"] > f["positions"]:
+            fallback = (
+                f" (the configured {f['positions']} positions from each of "
+                f"{-(-f['n_states'] // f['positions'])} windows need more windows than the "
+                f"{used['n_windows']} the validation split holds, so every window was probed at "
+                f"{used['positions_per_window']} positions: a batch holds about "
+                f"{f['state_batch'] / used['n_windows']:.1f} states per window and TwoNN reads "
+                "up to about 10% low, benchmarks/README.md)"
+            )
+        protocol = (
+            f"{used['n_states']} hidden states per layer and probe, "
+            f"{used['positions_per_window']} random positions from each of {used['n_windows']} "
+            f"windows of {used['window']}{fallback}, shuffled into batches of "
+            f"{f['state_batch']}; every number is the mean over batches, with the std over "
+            "batches (Razzhigaev et al. 2023, §2.2); attention and Q/K metrics on "
+            f"{used['attention_windows']} whole windows"
+        )
+    elif f["n_states"] and f["positions"] and f["state_batch"]:
         protocol = (
             f"{f['n_states']} hidden states per layer and probe, {f['positions']} positions from "
             f"each of {f['n_states'] // f['positions']} windows (decorrelated: no two states "

@@ -6,6 +6,7 @@ The callback only schedules, captures and logs: the numbers come from `measure` 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -209,6 +210,11 @@ class ProbeCallback(L.Callback):
         )
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
+        if trainer.is_global_zero:
+            table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
+            (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
+                json.dumps(self.probes.describe(), indent=2)
+            )
 
     def state_dict(self) -> dict[str, Any]:
         # "config" lets probe.py rebuild this exact probe set from a checkpoint alone.

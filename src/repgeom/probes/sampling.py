@@ -51,6 +51,17 @@ class ProbeSet:
     def n_states(self) -> int:
         return int(self.positions.sum())
 
+    def describe(self) -> dict[str, int]:
+        """The probe set as used (after any fallback), for ``probes/probe_set.json``."""
+        per_window = self.positions.sum(dim=1)
+        return {
+            "n_states": self.n_states,
+            "n_windows": len(self.windows),
+            "window": int(self.windows.shape[1]),
+            "positions_per_window": int(per_window.max()),
+            "attention_windows": self.attention_windows,
+        }
+
 
 def windows_needed(n_states: int, positions_per_window: int | None, window: int) -> int:
     """How many windows give `n_states` states at `positions_per_window` (None: all) each."""
