@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -56,8 +55,8 @@ from repgeom.probes.sampling import (
     DEFAULT_POSITIONS_PER_WINDOW,
     ProbeSet,
     choose_positions,
+    fit_to_text,
     probe_set,
-    windows_needed,
 )
 
 log = logging.getLogger(__name__)
@@ -648,7 +647,7 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
         )
     else:
         all_windows = byte_windows(loaded.vocab, read_text(cfg.text_file), window=block_size)
-        wanted = windows_needed(n_states, per_window, block_size)
+        wanted, per_window = fit_to_text(n_states, per_window, len(all_windows), block_size)
         windows = all_windows[torch.from_numpy(choose_windows(len(all_windows), wanted, seed))]
         positions = choose_positions(torch.ones(windows.shape, dtype=torch.bool), per_window,
                                      seed)
@@ -700,10 +699,11 @@ def _hf_probe_set(cfg: DictConfig, hf, seed: int) -> tuple[ProbeSet, torch.Tenso
     candidates = mask.bool()
     if not cfg.include_special:
         candidates &= ~torch.isin(ids, torch.tensor(special_token_ids(hf.tokenizer)))
-    per_window = _positions_per_window(cfg, None, default=True)
     usable = int(candidates[0].sum())
     n_states = int(cfg.n_states or DEFAULT_N_STATES)
-    wanted = math.ceil(n_states / min(per_window or usable, usable))
+    wanted, per_window = fit_to_text(
+        n_states, _positions_per_window(cfg, None, default=True), len(ids), usable
+    )
     chosen = torch.from_numpy(choose_windows(len(ids), wanted, seed))
     positions = choose_positions(candidates[chosen], per_window, seed)
     attention_windows = int(cfg.get("attention_windows") or DEFAULT_ATTENTION_WINDOWS)

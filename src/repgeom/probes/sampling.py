@@ -74,6 +74,32 @@ def windows_needed(n_states: int, positions_per_window: int | None, window: int)
     return math.ceil(n_states / per_window)
 
 
+def fit_to_text(
+    n_states: int, positions_per_window: int | None, available: int, window: int
+) -> tuple[int, int | None]:
+    """(windows, positions per window) for `n_states` states from a text of `available` windows.
+
+    When the text holds fewer windows than `n_states` needs, every window is taken at more
+    positions, with a warning: decorrelation is bounded by the held-out text, not by the
+    sampling (a batch of 4096 states from W windows holds ~4096 / W states per window whatever
+    the positions).
+    """
+    n_windows = windows_needed(n_states, positions_per_window, window)
+    if n_windows <= available:
+        return n_windows, positions_per_window
+    per_window = min(math.ceil(n_states / available), window)
+    warnings.warn(
+        f"the text holds {available} windows of {window}, fewer than the {n_windows} that "
+        f"n_states={n_states} at {positions_per_window} positions per window needs; probing "
+        f"every window at {per_window} positions. Each batch of 4096 states then holds "
+        f"~{4096 / available:.1f} states per window, and TwoNN reads low (about 10% on the "
+        "bundled sample's 811 windows, benchmarks/README.md 'Probe protocol'); the full enwik8 "
+        "(data=enwik8) has 19,531 validation windows",
+        stacklevel=3,
+    )
+    return available, per_window
+
+
 def choose_positions(
     candidates: torch.Tensor, positions_per_window: int | None, seed: int
 ) -> torch.Tensor:
@@ -124,22 +150,9 @@ def probe_set(
     bidirectional run) and `positions_per_window` random positions in each, drawn once from
     `seed`.
     """
-    n_windows = windows_needed(n_states, positions_per_window, block_size)
-    available = datamodule.n_probe_windows
-    if n_windows > available:
-        # Decorrelation is bounded by the held-out text, not by the sampling: a batch of 4096
-        # states from W windows holds ~4096 / W states per window whatever the positions.
-        per_window = math.ceil(n_states / available)
-        warnings.warn(
-            f"the validation split holds {available} windows of {block_size}, fewer than the "
-            f"{n_windows} that n_states={n_states} at {positions_per_window} positions per "
-            f"window needs; probing every window at {per_window} positions. Each batch of "
-            f"4096 states then holds ~{4096 / available:.1f} states per window, and TwoNN reads "
-            "low (about 10% on the bundled sample, benchmarks/README.md 'Probe protocol'); the "
-            "full enwik8 (data=enwik8) has 19,531 validation windows",
-            stacklevel=2,
-        )
-        n_windows, positions_per_window = available, per_window
+    n_windows, positions_per_window = fit_to_text(
+        n_states, positions_per_window, datamodule.n_probe_windows, block_size
+    )
     windows = datamodule.probe_windows(n_windows, seed=seed)
     positions = choose_positions(
         torch.ones(windows.shape, dtype=torch.bool), positions_per_window, seed
