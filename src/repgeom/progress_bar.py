@@ -1,0 +1,32 @@
+"""The training progress bar: Lightning's rich bar plus the tokens/s the throughput monitor measured.
+
+`ThroughputMonitor` (conf/callbacks/default.yaml) counts tokens through `length_fn` and logs
+them per second as ``train/items_per_sec`` (all devices; only when there are several) and
+``train/device/items_per_sec``; this bar only shows that number (it measures nothing itself),
+next to the train loss and the latest validation bpc that the module logs with
+``prog_bar=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import RichProgressBar
+
+THROUGHPUT_KEYS = ("train/items_per_sec", "train/device/items_per_sec")
+"""ThroughputMonitor's keys for items (tokens, via `length_fn`) per second: all devices, then
+this device (the same number on one device, where the first is not logged)."""
+
+
+class TokensProgressBar(RichProgressBar):
+    """`RichProgressBar` showing ``tokens/s`` once the throughput monitor has a value."""
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version number tells a user nothing here
+        logged = trainer.logged_metrics
+        tokens_per_s = next((logged[k] for k in THROUGHPUT_KEYS if k in logged), None)
+        if tokens_per_s is not None:
+            metrics["tokens/s"] = f"{float(tokens_per_s):,.0f}"
+        return metrics
