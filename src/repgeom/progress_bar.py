@@ -1,4 +1,4 @@
-"""The training progress bar: Lightning's rich bar plus the tokens/s the throughput monitor measured.
+"""The training progress bar: Lightning's rich bar plus the throughput monitor's tokens/s.
 
 `ThroughputMonitor` (conf/callbacks/default.yaml) counts tokens through `length_fn` and logs
 them per second as ``train/items_per_sec`` (all devices; only when there are several) and
