@@ -239,6 +239,17 @@ def _count(effects: Sequence[Effect]) -> int:
     return int(np.all([e.per_seed_holds for e in effects], axis=0).sum())
 
 
+def _change_per_block(stacked: pd.DataFrame, first: int, last: int, *, sign: int) -> list[Effect]:
+    """Per block, ``sign * (value at last - value at first)`` over seeds, with its batch noise."""
+    v_end, s_end = seeds.grid(stacked, step=last)
+    v_0, s_0 = seeds.grid(stacked, step=first)
+    return [
+        seeds.effect(f"block {int(b)}", sign * (v_end.loc[b] - v_0.loc[b]).to_numpy(),
+                     seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
+        for b in v_end.index
+    ]
+
+
 def _profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -> list[Finding]:
     """Bell-shaped decoder, flatter encoder, anisotropy growing (Razzhigaev et al. 2023)."""
     stacked = {m: seeds.per_seed(tables[m], "anisotropy") for m in MASKINGS}
@@ -293,13 +304,7 @@ def _profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) 
     ))
 
     for m in MASKINGS:
-        v_end, s_end = final[m]
-        v_0, s_0 = seeds.grid(stacked[m], step=first[m])
-        grew = [
-            seeds.effect(f"block {int(b)}", (v_end.loc[b] - v_0.loc[b]).to_numpy(),
-                         seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
-            for b in v_end.index
-        ]
+        grew = _change_per_block(stacked[m], first[m], last[m], sign=1)
         held = sum(e.holds for e in grew)
         out.append(Finding(
             f"anisotropy grows during training ({m})",
@@ -402,13 +407,8 @@ def _attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]
     for m in MASKINGS:
         ent = seeds.per_seed(tables[m], "attention_entropy")
         first, last = int(ent["step"].min()), int(ent["step"].max())
+        fell = _change_per_block(ent, first, last, sign=-1)
         v_end, s_end = seeds.grid(ent, step=last)
-        v_0, s_0 = seeds.grid(ent, step=first)
-        fell = [
-            seeds.effect(f"block {int(b)}", (v_0.loc[b] - v_end.loc[b]).to_numpy(),
-                         seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
-            for b in v_end.index
-        ]
         held = sum(e.holds for e in fell)
         out.append(Finding(
             f"attention entropy falls during training ({m})",
