@@ -211,16 +211,21 @@ def _single_axes(
     return fig, ax, cax
 
 
+def _layer_labels(rows: pd.DataFrame) -> dict[int, str]:
+    """Tick label of each layer index: its number, or ``final norm`` for the final norm."""
+    names = rows.drop_duplicates("layer").set_index("layer")["layer_name"]
+    return {int(k): "final norm" if v == FINAL_NORM else str(int(k)) for k, v in names.items()}
+
+
 def _layer_axis(ax: Axes, per_layer: pd.DataFrame) -> None:
     """Layer ticks; the final norm's layer, where there is one, is labelled ``final norm``."""
-    names = per_layer.drop_duplicates("layer").set_index("layer")["layer_name"]
-    layers = sorted(int(v) for v in names.index)
+    names = _layer_labels(per_layer)
+    layers = sorted(names)
     ax.set_xlabel("layer (0 = embedding)" if 0 in layers else "layer")
     step = max(1, math.ceil(len(layers) / 16))
-    ticks = layers[::step]
-    final = [layer for layer in layers if names[layer] == FINAL_NORM]
-    ticks = sorted(set(ticks) | set(final))
-    ax.set_xticks(ticks, ["final\nnorm" if t in final else str(t) for t in ticks])
+    final = [layer for layer in layers if names[layer] == "final norm"]
+    ticks = sorted(set(layers[::step]) | set(final))
+    ax.set_xticks(ticks, [names[t] for t in ticks])
     ax.grid(alpha=0.3)
 
 
@@ -388,7 +393,7 @@ def heatmap(frame: pd.DataFrame, metric: str) -> Figure:
     steps, layers = list(grid.columns), list(grid.index)
     fig, ax, cax = _single_axes(
         min(max(3.5 + 0.3 * len(steps), 6.0), 12.0), min(max(1.6 + 0.25 * len(layers), 3.5), 8.0),
-        bottom=0.85, colorbar=True,
+        bottom=0.85, left=1.35, colorbar=True,  # room for the "final norm" tick
     )
     cmap, norm = _diverging(values)
     image = ax.imshow(np.ma.masked_invalid(values), origin="lower", aspect="auto",
@@ -396,8 +401,9 @@ def heatmap(frame: pd.DataFrame, metric: str) -> Figure:
     idx, labels = _step_ticks(steps, max_ticks=24)
     ax.set_xticks(idx, labels=labels, rotation=45 if len(idx) > 6 else 0,
                   ha="right" if len(idx) > 6 else "center", rotation_mode="anchor")
+    names = _layer_labels(rows)
     every = max(1, math.ceil(len(layers) / 16))
-    ax.set_yticks(range(0, len(layers), every), labels=[str(v) for v in layers[::every]])
+    ax.set_yticks(range(0, len(layers), every), labels=[names[v] for v in layers[::every]])
     ax.set_xlabel("training step (one column per probe)")
     ax.set_ylabel("layer (0 = embedding)" if 0 in layers else "layer")
     ax.set_title(f"{metric_label(metric)}, layer \u00d7 step")
@@ -422,7 +428,7 @@ def per_layer_vs_step(
     for colour, layer in zip(colours, layers, strict=False):
         group = rows.loc[rows["layer"] == layer].sort_values("step")
         ax.plot(group["step"], group["value"], "-o", ms=2.5, lw=1.5, color=colour,
-                label="embedding" if layer == 0 else f"layer {layer}")
+                label={0: "embedding"}.get(layer, f"layer {_layer_labels(rows)[layer]}"))
     _auto_xscale(ax, rows["step"].to_numpy(dtype=float), xscale)
     ax.set_xlabel("training step")
     ax.set_ylabel(metric_label(metric))
