@@ -34,3 +34,4 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer name or folder, for hf folders without one")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="cut each text to this many tokens")
+    parser.add_argument("--name", help="model label in tables and figures (default: hf/ckpt)")

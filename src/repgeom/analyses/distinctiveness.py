@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     p.add_argument("--pooling", default="mean", choices=("mean", "last"))
     p.add_argument("--pca", type=float, default=0.9, help="variance share kept; 0 = no PCA")
     a = parse(p, argv)
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens)
+    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
+                           name=a.name)
     return run(subject, pd.read_csv(a.csv), a.out, subject_col=a.subject,
                attribute_col=a.attribute, text_col=a.text, pooling=a.pooling,
                pca_variance=a.pca or None)

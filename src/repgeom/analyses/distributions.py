@@ -9,7 +9,7 @@ finds secondary modes with a KDE. Here, for a model and a labelled CSV:
   coordinate a value) are one sample;
 * `repgeom.metrics.distributions.activation_distribution` fits the seven families (maximum
   likelihood on a 5000-value subsample), picks the best by log-likelihood and by AIC, and finds
-  the modes (full-range KDE, see `find_modes`);
+  the modes (full-range KDE on up to 20000 values, see `find_modes`);
 * the share of groups each family (and each of the post's family groups: logistic-type,
   Student t, gennorm/crystal ball, normal) wins, per model and layer;
 * a figure per layer for all texts together: histogram on a log density axis, the best fit,
@@ -18,7 +18,8 @@ finds secondary modes with a KDE. Here, for a model and a labelled CSV:
 Command line (``key=value`` or ``--key value``)::
 
     python -m repgeom.analyses.distributions hf=<name or folder> csv=<file> out=<dir> \\
-        [group_by=subject,attribute] [criterion=loglik|aic] [n_samples=5000] [tokenizer=...]
+        [group_by=subject,attribute] [criterion=loglik|aic] [n_samples=5000] \\
+        [mode_samples=20000] [tokenizer=...] [name=<label>]
     python -m repgeom.analyses.distributions ckpt=<file.ckpt> csv=<file> out=<dir>
 
 Writes to ``out``: ``fits.csv`` (model, group, layer, layer_name, family, loglik, aic, params),
@@ -146,14 +147,16 @@ def plot_layer(x: np.ndarray, result: DistributionResult, title: str = "", bins:
 
 def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
         group_by: Sequence[str] = (), text_col: str = "text", n_samples: int = 5000,
-        seed: int = 0, criterion: str = "loglik", figures: bool = True) -> dict[str, pd.DataFrame]:
+        seed: int = 0, criterion: str = "loglik", mode_samples: int = 20000,
+        figures: bool = True) -> dict[str, pd.DataFrame]:
     """The analysis on one model; returns (and with ``out`` writes) the tables listed above."""
     for col in (text_col, *group_by):
         if col not in data.columns:
             raise ValueError(f"the data has no column {col!r} (columns: {list(data.columns)})")
     values = group_values(subject, data, group_by, text_col)
     fits, summary, modes, _ = fit_groups(values, subject.layer_names, n_samples=n_samples,
-                                         seed=seed, criterion=criterion)
+                                         seed=seed, criterion=criterion,
+                                         mode_samples=mode_samples)
     shares = family_shares(summary)
     per_layer = (summary.groupby(["layer", "layer_name"])[["n_modes_left", "n_modes_right",
                                                           "kurtosis"]].mean().reset_index())
@@ -175,7 +178,7 @@ def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
             for i, name in enumerate(subject.layer_names):
                 x = everything["all"][i]
                 r = activation_distribution(x, n_samples=n_samples, seed=seed,
-                                            criterion=criterion)
+                                            criterion=criterion, mode_samples=mode_samples)
                 fig = plot_layer(x, r, f"{Path(subject.name).name} {name}")
                 fig.savefig(out / f"layer_{name}.png", dpi=80)
                 plt.close(fig)
@@ -191,16 +194,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     p.add_argument("--group-by", default="", help="comma-separated label columns")
     p.add_argument("--text", default="text", help="text column")
     p.add_argument("--n-samples", type=int, default=5000, help="values per fit (subsample)")
+    p.add_argument("--mode-samples", type=int, default=20000, help="values per KDE (subsample)")
     p.add_argument("--criterion", default="loglik", choices=("loglik", "aic"),
                    help="which winner the figures show (both are in the tables)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-figures", action="store_true")
     a = parse(p, argv)
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens)
+    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
+                           name=a.name)
     group_by = [c for c in a.group_by.split(",") if c]
     return run(subject, pd.read_csv(a.csv), a.out, group_by=group_by, text_col=a.text,
                n_samples=a.n_samples, seed=a.seed, criterion=a.criterion,
-               figures=not a.no_figures)
+               mode_samples=a.mode_samples, figures=not a.no_figures)
 
 
 if __name__ == "__main__":

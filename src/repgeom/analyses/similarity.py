@@ -118,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     a = parse(p, argv)
     if a.text is None and a.pairs is None:
         p.error("give text=... and/or pairs=<csv>")
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens)
+    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
+                           name=a.name)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tables = {}

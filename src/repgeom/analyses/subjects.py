@@ -203,16 +203,22 @@ class CheckpointSubject(Subject):
         return [self.lm.vocab.decode([i]).decode("utf-8", "replace") for i in ids]
 
 
-def load_subject(*, hf=None, ckpt=None, tokenizer=None, max_tokens: int | None = None) -> Subject:
-    """`HFSubject` for ``hf=`` (hub name or folder), `CheckpointSubject` for ``ckpt=``."""
+def load_subject(*, hf=None, ckpt=None, tokenizer=None, max_tokens: int | None = None,
+                 name: str | None = None) -> Subject:
+    """`HFSubject` for ``hf=`` (hub name or folder), `CheckpointSubject` for ``ckpt=``;
+    ``name`` replaces the label (default: what was passed)."""
     if (hf is None) == (ckpt is None):
         raise ValueError("give exactly one of hf=<name or folder> and ckpt=<checkpoint file>")
     if hf is not None:
-        return HFSubject(hf, tokenizer=tokenizer,
-                         max_tokens=512 if max_tokens is None else max_tokens)
-    if tokenizer is not None:
+        subject = HFSubject(hf, tokenizer=tokenizer,
+                            max_tokens=512 if max_tokens is None else max_tokens)
+    elif tokenizer is not None:
         raise ValueError("tokenizer= is for hf= models; a checkpoint carries its own vocabulary")
-    return CheckpointSubject(ckpt, max_tokens=max_tokens)
+    else:
+        subject = CheckpointSubject(ckpt, max_tokens=max_tokens)
+    if name:
+        subject.name = name
+    return subject
 
 
 def pool(states: torch.Tensor, how: str = "mean") -> torch.Tensor:

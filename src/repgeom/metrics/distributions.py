@@ -87,6 +87,7 @@ class DistributionResult:
     best_family_loglik, best_family_aic : the winner under each criterion.
     modes : tuple of :class:`Mode`, ordered by location; exactly one has side ``"main"``.
     n_modes_left, n_modes_right : secondary modes on each side of the main one.
+    n_mode_samples : size of the (larger) subsample the KDE used.
     """
 
     kurtosis: float
@@ -101,6 +102,7 @@ class DistributionResult:
     modes: tuple = ()
     n_modes_left: int = 0
     n_modes_right: int = 0
+    n_mode_samples: int = 0
 
 
 def activation_distribution(
@@ -111,6 +113,7 @@ def activation_distribution(
     criterion: str = "loglik",
     mode_prominence: float = 0.005,
     min_mode_points: int = 20,
+    mode_samples: int = 20000,
     families: tuple[str, ...] = FAMILIES,
 ) -> DistributionResult:
     r"""Kurtosis, best-fitting family and secondary modes of a layer's activation values.
@@ -130,7 +133,9 @@ def activation_distribution(
       ``"loglik"`` by a fraction of a unit; use ``"aic"`` to prefer the simpler family, or
       compare :data:`FAMILY_GROUPS` as the post does.
     * Modes: see :func:`find_modes` (full-range KDE; sensitivity ``mode_prominence`` and
-      ``min_mode_points``).
+      ``min_mode_points``), on a separate random subsample of ``mode_samples`` values: a
+      side mode of 0.3% mass is 15 values in 5000 (below the detector's floor) but 60 in
+      20000 (no false mode in 15 seeds of normal, logistic, Laplace, t(2), t(3) at 20000).
 
     Parameters
     ----------
@@ -144,6 +149,8 @@ def activation_distribution(
         Minimum prominence of a mode, as a fraction of the main peak's density.
     min_mode_points : int, keyword-only
         Minimum number of sample values within a mode's half-prominence width.
+    mode_samples : int, keyword-only
+        Subsample size for the KDE (~0.3 s at 20000).
     families : tuple of str, keyword-only
         Subset of :data:`FAMILIES` to fit.
 
@@ -176,6 +183,7 @@ def activation_distribution(
         raise ValueError(f"criterion must be 'loglik' or 'aic', got {criterion!r}")
     prominence = check_fraction(mode_prominence, "mode_prominence", include_low=False)
     min_points = check_int(min_mode_points, "min_mode_points", minimum=1)
+    mode_samples = check_int(mode_samples, "mode_samples", minimum=10)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got {seed!r}")
     families = tuple(families)
@@ -183,11 +191,11 @@ def activation_distribution(
     if bad or not families:
         raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {families!r}")
     return _activation_distribution(t.reshape(-1), n_samples, int(seed), criterion, prominence,
-                                    min_points, families)
+                                    min_points, families, mode_samples)
 
 
 def _activation_distribution(x, n_samples, seed, criterion, prominence, min_points,
-                             families) -> DistributionResult:
+                             families, mode_samples=20000) -> DistributionResult:
     x64 = x.to(torch.float64)
     mu = x64.mean()
     c = x64 - mu
@@ -219,7 +227,12 @@ def _activation_distribution(x, n_samples, seed, criterion, prominence, min_poin
     best_ll = max(families, key=lambda f: loglik[f])
     best_aic = min(families, key=lambda f: aic[f])
 
-    modes = _find_modes(sample, prominence, min_points)
+    if n > mode_samples:
+        idx = torch.randperm(n, generator=gen)[:mode_samples].to(x.device)
+        mode_sample = x64[idx].cpu().numpy()
+    else:
+        mode_sample = x64.cpu().numpy()
+    modes = _find_modes(mode_sample, prominence, min_points)
     n_left = sum(m.side == "left" for m in modes)
     n_right = sum(m.side == "right" for m in modes)
     return DistributionResult(
@@ -227,6 +240,7 @@ def _activation_distribution(x, n_samples, seed, criterion, prominence, min_poin
         log_likelihoods=loglik, params=params, n_secondary_modes=n_left + n_right,
         n_samples=int(sample.shape[0]), aic=aic, best_family_loglik=best_ll,
         best_family_aic=best_aic, modes=modes, n_modes_left=n_left, n_modes_right=n_right,
+        n_mode_samples=int(mode_sample.shape[0]),
     )
 
 
