@@ -57,7 +57,8 @@ def test_groups_families_and_modes(tmp_path):
     # fits: 7 families per (group, layer), scipy parameters written out
     assert len(t["fits"]) == 2 * 2 * len(FAMILIES)
     for f in ("fits.csv", "summary.csv", "modes.csv", "shares.csv", "modes_per_layer.csv",
-              "layer_block_1.png", "layer_block_2.png"):
+              "layer_block_1.png", "layer_block_2.png", "all_texts_summary.csv",
+              "all_texts_modes.csv"):
         assert (tmp_path / f).is_file()
 
 

@@ -26,7 +26,8 @@ Writes to ``out``: ``fits.csv`` (model, group, layer, layer_name, family, loglik
 ``summary.csv`` (per group and layer: kurtosis, best families, modes per side),
 ``modes.csv`` (every mode: side, location, height, spread, volume, distance),
 ``shares.csv`` (per layer and criterion: share of groups won by each family and family group),
-``modes_per_layer.csv`` (mean modes per side per layer) and ``layer_<name>.png``.
+``modes_per_layer.csv`` (mean modes per side per layer), and for all texts as one sample
+``all_texts_summary.csv``, ``all_texts_modes.csv`` and the figures ``layer_<name>.png``.
 """
 
 from __future__ import annotations
@@ -175,11 +176,16 @@ def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
             everything = (values if not group_by else
                           {"all": [np.concatenate(v) for v in zip(*values.values(),
                                                                    strict=True)]})
+            _, all_summary, all_modes, results = fit_groups(
+                {"all": everything["all"]}, subject.layer_names, n_samples=n_samples, seed=seed,
+                criterion=criterion, mode_samples=mode_samples)
+            for t in (all_summary, all_modes):
+                t.insert(0, "model", subject.name)
+            all_summary.to_csv(out / "all_texts_summary.csv", index=False)
+            all_modes.to_csv(out / "all_texts_modes.csv", index=False)
             for i, name in enumerate(subject.layer_names):
-                x = everything["all"][i]
-                r = activation_distribution(x, n_samples=n_samples, seed=seed,
-                                            criterion=criterion, mode_samples=mode_samples)
-                fig = plot_layer(x, r, f"{Path(subject.name).name} {name}")
+                fig = plot_layer(everything["all"][i], results["all", i],
+                                 f"{Path(subject.name).name} {name}")
                 fig.savefig(out / f"layer_{name}.png", dpi=80)
                 plt.close(fig)
     return tables
