@@ -275,8 +275,8 @@ def find_modes(x, *, prominence: float = 0.001, min_points: int = 20,
     mode (40 seeds each), t(2) (infinite variance) a spurious far-tail mode in 1 seed of 40;
     with 20000 values none for normal, logistic, Laplace and t(3) (10 seeds each), 2 in 10 for
     t(2). A mode holding fewer than ~25 of the values is missed by design (the post also
-    "biased towards false negatives"). In all-MiniLM-L6-v2 (docs/results/analyses) the left modes of blocks 4
-    and 5 have prominences of 0.14-0.24%: a 0.5% floor misses them.
+    "biased towards false negatives"). In all-MiniLM-L6-v2 (docs/results/analyses) the left
+    modes of blocks 4 and 5 have prominences of 0.14-0.24%: a 0.5% floor misses them.
 
     Parameters
     ----------
