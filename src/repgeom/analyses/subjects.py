@@ -47,6 +47,8 @@ def load_tokenizer_or_explain(folder: str | os.PathLike, tokenizer: Any = None):
     ``AutoTokenizer.from_pretrained`` then still "succeeds" for some families with an empty
     vocabulary (every character becomes ``[UNK]``, or nothing at all for GPT-2's byte BPE: the
     probe later fails with "the text is 0 tokens long"). Here such a folder raises at once.
+    The analyses' command lines use it; ``probe.py`` and `repgeom.probes.hf.load_hf_model` do
+    not yet (wiring it in is a later step, outside this module).
 
     Parameters
     ----------
