@@ -1,0 +1,232 @@
+"""Models as analysis subjects: one interface for Hugging Face models and our checkpoints.
+
+An analysis needs, for one text, the states of every layer at the text's own tokens. Both
+kinds of model give them in the probe's layer convention (`repgeom.models.capture.Capture`):
+layer 0 is the embedding output, layer i the residual stream after block i (before any final
+norm), and, for models that have one, a last layer ``final_norm``. Layer names follow
+`repgeom.probes.table`: ``embedding``, ``block_<i>``, ``final_norm``.
+
+Special tokens (CLS, SEP, BOS, ...) are left out, as in the probes (`hf_capture`'s ``valid``).
+
+This module reads models only through `repgeom.probes.hf` (loading, capture) and
+`CharLM.load_from_checkpoint`; it does not touch the probe pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Subject",
+    "HFSubject",
+    "CheckpointSubject",
+    "load_subject",
+    "load_tokenizer_or_explain",
+    "TokenizerMissingError",
+]
+
+# Files one of which every saved Hugging Face tokenizer writes (fast: tokenizer.json; slow:
+# a vocabulary file; sentencepiece: *.model).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                    "spiece.model", "tokenizer.model", "sentencepiece.bpe.model", "merges.txt")
+
+
+class TokenizerMissingError(ValueError):
+    """A model folder holds no tokenizer and none was given."""
+
+
+def load_tokenizer_or_explain(folder: str | os.PathLike, tokenizer: Any = None):
+    """The tokenizer for a model folder or hub name, or a clear error when there is none.
+
+    A folder written by ``model.save_pretrained`` alone has no tokenizer files, and
+    ``AutoTokenizer.from_pretrained`` then still "succeeds" for some families with an empty
+    vocabulary (every character becomes ``[UNK]``, or nothing at all for GPT-2's byte BPE: the
+    probe later fails with "the text is 0 tokens long"). Here such a folder raises at once.
+    The analyses' command lines use it; ``probe.py`` and `repgeom.probes.hf.load_hf_model` do
+    not yet (wiring it in is a later step, outside this module).
+
+    Parameters
+    ----------
+    folder : str or path
+        A local model folder or a hub name.
+    tokenizer : str, path or tokenizer object, optional
+        Override: a hub name or folder to load the tokenizer from, or a loaded tokenizer.
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerBase
+
+    Raises
+    ------
+    TokenizerMissingError (a ValueError)
+        "<folder> has no tokenizer; pass tokenizer=<name or folder>", or the tokenizer loaded
+        has no vocabulary beyond its special tokens.
+    """
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    source = os.fspath(tokenizer if tokenizer is not None else folder)
+    if os.path.isdir(source) and not any(
+        (Path(source) / f).is_file() for f in _TOKENIZER_FILES
+    ):
+        if tokenizer is None:
+            raise TokenizerMissingError(
+                f"{folder} has no tokenizer; pass tokenizer=<name or folder> (for example the "
+                "hub name of the model it was trained from, or a folder written by "
+                "tokenizer.save_pretrained)"
+            )
+        raise TokenizerMissingError(f"tokenizer={source} is a folder without tokenizer files")
+    tok = AutoTokenizer.from_pretrained(source)
+    n_special = len(set(getattr(tok, "all_special_ids", [])))
+    if len(tok) <= n_special:
+        raise TokenizerMissingError(
+            f"{source}: the tokenizer has no vocabulary beyond its {n_special} special tokens; "
+            "pass tokenizer=<name or folder>"
+        )
+    return tok
+
+
+class Subject:
+    """Interface: ``name``, ``layer_names`` and ``states(text)``."""
+
+    name: str
+    layer_names: list[str]
+
+    def states(self, text: str) -> list[torch.Tensor]:
+        """Per layer, the (T, C) float32 CPU states of the text's tokens (specials excluded)."""
+        raise NotImplementedError
+
+    def tokens(self, text: str) -> list[str]:
+        """The T tokens `states` returns a row for, as strings (for figure labels)."""
+        raise NotImplementedError
+
+
+def _layer_names(n_blocks: int, final_norm: bool) -> list[str]:
+    names = ["embedding"] + [f"block_{i}" for i in range(1, n_blocks + 1)]
+    return names + (["final_norm"] if final_norm else [])
+
+
+class HFSubject(Subject):
+    """A Hugging Face model, loaded with `repgeom.probes.hf.load_hf_model`.
+
+    Parameters
+    ----------
+    name_or_folder : str or path
+    tokenizer : str, path or tokenizer, optional
+        Override for folders without a tokenizer (see `load_tokenizer_or_explain`).
+    max_tokens : int
+        Texts are cut to this many tokens (special tokens included).
+    """
+
+    def __init__(self, name_or_folder, *, tokenizer=None, max_tokens: int = 512) -> None:
+        from repgeom.probes.hf import load_hf_model
+
+        tok = load_tokenizer_or_explain(name_or_folder, tokenizer)
+        self.hf = load_hf_model(name_or_folder)
+        self.hf.tokenizer = tok
+        self.name = str(name_or_folder)
+        self.max_tokens = int(max_tokens)
+        cap = self._capture("a b")
+        self.layer_names = _layer_names(len(cap.hidden) - 1, cap.final_norm is not None)
+
+    def _encode(self, text: str) -> dict:
+        limit = min(self.max_tokens, getattr(self.hf.model.config, "max_position_embeddings",
+                                             self.max_tokens))
+        return self.hf.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
+
+    @torch.no_grad()
+    def _capture(self, text: str):
+        from repgeom.probes.hf import hf_capture
+
+        enc = self._encode(text)
+        if enc["input_ids"].shape[1] == 0:
+            raise ValueError(f"{self.name}: the tokenizer gives no token for {text[:40]!r}")
+        return hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False)
+
+    def states(self, text: str) -> list[torch.Tensor]:
+        cap = self._capture(text)
+        valid = cap.valid[0] if cap.valid is not None else slice(None)
+        layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
+        out = [h[0][valid].float().cpu() for h in layers]
+        if out[0].shape[0] == 0:
+            raise ValueError(f"{self.name}: {text[:40]!r} has no token besides special tokens")
+        return out
+
+    def tokens(self, text: str) -> list[str]:
+        ids = self._encode(text)["input_ids"][0].tolist()
+        from repgeom.probes.hf import special_token_ids
+
+        special = set(special_token_ids(self.hf.tokenizer))
+        return self.hf.tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
+
+
+class CheckpointSubject(Subject):
+    """One of our character-level checkpoints (`CharLM`), or a loaded `CharLM`.
+
+    Text is UTF-8 encoded and cut into the model's ``block_size`` bytes; every byte is a token.
+    """
+
+    def __init__(self, ckpt, *, max_tokens: int | None = None) -> None:
+        from repgeom.models.lightning_module import CharLM
+
+        if isinstance(ckpt, CharLM):
+            lm, self.name = ckpt, "CharLM"
+        else:
+            if not Path(ckpt).is_file():
+                raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
+            lm = CharLM.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+            self.name = str(ckpt)
+        self.lm = lm.eval()
+        block = self.lm.model.config.block_size
+        self.max_tokens = block if max_tokens is None else min(int(max_tokens), block)
+        cap = self.lm.model.capture(torch.zeros(1, 1, dtype=torch.long), attention=False)
+        self.layer_names = _layer_names(len(cap.hidden) - 1, cap.final_norm is not None)
+
+    def _ids(self, text: str) -> torch.Tensor:
+        ids = np.asarray(self.lm.vocab.encode(text.encode("utf-8")), dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("the text is empty")
+        return torch.from_numpy(ids[: self.max_tokens])[None]
+
+    @torch.no_grad()
+    def states(self, text: str) -> list[torch.Tensor]:
+        cap = self.lm.model.capture(self._ids(text), attention=False)
+        layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
+        return [h[0].float().cpu() for h in layers]
+
+    def tokens(self, text: str) -> list[str]:
+        ids = self._ids(text)[0].tolist()
+        return [self.lm.vocab.decode([i]).decode("utf-8", "replace") for i in ids]
+
+
+def load_subject(*, hf=None, ckpt=None, tokenizer=None, max_tokens: int | None = None,
+                 name: str | None = None) -> Subject:
+    """`HFSubject` for ``hf=`` (hub name or folder), `CheckpointSubject` for ``ckpt=``;
+    ``name`` replaces the label (default: what was passed)."""
+    if (hf is None) == (ckpt is None):
+        raise ValueError("give exactly one of hf=<name or folder> and ckpt=<checkpoint file>")
+    if hf is not None:
+        subject = HFSubject(hf, tokenizer=tokenizer,
+                            max_tokens=512 if max_tokens is None else max_tokens)
+    elif tokenizer is not None:
+        raise ValueError("tokenizer= is for hf= models; a checkpoint carries its own vocabulary")
+    else:
+        subject = CheckpointSubject(ckpt, max_tokens=max_tokens)
+    if name:
+        subject.name = name
+    return subject
+
+
+def pool(states: torch.Tensor, how: str = "mean") -> torch.Tensor:
+    """(T, C) -> (C,): the mean over tokens (the posts' pooling) or the last token's state."""
+    if how == "mean":
+        return states.mean(0)
+    if how == "last":
+        return states[-1]
+    raise ValueError(f"pooling must be 'mean' or 'last', got {how!r}")
