@@ -326,9 +326,12 @@ def test_report_has_every_experiment_with_figures_and_numbers_from_the_tables(
     assert "holds in" in text and "of 1 seeds" in text
     # The numbers in the report are the tables' numbers.
     causal = read_table(sweep / "causal-seed0")
-    values, _ = seeds.grid(seeds.per_seed([causal], "anisotropy"),
-                           step=int(causal["step"].max()))
-    assert f"block 1 {values.iloc[0, 0]:.3f}" in text
+    stacked = seeds.per_seed([causal], "anisotropy")
+    end, _ = seeds.grid(stacked, step=int(causal["step"].max()))
+    start, _ = seeds.grid(stacked, step=0)
+    assert f"block 1 {end.iloc[0, 0] - start.iloc[0, 0]:.3f}" in text  # "anisotropy grows"
+    # Two blocks have no interior block: the bell shape is reported as untestable.
+    assert "the model has 2 blocks: no interior block" in text
     assert "gpt_tiny (2 layers, d=32), data=sample, 12 steps" in text
     assert re.search(r"vocabulary ours \d+, paper 205", text)
 
@@ -349,11 +352,12 @@ def test_distributions_experiment_reports_the_best_family_per_layer(
     text = path.read_text()
     assert "## 5. Activation distributions" in text
     table = [line for line in text.splitlines() if line.startswith("| ") and "layer" not in line]
-    assert len(table) == 3  # embedding + 2 blocks of the tiny model
+    # embedding + 2 blocks of the tiny model + its final norm, named
+    assert len(table) == 4 and "| final_norm |" in table[-1]
     from repgeom.metrics.distributions import FAMILIES
 
     families = set(FAMILIES)  # genlogistic and crystalball joined the five first families
     for line in table:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[1] in families and cells[2] in families
-        assert int(cells[4]) >= 1
+        assert cells[2] in families and cells[3] in families
+        assert int(cells[5]) >= 1

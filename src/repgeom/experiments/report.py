@@ -250,6 +250,33 @@ def _change_per_block(stacked: pd.DataFrame, first: int, last: int, *, sign: int
     ]
 
 
+def _bell_finding(
+    stacked: pd.DataFrame, values: pd.DataFrame, stds: pd.DataFrame, last: int
+) -> Finding:
+    """Bell-shaped decoder profile: an interior peak beyond the noise (blocks only)."""
+    bell = seeds.rise_then_fall(values, stds)
+    top = int(values.index[bell.peak])
+    norm = stacked.loc[(stacked["layer_name"] == FINAL_NORM) & (stacked["step"] == last)]
+    last_block = t_interval(values.iloc[-1].to_numpy())
+    norm_text = (
+        f"; last block (block {int(values.index[-1])}) {last_block}, final-norm output "
+        f"{t_interval(norm['value'].to_numpy())} (not a block: left out of the check)"
+        if not norm.empty else f"; last block (block {int(values.index[-1])}) {last_block}"
+    )
+    return Finding(
+        "the decoder's anisotropy profile over layers is bell-shaped "
+        "(highest in the middle layers)",
+        "the mean (over seeds) final causal profile over blocks 1..L peaks at neither the first "
+        "nor the last block, and the peak exceeds both by more than the noise (the larger of "
+        "the batch std and the 95% interval's half-width); per seed, the same on its own profile",
+        f"final causal profile (step {last}, mean [95% interval]) "
+        f"{_fmt_intervals(values.index, bell.mean)}; peak at block {top}; "
+        f"{bell.above_start.format().replace('start', 'first block')}, "
+        f"{bell.above_end.format().replace('end', 'last block')}{norm_text}",
+        bell.agrees, bell.seeds_holding, bell.n_seeds,
+    )
+
+
 def _profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -> list[Finding]:
     """Bell-shaped decoder, flatter encoder, anisotropy growing (Razzhigaev et al. 2023)."""
     stacked = {m: seeds.per_seed(tables[m], "anisotropy") for m in MASKINGS}
@@ -259,28 +286,16 @@ def _profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) 
     out = []
 
     values, stds = final["causal"]
-    bell = seeds.rise_then_fall(values, stds)
-    top = int(values.index[bell.peak])
-    causal = stacked["causal"]
-    norm = causal.loc[(causal["layer_name"] == FINAL_NORM) & (causal["step"] == last["causal"])]
-    last_block = t_interval(values.iloc[-1].to_numpy())
-    norm_text = (
-        f"; last block (block {int(values.index[-1])}) {last_block}, final-norm output "
-        f"{t_interval(norm['value'].to_numpy())} (not a block: left out of the check)"
-        if not norm.empty else f"; last block (block {int(values.index[-1])}) {last_block}"
-    )
-    out.append(Finding(
-        "the decoder's anisotropy profile over layers is bell-shaped "
-        "(highest in the middle layers)",
-        "the mean (over seeds) final causal profile over blocks 1..L peaks at neither the first "
-        "nor the last block, and the peak exceeds both by more than the noise (the larger of "
-        "the batch std and the 95% interval's half-width); per seed, the same on its own profile",
-        f"final causal profile (step {last['causal']}, mean [95% interval]) "
-        f"{_fmt_intervals(values.index, bell.mean)}; peak at block {top}; "
-        f"{bell.above_start.format().replace('start', 'first block')}, "
-        f"{bell.above_end.format().replace('end', 'last block')}{norm_text}",
-        bell.agrees, bell.seeds_holding, bell.n_seeds,
-    ))
+    if len(values) < 3:
+        out.append(Finding(
+            "the decoder's anisotropy profile over layers is bell-shaped "
+            "(highest in the middle layers)",
+            "a peak strictly inside the profile of blocks 1..L",
+            f"the model has {len(values)} blocks: no interior block, the shape cannot be tested",
+            False, 0, len(values.columns),
+        ))
+    else:
+        out.append(_bell_finding(stacked["causal"], values, stds, last["causal"]))
 
     spread, noise = {}, {}
     for m in MASKINGS:
