@@ -47,8 +47,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from repgeom.console import quiet_console
 from repgeom.data import enwik8
 from repgeom.data.datamodule import Enwik8DataModule, choose_windows
-from repgeom.probes import plots, table
-from repgeom.probes.callback import probe_gpt, wandb_scalars
+from repgeom.probes import catalogue, plots, similarity, sink, table
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.sampling import (
     DEFAULT_ATTENTION_WINDOWS,
@@ -59,24 +58,12 @@ from repgeom.probes.sampling import (
     probe_set,
     windows_needed,
 )
+from repgeom.probes.targets import probe_gpt
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HF_WINDOW = 256
 CHECKPOINT_PATTERNS = ("*.ckpt",)
-# Columns of the console table: the main metric of each family (per-head ones averaged).
-CONSOLE_METRICS = (
-    "anisotropy",
-    "mean_cosine",
-    "drift_ratio",
-    "twonn",
-    "gride_k16",
-    "attention_entropy_norm",
-    "qk_cosine",
-    "kurtosis",
-)
-
-
 class CheckpointFormatError(ValueError):
     """A file that is not a repgeom training checkpoint (another format or no repgeom hparams)."""
 
@@ -395,6 +382,8 @@ def _settings(cfg: DictConfig, base: dict[str, Any], seed: int) -> ProbeSettings
     chosen.update({k: v for k, v in overrides.items() if v is not None})
     if cfg.get("seed") is not None and overrides.get("seed") is None:
         chosen["seed"] = int(cfg.seed)
+    if cfg.get("metrics") is not None:
+        chosen["metrics"] = [str(m) for m in cfg.metrics]
     known = {f.name for f in fields(ProbeSettings)}
     return ProbeSettings(**{k: v for k, v in chosen.items() if k in known})
 
@@ -444,6 +433,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     compare_frames: list[pd.DataFrame] = []
     figures: list[Path] = []
     started = time.perf_counter()
+    pairs: list = []
     for subject in subjects:
         loaded = subject.load()
         if comparing:
@@ -456,18 +446,29 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         for message in dict.fromkeys(output.warnings):
             warnings.warn(message, stacklevel=2)
         all_warnings += output.warnings
-        rows = [{"step": subject.step, **row, **_id_columns(subject)} for row in output.rows]
-        frame = table.append_rows(table.probe_dir(output_dir), rows)
-        step_frame = table.rows_to_frame(rows)
-        for run in loggers:
-            run.log(
-                {
-                    "probe/step": subject.step,
-                    "probe/seconds_total": time.perf_counter() - started,
-                    **wandb_scalars(step_frame),
-                }
+        if output.states and len(subjects) > 1:  # for the comparison with the last subject
+            similarity.save_states(
+                table.probe_dir(output_dir), subject.step, output.states, output.layer_names
             )
+        rows = [{"step": subject.step, **row, **_id_columns(subject)} for row in output.rows]
+        frame = sink.write_step(output_dir, rows)
+        seconds = {"probe/seconds_total": time.perf_counter() - started}
+        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds)
+        pairs = catalogue.select(output.settings).pairs if output.settings else []
         del loaded
+    if not comparing and len(subjects) > 1 and pairs:
+        rows = similarity.vs_final_rows(
+            table.probe_dir(output_dir),
+            pairs,
+            batch_size=output.settings.state_batch_size,
+            seed=output.settings.seed,
+        )
+        by_step = {s.step: _id_columns(s) for s in subjects}
+        rows = [{**row, **by_step.get(row["step"], {})} for row in rows]
+        if rows:
+            frame = sink.write_step(output_dir, rows)
+            for step, part in table.rows_to_frame(rows).groupby("step"):
+                sink.log_scalars(loggers, int(step), part, {})
 
     if comparing:
         result = ProbeRunResult(
@@ -596,6 +597,7 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
                 captures(len(probes.windows), probes.positions, attention=False),
                 captures(probes.attention_windows, None, attention=settings.attention),
                 settings,
+                keep_states=bool(catalogue.select(settings).pairs),
             )
 
     ckpt = read_checkpoint(subject.path)
@@ -659,7 +661,13 @@ def _probe_subject(cfg: DictConfig, subject: Subject, loaded: Any) -> ProbeOutpu
         f"{len(probes.windows)} windows of {block_size} characters (probe config: "
         f"{trained.origin})"
     )
-    return probe_gpt(model, probes, batch_size=batch_size, settings=settings)
+    return probe_gpt(
+        model,
+        probes,
+        batch_size=batch_size,
+        settings=settings,
+        keep_states=bool(catalogue.select(settings).pairs),
+    )
 
 
 def _positions_per_window(cfg: DictConfig, trained: int | None, *, default: bool) -> int | None:
@@ -806,10 +814,11 @@ def _print_tables(frame: pd.DataFrame, subjects: list[Subject]) -> None:
     from rich.table import Table
 
     console = _console()
+    frame = table.single_set(frame)
     per_layer = table.head_means(frame)
     last = subjects[-1]
     rows = per_layer.loc[per_layer["step"] == last.step]
-    shown = [m for m in CONSOLE_METRICS if m in set(rows["metric"])]
+    shown = [m for m in catalogue.console_metrics() if m in set(rows["metric"])]
     wide = rows.pivot_table(index="layer", columns="metric", values="value")
     out = Table(title=f"{last.label}: {last.kind}, per layer (heads averaged)")
     out.add_column("layer", justify="right")
