@@ -220,3 +220,31 @@ def test_similarity_maps_in_probe_py_over_a_run(tmp_path) -> None:
             "probe/plots/similarity_linear_cka"} <= {k.split(".")[0] for k in keys} | keys
     # Pairwise rows stay out of the layer means.
     assert "probe/linear_cka/mean" not in keys
+
+
+def test_probe_spec_has_each_default_once_and_reads_old_checkpoints() -> None:
+    from dataclasses import asdict
+
+    from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        probe_conf = compose("train", overrides=["seed=7"]).probe
+    # conf/probe/default.yaml only overrides the structured config: every estimator option
+    # comes from ProbeSettings' own defaults.
+    assert dict(probe_conf.settings) == {
+        k: v for k, v in asdict(ProbeSettings()).items() if k not in ("seed", "metrics")
+    }
+    assert probe_conf.seed == 7 and probe_conf.n_states == ProbeCallbackConf.n_states == 8192
+    # A checkpoint of the callback before the spec: a loose dict, the oldest with
+    # twonn_batch_size; null positions_per_window means every position and must stay null.
+    old = {"config": {"n_states": 100, "positions_per_window": None, "attention_windows": 4,
+                      "batch_size": 2, "seed": 3,
+                      "settings": {"twonn_batch_size": 64, "seed": 3, "distributions": True}}}
+    spec = ProbeSpec.from_checkpoint(old)
+    assert (spec.n_states, spec.positions_per_window, spec.seed) == (100, None, 3)
+    settings = spec.probe_settings()
+    assert (settings.state_batch_size, settings.distributions, settings.seed) == (64, True, 3)
+    assert ProbeSpec.from_checkpoint({"spec": spec.to_dict()}) == spec
+    with pytest.raises(ValueError, match="max_order must be a power of two"):
+        ProbeSpec(settings={"max_order": 12})

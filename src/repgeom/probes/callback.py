@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +19,8 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.probes import catalogue, similarity, sink, table, wandb_charts
-from repgeom.probes.measure import ProbeSettings
-from repgeom.probes.sampling import (
-    DEFAULT_ATTENTION_WINDOWS,
-    DEFAULT_N_STATES,
-    DEFAULT_POSITIONS_PER_WINDOW,
-    ProbeSet,
-    probe_set,
-)
+from repgeom.probes.sampling import ProbeSet, probe_set
+from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.targets import probe_gpt
 
 log = logging.getLogger(__name__)
@@ -72,56 +65,33 @@ class ProbeCallback(L.Callback):
 
     Parameters
     ----------
-    n_states : int
-        At least this many states per layer (windows x positions per window).
-    positions_per_window : int or None
-        Probe a fixed random subset of this many positions in each window (chosen once from
-        `seed`); None probes every position. See `repgeom.probes.sampling`.
-    attention_windows : int
-        Whole windows read by the attention and query/key metrics.
-    batch_size : int
-        Windows per forward pass; bounds the probe's memory (attention is T x T per head).
     every_n_steps, log_spaced_until, n_log_spaced, max_probes
         The schedule, see `probe_schedule`.
     plot_every_n_probes : int
         Redraw the figures every this many probes (and always at the end); 0 only at the end.
     plot_metrics : list of str or None
         The metrics to draw (each figure costs a fraction of a second); None draws every metric.
-        The user's metrics (`metrics`) are always drawn.
-    metrics : list of str
-        What to compute (`repgeom.probes.catalogue.resolve`): ``default`` (the cheap built-ins),
-        ``all``, built-in names, or dotted import paths of the user's own
-        ``f(X: (N, D) tensor) -> float | dict``. With a pairwise metric (``linear_cka``,
+        The user's metrics and the pairwise maps are always drawn.
+    **spec
+        The fields of `repgeom.probes.spec.ProbeSpec` (probe set, ``metrics``, ``settings``,
+        ``seed``), whose defaults are the only ones. With a pairwise metric (``linear_cka``,
         ``mutual_knn``) each probe step's states are also saved, and at the end every step is
         compared with the final one (`repgeom.probes.similarity`).
-    seed : int
-        Fixes the probe windows and positions (the same for a causal and a bidirectional run).
-    settings : dict
-        Fields of `ProbeSettings`: which metrics, estimator options.
     """
 
     def __init__(
         self,
         *,
-        n_states: int = DEFAULT_N_STATES,
-        positions_per_window: int | None = DEFAULT_POSITIONS_PER_WINDOW,
-        attention_windows: int = DEFAULT_ATTENTION_WINDOWS,
-        batch_size: int = 16,
-        every_n_steps: int = 1000,
-        log_spaced_until: int = 1000,
-        n_log_spaced: int = 8,
-        max_probes: int | None = 40,
-        plot_every_n_probes: int = 5,
+        every_n_steps: int = ProbeCallbackConf.every_n_steps,
+        log_spaced_until: int = ProbeCallbackConf.log_spaced_until,
+        n_log_spaced: int = ProbeCallbackConf.n_log_spaced,
+        max_probes: int | None = ProbeCallbackConf.max_probes,
+        plot_every_n_probes: int = ProbeCallbackConf.plot_every_n_probes,
         plot_metrics: list[str] | None = None,
-        metrics: list[str] | tuple[str, ...] = ("default",),
-        seed: int = 0,
-        settings: dict[str, Any] | None = None,
+        **spec: Any,
     ) -> None:
         super().__init__()
-        self.n_states = n_states
-        self.positions_per_window = positions_per_window
-        self.attention_windows = attention_windows
-        self.batch_size = batch_size
+        self.spec = ProbeSpec(**spec)
         self.schedule_options = dict(
             every_n_steps=every_n_steps,
             log_spaced_until=log_spaced_until,
@@ -130,8 +100,7 @@ class ProbeCallback(L.Callback):
         )
         self.plot_every_n_probes = plot_every_n_probes
         self.plot_metrics = None if plot_metrics is None else list(plot_metrics)
-        self.seed = seed
-        self.settings = ProbeSettings(**{"seed": seed, **(settings or {}), "metrics": metrics})
+        self.settings = self.spec.probe_settings()
         selection = catalogue.select(self.settings)
         self.pairs = selection.pairs
         if self.plot_metrics is not None:  # the user's metrics and the similarity maps: always
@@ -151,29 +120,22 @@ class ProbeCallback(L.Callback):
             return
         self.probes = probe_set(
             trainer.datamodule,
-            n_states=self.n_states,
-            positions_per_window=self.positions_per_window,
-            attention_windows=self.attention_windows,
+            n_states=self.spec.n_states,
+            positions_per_window=self.spec.positions_per_window,
+            attention_windows=self.spec.attention_windows,
             block_size=pl_module.model.config.block_size,
-            seed=self.seed,
+            seed=self.spec.seed,
         )
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
 
     def state_dict(self) -> dict[str, Any]:
-        # "config" lets probe.py rebuild this exact probe set from a checkpoint alone.
-        return {"done": sorted(self.done), "seconds": self.seconds, "config": self.probe_config()}
+        # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config()}
 
     def probe_config(self) -> dict[str, Any]:
-        """What fixes the probe's numbers: the probe set and the settings (not the schedule)."""
-        return {
-            "n_states": self.n_states,
-            "positions_per_window": self.positions_per_window,
-            "attention_windows": self.attention_windows,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "settings": asdict(self.settings),
-        }
+        """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
+        return self.spec.to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
@@ -229,7 +191,7 @@ class ProbeCallback(L.Callback):
         return probe_gpt(
             model,
             self.probes,
-            batch_size=self.batch_size,
+            batch_size=self.spec.batch_size,
             settings=self.settings,
             keep_states=bool(self.pairs),
         )

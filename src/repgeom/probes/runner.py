@@ -58,6 +58,7 @@ from repgeom.probes.sampling import (
     probe_set,
     windows_needed,
 )
+from repgeom.probes.spec import ProbeSpec
 from repgeom.probes.targets import probe_gpt
 
 log = logging.getLogger(__name__)
@@ -236,15 +237,17 @@ class TrainingProbe:
 def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
     """The training probe's config: from the checkpoint, else the run folder's config."""
     for key, state in (ckpt.get("callbacks") or {}).items():
-        if key.startswith("ProbeCallback") and isinstance(state, dict) and "config" in state:
-            config = state["config"]
+        if key.startswith("ProbeCallback") and isinstance(state, dict) and (
+            "spec" in state or "config" in state
+        ):
+            spec = ProbeSpec.from_checkpoint(state)
             return TrainingProbe(
-                n_states=config.get("n_states"),
-                positions_per_window=config.get("positions_per_window"),
-                attention_windows=config.get("attention_windows"),
-                batch_size=config.get("batch_size"),
-                seed=config.get("seed"),
-                settings=dict(config.get("settings") or {}),
+                n_states=spec.n_states,
+                positions_per_window=spec.positions_per_window,
+                attention_windows=spec.attention_windows,
+                batch_size=spec.batch_size,
+                seed=spec.seed,
+                settings=asdict(spec.probe_settings()),
                 origin="checkpoint",
             )
     conf = _run_config(run_dir) or {}
