@@ -248,3 +248,46 @@ def test_probe_spec_has_each_default_once_and_reads_old_checkpoints() -> None:
     assert ProbeSpec.from_checkpoint({"spec": spec.to_dict()}) == spec
     with pytest.raises(ValueError, match="max_order must be a power of two"):
         ProbeSpec(settings={"max_order": 12})
+
+
+def test_training_similarity_and_run_against_run(tmp_path) -> None:
+    """Training with a pairwise metric: layer x layer maps and each step against the final one
+    in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
+    through compare_runs, equal to linear_cka on the two runs' saved states."""
+    from repgeom.probes import compare_runs, similarity
+
+    runs = {}
+    for masking, logger in (("causal", "wandb"), ("bidirectional", "csv")):
+        runs[masking] = tmp_path / masking
+        train(compose_train(runs[masking], [
+            f"masking={masking}", f"logger={logger}", "trainer.max_steps=10",
+            "probe.every_n_steps=5", "probe.n_log_spaced=0",
+            "probe.metrics=[default,linear_cka]"]))
+    causal = runs["causal"]
+    frame = table.read_table(causal)
+    vs_final = frame.loc[(frame["metric"] == "linear_cka") & (frame["step_b"] == 10)]
+    assert sorted(vs_final["step"].unique()) == [0, 5, 10]
+    np.testing.assert_allclose(vs_final.loc[vs_final["step"] == 10, "value"], 1.0, atol=1e-9)
+    assert (causal / "probes" / "plots" / "similarity_linear_cka.png").is_file()
+    assert (causal / "probes" / "plots" / "vs_final_linear_cka.png").is_file()
+    keys = logged_keys(next((causal / "wandb").glob("offline-run-*")))
+    assert {"probe/linear_cka/layer_00/layer_03", "probe/linear_cka_vs_final/layer_02"} <= keys
+    assert any(k.startswith("probe/plots/similarity_linear_cka") for k in keys)  # image keys
+
+    out = tmp_path / "causal_vs_bidi.png"
+    compare_runs.main([str(causal), str(runs["bidirectional"]), "--similarity", "linear_cka",
+                       "--labels", "causal", "bidirectional", "--batch-size", "256",
+                       "--out", str(out)])
+    rows = pd.read_csv(out.with_suffix(".csv"))
+    assert out.is_file() and rows["run_b"].eq("bidirectional").all() and len(rows) == 4
+    # Independent: linear_cka of the two saved state sets, mean over the same batches.
+    A, _ = similarity.load_states(causal / "probes" / "states" / "step_10.pt")
+    B, _ = similarity.load_states(runs["bidirectional"] / "probes" / "states" / "step_10.pt")
+    split = metrics.batch_indices(A[0].shape[0], 256, 0)
+    for layer in range(4):
+        expected = np.mean([metrics.linear_cka(A[layer][i], B[layer][i]) for i in split])
+        got = rows.loc[rows["layer"] == layer, "value"].item()
+        assert got == pytest.approx(expected, rel=1e-9)
+    same = compare_runs.run_similarity([str(causal), str(causal)], ["a", "b"], "linear_cka",
+                                       batch_size=256)
+    np.testing.assert_allclose(same["value"], 1.0, atol=1e-9)  # a run against itself

@@ -449,7 +449,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         for message in dict.fromkeys(output.warnings):
             warnings.warn(message, stacklevel=2)
         all_warnings += output.warnings
-        if output.states and len(subjects) > 1:  # for the comparison with the last subject
+        if output.states:  # for the comparison with the last subject, or with another run
             similarity.save_states(
                 table.probe_dir(output_dir), subject.step, output.states, output.layer_names
             )
