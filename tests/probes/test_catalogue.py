@@ -291,3 +291,12 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     same = compare_runs.run_similarity([str(causal), str(causal)], ["a", "b"], "linear_cka",
                                        batch_size=256)
     np.testing.assert_allclose(same["value"], 1.0, atol=1e-9)  # a run against itself
+
+
+def test_the_offline_path_does_not_import_the_training_callback() -> None:
+    import subprocess
+
+    code = ("import sys, repgeom.probes.runner, repgeom.probes.compare_runs; "
+            "print('repgeom.probes.callback' in sys.modules, 'lightning' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "False"
