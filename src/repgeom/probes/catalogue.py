@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from repgeom import metrics
+from repgeom.metrics.linearity import linearity
 
 Reads = Literal["states", "attention", "qk", "pair"]
 FIGURES = ("profile", "vs_step", "per_layer", "per_head")
@@ -215,6 +216,10 @@ BUILTIN: dict[str, Metric] = {
                (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()),), training=False),
         Metric("mutual_knn", "pair", _mutual_knn,
                (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),),
+               training=False),
+        Metric("linearity", "pair", linearity,
+               (Output("linearity", "Linearity of the map from layer to layer_b (Razzhigaev et "
+                                    "al. 2024)", ()),),
                training=False),
     )
 }
