@@ -93,6 +93,11 @@ def test_new_builtins_equal_their_functions_on_the_same_batches() -> None:
     assert one > got
     knn = frame.loc[(frame["metric"] == "mutual_knn") & (frame["layer"] == frame["layer_b"])]
     np.testing.assert_allclose(knn["value"], 1.0)  # a set is its own nearest-neighbour set
+    # One neighbour search per layer and batch serves every pair: the same as mutual_knn.
+    expected = np.mean([metrics.mutual_knn(X0[i], X2[i], k=10) for i in split])
+    knn02 = frame.loc[(frame["metric"] == "mutual_knn") & (frame["layer"] == 0)
+                      & (frame["layer_b"] == 2), "value"].item()
+    assert knn02 == pytest.approx(expected, rel=1e-12) and 0.0 < knn02 < 1.0
 
 
 def test_the_training_default_leaves_out_pairs_and_probe_py_computes_all() -> None:

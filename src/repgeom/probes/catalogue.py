@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from repgeom import metrics
+from repgeom.metrics import alignment
+from repgeom.metrics._validation import check_matrix
 from repgeom.metrics.linearity import linearity
 
 Reads = Literal["states", "attention", "qk", "pair"]
@@ -71,6 +73,9 @@ class Metric:
     per_head: bool = False
     training: bool = True
     """In the ``default`` set of the training probe (cheap); ``all`` (probe.py) has every one."""
+    prepare: Callable[..., Any] | None = None
+    """Pairwise entries: a per-set step (a neighbour search) computed once per layer and batch;
+    ``fn`` then takes two prepared sets. None: ``fn(X, Y)`` on the states."""
     switch: str | None = None
     """A boolean of `ProbeSettings` that also gates this entry (kept: checkpoints carry it)."""
     user: bool = False
@@ -150,8 +155,11 @@ def _distributions(X, settings) -> list[tuple[str, float, float]]:
     return rows
 
 
-def _mutual_knn(X, Y) -> float:
-    return metrics.mutual_knn(X, Y, k=10)
+def _knn_prepare(X):
+    """One neighbour search per layer and batch serves every pair it is part of."""
+    if X.shape[0] <= 10:
+        raise ValueError(f"mutual_knn needs more than k = 10 rows, got {X.shape[0]}")
+    return alignment._cosine_neighbors(check_matrix(X, "X"), 10)
 
 
 def _id(pattern: str, label: str, **facts) -> Output:
@@ -214,9 +222,9 @@ BUILTIN: dict[str, Metric] = {
         Metric("qk_alignment", "qk", metrics.qk_alignment, _QK_OUTPUTS, per_head=True),
         Metric("linear_cka", "pair", metrics.linear_cka,
                (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()),), training=False),
-        Metric("mutual_knn", "pair", _mutual_knn,
+        Metric("mutual_knn", "pair", alignment._knn_overlap,
                (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),),
-               training=False),
+               training=False, prepare=_knn_prepare),
         Metric("linearity", "pair", linearity,
                (Output("linearity", "Linearity of the map from layer to layer_b (Razzhigaev et "
                                     "al. 2024)", ()),),

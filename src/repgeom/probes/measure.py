@@ -376,20 +376,40 @@ def _measure_layer_pairs(
     split: list[torch.Tensor],
     entries: list[catalogue.Metric],
 ) -> None:
-    """Every pairwise entry between layers a <= b: mean and std over the same batches."""
-    for a in range(len(states)):
-        for b in range(a, len(states)):
-            for entry in entries:
+    """Every pairwise entry between layers a <= b: mean and std over the same batches (an
+    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch)."""
+    for entry in entries:
+        prepared = [_PreparedBatches(entry, X, split) for X in states]
+        for a in range(len(states)):
+            for b in range(a, len(states)):
                 with _skip_on_error(out, entry.name, a):
-                    value, std = pair_value(entry, states[a], states[b], split)
+                    value, std = _mean_std(
+                        [entry.fn(x, y) for x, y in zip(prepared[a], prepared[b], strict=True)]
+                    )
                     out.add(a, entry.name, value, std, layer_b=b)
+
+
+class _PreparedBatches:
+    """The batches of one state set as a pairwise entry reads them, each prepared on first use."""
+
+    def __init__(self, entry: catalogue.Metric, X: torch.Tensor, split: list[torch.Tensor]):
+        self.entry, self.X, self.split = entry, X, split
+        self.cache: list | None = None
+
+    def __iter__(self):
+        if self.cache is None:
+            batches = [self.X[index.to(self.X.device)] for index in self.split]
+            prepare = self.entry.prepare
+            self.cache = batches if prepare is None else [prepare(b) for b in batches]
+        return iter(self.cache)
 
 
 def pair_value(
     entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor, split: list[torch.Tensor]
 ) -> tuple[float, float]:
     """Mean and std over batches of a pairwise entry on paired rows of `X` and `Y`."""
-    return _mean_std([entry.fn(X[index], Y[index]) for index in split])
+    A, B = _PreparedBatches(entry, X, split), _PreparedBatches(entry, Y, split)
+    return _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
 
 
 def _measure_qk(
