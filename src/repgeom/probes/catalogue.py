@@ -53,8 +53,13 @@ class Output:
     pattern: str
     label: str
     figures: tuple[str, ...] = ("profile",)
-    console: bool | str = False
-    """Shown in probe.py's console table (a string: that member of a family)."""
+    console: bool = False
+    """Shown in probe.py's console table."""
+    wandb: tuple[str, ...] = ()
+    """W&B extras (`wandb_charts`): "profile" (a layer-profile chart), "layer_step" (a layer x
+    step map), "peak" (each layer's peak in the run summary), "final" (the final profile)."""
+    member: str = ""
+    """For a family (a pattern such as ``gride_k(\d+)``): the member that console and W&B show."""
     intrinsic_dimension: bool = False
 
     def matches(self, metric: str) -> bool:
@@ -167,14 +172,14 @@ def _id(pattern: str, label: str, **facts) -> Output:
 
 
 _ATTENTION_OUTPUTS = (
-    Output("attention_entropy", "Attention entropy (nats)", ("per_layer",)),
+    Output("attention_entropy", "Attention entropy (nats)", ("per_layer",), wandb=("profile",)),
     Output("attention_entropy_norm", "Normalised attention entropy", ("per_layer",), True),
     Output("attention_max", "Max attention weight", ()),
     Output("attention_median", "Median attention weight", ()),
     Output("attention_min", "Min attention weight", ()),
 )
 _QK_OUTPUTS = (
-    Output("qk_cosine", "Q\u0304/K\u0304 cosine", ("per_head",), True),
+    Output("qk_cosine", "Q\u0304/K\u0304 cosine", ("per_head",), True, wandb=("profile",)),
     Output("qk_dot", "Q\u0304\u00b7K\u0304", ()),
     Output("score_mean", "Attention score mean", ()),
     Output("score_std", "Attention score std", ()),
@@ -185,9 +190,11 @@ BUILTIN: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric("anisotropy", "states", metrics.anisotropy,
-               (Output("anisotropy", "Anisotropy", ("profile", "vs_step"), True),)),
+               (Output("anisotropy", "Anisotropy", ("profile", "vs_step"), True,
+                       wandb=("profile", "layer_step", "final")),)),
         Metric("mean_cosine", "states", metrics.mean_cosine_similarity,
-               (Output("mean_cosine", "Mean cosine similarity", ("profile",), True),)),
+               (Output("mean_cosine", "Mean cosine similarity", ("profile",), True,
+                       wandb=("profile",)),)),
         Metric("cosine_baseline", "states", _cosine_baseline,
                (Output("cosine_baseline",
                        "Cosine baseline (95th pct. of an isotropic pair, Godey et al.)", ()),),
@@ -197,10 +204,10 @@ BUILTIN: dict[str, Metric] = {
                 Output("drift_ratio", "Drift ratio", (), True))),
         Metric("intrinsic_dimension", "states", _intrinsic_dimension,
                (_id("twonn", "Intrinsic dimension (TwoNN)", figures=("profile", "vs_step"),
-                    console=True),
+                    console=True, wandb=("profile", "layer_step", "peak")),
                 _id("twonn_mle", "Intrinsic dimension (TwoNN MLE)"),
                 _id(r"gride_k(?P<k>\d+)", "Intrinsic dimension (GRIDE, k={k})",
-                    console="gride_k16"),
+                    console=True, member="gride_k16", wandb=("profile", "layer_step", "peak")),
                 _id("mle_dimension", "Intrinsic dimension (Levina-Bickel MLE, k=20)"),
                 Output("duplicates", "Duplicates", ()),
                 Output("near_duplicate_share", "Near-duplicate share", ())),
@@ -212,14 +219,14 @@ BUILTIN: dict[str, Metric] = {
                (Output("isoscore", "IsoScore (Rudman et al.)"),)),
         Metric("pca_dimension", "states", _pca_dimension,
                (Output(r"pca_dimension_(?P<k>\d+)", "PCA dimension ({k}% of the variance)"),)),
+        Metric("attention", "attention", metrics.attention_entropy, _ATTENTION_OUTPUTS,
+               per_head=True, switch="attention"),
+        Metric("qk_alignment", "qk", metrics.qk_alignment, _QK_OUTPUTS, per_head=True),
         Metric("distributions", "states", _distributions,
                (Output("kurtosis", "Excess kurtosis", (), True),
                 Output("n_modes", "Number of modes", ()),
                 Output(r"(loglik|aic)_\w+", "{0}", ())),
                batched=False, switch="distributions"),
-        Metric("attention", "attention", metrics.attention_entropy, _ATTENTION_OUTPUTS,
-               per_head=True, switch="attention"),
-        Metric("qk_alignment", "qk", metrics.qk_alignment, _QK_OUTPUTS, per_head=True),
         Metric("linear_cka", "pair", metrics.linear_cka,
                (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()),), training=False),
         Metric("mutual_knn", "pair", alignment._knn_overlap,
@@ -341,9 +348,15 @@ def console_metrics() -> list[str]:
     """Table metrics of the console's per-layer table, in catalogue order."""
     names = []
     for entry in BUILTIN.values():
-        names += [o.console if isinstance(o.console, str) else o.pattern
-                  for o in entry.outputs if o.console]
+        names += [o.member or o.pattern for o in entry.outputs if o.console]
     return names + list(_USER)
+
+
+def wandb_metrics(kind: str) -> tuple[str, ...]:
+    """Table metrics with W&B extra `kind` ("profile", "layer_step", "peak", "final")."""
+    return tuple(
+        o.member or o.pattern for m in BUILTIN.values() for o in m.outputs if kind in o.wandb
+    )
 
 
 PAIR_NAMES = tuple(m.name for m in BUILTIN.values() if m.reads == "pair")
