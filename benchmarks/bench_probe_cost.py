@@ -57,7 +57,7 @@ def gpt_small_share(device: torch.device) -> None:
     block = model_config.block_size
     probe_cfg = {k: v for k, v in cfg.probe.items() if k != "_target_"}
     callback = ProbeCallback(**probe_cfg)
-    n_windows = -(-callback.n_states // block)
+    n_windows = -(-callback.spec.n_states // block)
     callback.windows = torch.randint(
         0, 205, (n_windows, block), generator=torch.Generator().manual_seed(0)
     )
