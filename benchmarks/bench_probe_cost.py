@@ -58,11 +58,11 @@ def gpt_small_share(device: torch.device) -> None:
     block = model_config.block_size
     probe_cfg = {k: v for k, v in cfg.probe.items() if k != "_target_"}
     callback = ProbeCallback(**probe_cfg)
-    n_windows = windows_needed(callback.n_states, callback.positions_per_window, block)
+    n_windows = windows_needed(callback.spec.n_states, callback.spec.positions_per_window, block)
     windows = torch.randint(0, 205, (n_windows, block), generator=torch.Generator().manual_seed(0))
     positions = choose_positions(torch.ones(windows.shape, dtype=torch.bool),
-                                 callback.positions_per_window, seed=0)
-    callback.probes = ProbeSet(windows, positions, callback.attention_windows)
+                                 callback.spec.positions_per_window, seed=0)
+    callback.probes = ProbeSet(windows, positions, callback.spec.attention_windows)
     callback.run(model)  # warm-up
     start = time.perf_counter()
     output = callback.run(model)

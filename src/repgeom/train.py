@@ -21,6 +21,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import repgeom.probes.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
 from repgeom.console import drop_unset_wandb_anonymous, quiet_console
 from repgeom.models.lightning_module import CharLM
 from repgeom.options import check_options

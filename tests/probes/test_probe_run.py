@@ -298,6 +298,7 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
     settings = asdict(ProbeSettings(**trained.settings))
     settings.update(max_order=8, state_batch_size=256, distribution_samples=500, distributions=True)
     settings.pop("seed")  # the top-level seed= below sets it for both
+    settings.pop("metrics")  # probe.py's own metrics= (all) chooses them for both
     block_size = 32  # hydra_configs.TINY
     common = [f"text_file={text}", f"window={block_size}", "n_states=256", "batch_size=4",
               "seed=3", "device=cpu", "plot_metrics=[]",
@@ -309,12 +310,14 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
     assert list(ours_run.kinds.values()) == list(theirs_run.kinds.values()) == ["decoder"]
     ours, theirs = ours_run.frame, theirs_run.frame
 
-    keys = ["layer", "head", "metric"]
+    keys = ["layer", "layer_b", "head", "metric"]  # layer_b: the pairwise (CKA) rows
     assert not ours.duplicated(keys).any() and not theirs.duplicated(keys).any()
     merged = ours.merge(theirs, on=keys, how="outer", suffixes=("_ckpt", "_hf"), indicator=True)
     only = merged.loc[merged["_merge"] != "both", [*keys, "_merge"]]
     assert only.empty, f"rows only one path produced:\n{only}"
-    assert len(merged) > 100 and {"anisotropy", "twonn", "qk_cosine"} <= set(merged["metric"])
+    assert len(merged) > 100 and {"anisotropy", "twonn", "qk_cosine", "linear_cka"} <= set(
+        merged["metric"]
+    )
     # On this CPU the two tables come out bit-identical (the same float32 kernels in the same
     # order); other kernels may differ in summation order (~1e-6 on the states, as the export
     # tests measure on large weights), which nearest-neighbour ratios and distribution fits

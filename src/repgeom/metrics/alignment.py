@@ -169,8 +169,18 @@ def _unit_rows(X: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _mutual_knn(X: torch.Tensor, Y: torch.Tensor, k: int) -> float:
-    _, nx = _nearest_neighbors(_unit_rows(X, "X"), k)  # (n, k), self excluded
-    _, ny = _nearest_neighbors(_unit_rows(Y, "Y"), k)
+    return _knn_overlap(_cosine_neighbors(X, k, "X"), _cosine_neighbors(Y, k, "Y"))
+
+
+def _cosine_neighbors(X: torch.Tensor, k: int, name: str = "X") -> torch.Tensor:
+    """(n, k) indices of each row's k nearest rows by cosine, self excluded: the half of
+    `mutual_knn` that reads one set, so a probe comparing many pairs searches each set once."""
+    return _nearest_neighbors(_unit_rows(X, name), k)[1]
+
+
+def _knn_overlap(nx: torch.Tensor, ny: torch.Tensor) -> float:
+    """Mean share of common members of two (n, k) neighbour-index sets, row by row."""
+    k = nx.shape[1]
     nx = nx.cpu().contiguous()
     ny = torch.sort(ny.cpu(), dim=1).values.contiguous()
     # |N_X(i) & N_Y(i)|: a row's k indices are distinct, so count the members of N_X(i) found in

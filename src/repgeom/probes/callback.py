@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +19,10 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from repgeom.models.capture import Capture
-from repgeom.probes import plots, table, wandb_charts
-from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
-from repgeom.probes.sampling import (
-    DEFAULT_ATTENTION_WINDOWS,
-    DEFAULT_N_STATES,
-    DEFAULT_POSITIONS_PER_WINDOW,
-    ProbeSet,
-    probe_set,
-)
+from repgeom.probes import catalogue, similarity, sink, table, wandb_charts
+from repgeom.probes.sampling import ProbeSet, probe_set
+from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
+from repgeom.probes.targets import probe_gpt
 
 log = logging.getLogger(__name__)
 
@@ -69,115 +61,38 @@ def probe_schedule(
     return ordered
 
 
-def gpt_captures(
-    model: torch.nn.Module,
-    windows: torch.Tensor,
-    valid: torch.Tensor | None,
-    *,
-    batch_size: int,
-    attention: bool,
-) -> Iterator[Capture]:
-    """`model.capture()` on micro-batches of `batch_size` windows, with their `valid` rows."""
-    device = next(model.parameters()).device
-    for start in range(0, len(windows), batch_size):
-        ids = windows[start : start + batch_size].to(device)
-        capture: Capture = model.capture(ids, attention=attention)
-        if valid is not None:
-            capture.valid = valid[start : start + batch_size]
-        yield capture
-
-
-def probe_gpt(
-    model: torch.nn.Module,
-    probes: ProbeSet,
-    *,
-    batch_size: int,
-    settings: ProbeSettings,
-) -> ProbeOutput:
-    """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
-
-    The states come from the sampled positions of every window (no attention materialised);
-    attention and Q/K from the first `probes.attention_windows` windows, whole.
-    """
-    was_training = model.training
-    device = next(model.parameters()).device
-    model.eval()
-    devices = [device] if device.type == "cuda" else []
-    whole = probes.windows[: probes.attention_windows]
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            states = gpt_captures(
-                model, probes.windows, probes.positions, batch_size=batch_size, attention=False
-            )
-            attention = gpt_captures(
-                model, whole, None, batch_size=batch_size, attention=settings.attention
-            )
-            return measure(states, attention, settings)
-    finally:
-        model.train(was_training)
-
-
-def wandb_scalars(frame: pd.DataFrame) -> dict[str, float]:
-    """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
-    means ``probe/<metric>/mean`` (`table.layer_means`)."""
-    scalars: dict[str, float] = {}
-    for row in frame.itertuples(index=False):
-        key = f"probe/{row.metric}/layer_{row.layer:02d}"
-        if row.head >= 0:
-            key += f"/head_{row.head:02d}"
-        scalars[key] = row.value
-    for row in table.layer_means(frame).itertuples(index=False):
-        scalars[f"probe/{row.metric}/mean"] = row.value
-    return scalars
-
-
 class ProbeCallback(L.Callback):
     """Probe every layer on a fixed held-out set at scheduled steps; log curves and plots.
 
     Parameters
     ----------
-    n_states : int
-        At least this many states per layer (windows x positions per window).
-    positions_per_window : int or None
-        Probe a fixed random subset of this many positions in each window (chosen once from
-        `seed`); None probes every position. See `repgeom.probes.sampling`.
-    attention_windows : int
-        Whole windows read by the attention and query/key metrics.
-    batch_size : int
-        Windows per forward pass; bounds the probe's memory (attention is T x T per head).
     every_n_steps, log_spaced_until, n_log_spaced, max_probes
         The schedule, see `probe_schedule`.
     plot_every_n_probes : int
         Redraw the figures every this many probes (and always at the end); 0 only at the end.
     plot_metrics : list of str or None
         The metrics to draw (each figure costs a fraction of a second); None draws every metric.
-    seed : int
-        Fixes the probe windows and positions (the same for a causal and a bidirectional run).
-    settings : dict
-        Fields of `ProbeSettings`: which metrics, estimator options.
+        The user's metrics and the pairwise maps are always drawn.
+    **spec
+        The fields of `repgeom.probes.spec.ProbeSpec` (probe set, ``metrics``, ``settings``,
+        ``seed``), whose defaults are the only ones. With a pairwise metric (``linear_cka``,
+        ``mutual_knn``) each probe step's states are also saved, and at the end every step is
+        compared with the final one (`repgeom.probes.similarity`).
     """
 
     def __init__(
         self,
         *,
-        n_states: int = DEFAULT_N_STATES,
-        positions_per_window: int | None = DEFAULT_POSITIONS_PER_WINDOW,
-        attention_windows: int = DEFAULT_ATTENTION_WINDOWS,
-        batch_size: int = 16,
-        every_n_steps: int = 1000,
-        log_spaced_until: int = 1000,
-        n_log_spaced: int = 8,
-        max_probes: int | None = 40,
-        plot_every_n_probes: int = 5,
+        every_n_steps: int = ProbeCallbackConf.every_n_steps,
+        log_spaced_until: int = ProbeCallbackConf.log_spaced_until,
+        n_log_spaced: int = ProbeCallbackConf.n_log_spaced,
+        max_probes: int | None = ProbeCallbackConf.max_probes,
+        plot_every_n_probes: int = ProbeCallbackConf.plot_every_n_probes,
         plot_metrics: list[str] | None = None,
-        seed: int = 0,
-        settings: dict[str, Any] | None = None,
+        **spec: Any,
     ) -> None:
         super().__init__()
-        self.n_states = n_states
-        self.positions_per_window = positions_per_window
-        self.attention_windows = attention_windows
-        self.batch_size = batch_size
+        self.spec = ProbeSpec(**spec)
         self.schedule_options = dict(
             every_n_steps=every_n_steps,
             log_spaced_until=log_spaced_until,
@@ -186,8 +101,12 @@ class ProbeCallback(L.Callback):
         )
         self.plot_every_n_probes = plot_every_n_probes
         self.plot_metrics = None if plot_metrics is None else list(plot_metrics)
-        self.seed = seed
-        self.settings = ProbeSettings(**{"seed": seed, **(settings or {})})
+        self.settings = self.spec.probe_settings()
+        selection = catalogue.select(self.settings)
+        self.pairs = selection.pairs
+        if self.plot_metrics is not None:  # the user's metrics and the similarity maps: always
+            extra = [m.name for m in selection.states if m.user] + [m.name for m in self.pairs]
+            self.plot_metrics += [m for m in extra if m not in self.plot_metrics]
         self.schedule: list[int] = []
         self.done: set[int] = set()
         self.seconds = 0.0
@@ -202,11 +121,11 @@ class ProbeCallback(L.Callback):
             return
         self.probes = probe_set(
             trainer.datamodule,
-            n_states=self.n_states,
-            positions_per_window=self.positions_per_window,
-            attention_windows=self.attention_windows,
+            n_states=self.spec.n_states,
+            positions_per_window=self.spec.positions_per_window,
+            attention_windows=self.spec.attention_windows,
             block_size=pl_module.model.config.block_size,
-            seed=self.seed,
+            seed=self.spec.seed,
         )
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
@@ -217,19 +136,12 @@ class ProbeCallback(L.Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        # "config" lets probe.py rebuild this exact probe set from a checkpoint alone.
-        return {"done": sorted(self.done), "seconds": self.seconds, "config": self.probe_config()}
+        # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config()}
 
     def probe_config(self) -> dict[str, Any]:
-        """What fixes the probe's numbers: the probe set and the settings (not the schedule)."""
-        return {
-            "n_states": self.n_states,
-            "positions_per_window": self.positions_per_window,
-            "attention_windows": self.attention_windows,
-            "batch_size": self.batch_size,
-            "seed": self.seed,
-            "settings": asdict(self.settings),
-        }
+        """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
+        return self.spec.to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
@@ -268,8 +180,12 @@ class ProbeCallback(L.Callback):
         output = self.run(pl_module.model)
         for message in output.warnings:
             rank_zero_warn(message)
+        if self.pairs:  # kept for the comparison with the final step (`_finish`)
+            similarity.save_states(
+                table.probe_dir(self.run_dir), step, output.states, output.layer_names
+            )
         rows = [{"step": step, **row} for row in output.rows]
-        frame = table.append_rows(table.probe_dir(self.run_dir), rows)
+        frame = sink.write_step(self.run_dir, rows)
         self._log_scalars(trainer, step, table.rows_to_frame(rows))
         n_done = len(self.done)
         if self.plot_every_n_probes and n_done % self.plot_every_n_probes == 0:
@@ -278,7 +194,13 @@ class ProbeCallback(L.Callback):
 
     def run(self, model: torch.nn.Module):
         """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched."""
-        return probe_gpt(model, self.probes, batch_size=self.batch_size, settings=self.settings)
+        return probe_gpt(
+            model,
+            self.probes,
+            batch_size=self.spec.batch_size,
+            settings=self.settings,
+            keep_states=bool(self.pairs),
+        )
 
     # -- logging ------------------------------------------------------------------------------
 
@@ -300,25 +222,17 @@ class ProbeCallback(L.Callback):
         runs = self._wandb(trainer)
         if not runs:
             return
-        scalars = {"probe/step": step, "probe/seconds_total": self.seconds, **wandb_scalars(frame)}
-        for run in runs:
-            wandb_charts.define_summaries(run, scalars)  # per-layer peak ID, final anisotropy
-            run.log(scalars)
+        sink.log_scalars(runs, step, frame, {"probe/seconds_total": self.seconds})
 
     def _plot(self, trainer: L.Trainer, frame: pd.DataFrame, step: int) -> list[Path]:
-        paths = plots.save_figures(frame, table.plot_dir(self.run_dir), metrics=self.plot_metrics)
-        runs = self._wandb(trainer)
-        if runs:
-            import wandb
-
-            images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
-            interactive = wandb_charts.charts(frame)  # tables and charts beside the PNGs
-            for run in runs:
-                run.log({**images, **interactive, "probe/step": step})
-        return paths
+        return sink.figures(
+            self._wandb(trainer), frame, self.run_dir, step, metrics=self.plot_metrics
+        )
 
     def _finish(self, trainer: L.Trainer) -> None:
         start = time.perf_counter()
+        if self.pairs:
+            self._vs_final(trainer)
         frame = table.read_table(self.run_dir)
         self._plot(trainer, frame, int(frame["step"].max()))
         self.seconds += time.perf_counter() - start
@@ -330,4 +244,20 @@ class ProbeCallback(L.Callback):
                 {f"probe_summary/{k}": v for k, v in result.items() if v is not None}
             )
             run.summary["probe_summary/seconds_total"] = self.seconds
-            run.summary.update(wandb_charts.summary(frame))
+            run.summary.update(wandb_charts.summary(table.single_set(frame)))
+
+    def _vs_final(self, trainer: L.Trainer) -> None:
+        """Each probe step's layers against the final step's (`similarity.vs_final_rows`)."""
+        rows = similarity.vs_final_rows(
+            table.probe_dir(self.run_dir),
+            self.pairs,
+            batch_size=self.settings.state_batch_size,
+            seed=self.settings.seed,
+        )
+        if not rows:
+            return
+        sink.write_step(self.run_dir, rows)
+        frame = table.rows_to_frame(rows)
+        runs = self._wandb(trainer)
+        for step, part in frame.groupby("step"):
+            sink.log_scalars(runs, int(step), part, {})

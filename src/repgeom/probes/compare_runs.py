@@ -19,6 +19,17 @@ config name its group::
     python -m repgeom.probes.compare_runs sweep/*-seed* --group-by masking
 
 The runs of one label must have been probed at the same steps.
+
+Representation similarity of two runs, layer by layer (linear CKA or mutual k-NN of the same
+layer of run A and run B on the same windows, `repgeom.probes.similarity`), from the states each
+probe saved (the training probe with a pairwise metric, ``probe.metrics=[all]``, or probe.py,
+whose default computes them)::
+
+    python -m repgeom.probes.compare_runs outputs/causal outputs/bidirectional \
+        --similarity linear_cka --labels causal bidirectional --out causal_vs_bidi.png
+
+writes the figure and the rows (``layer``, ``run_b``, ``value``, ``std``: mean and std over the
+probe's batches) as ``causal_vs_bidi.csv``.
 """
 
 from __future__ import annotations
@@ -30,8 +41,9 @@ from pathlib import Path
 
 import yaml
 
-from repgeom.probes.plots import DPI, profile_bands, profiles_side_by_side
-from repgeom.probes.table import PROBE_DIR, read_table
+from repgeom.probes import catalogue, similarity
+from repgeom.probes.plots import DPI, layer_profile, profile_bands, profiles_side_by_side
+from repgeom.probes.table import PROBE_DIR, read_table, rows_to_frame
 
 
 def _run_folder(run: str) -> Path:
@@ -109,12 +121,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step", type=_step, default="last",
                         help="probe step drawn in every panel, or 'last' for each run's own last")
     parser.add_argument("--dpi", type=int, default=DPI, help="resolution (default: %(default)s)")
+    parser.add_argument("--similarity", choices=catalogue.PAIR_NAMES,
+                        help="instead of profiles: this similarity of the same layer of two runs, "
+                             "from their saved probe states (exactly two RUNs)")
+    parser.add_argument("--batch-size", type=int, default=4096,
+                        help="--similarity: states per batch (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="--similarity: seed of the batches (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.labels is not None and len(args.labels) != len(args.runs):
         parser.error(f"--labels: got {len(args.labels)} labels for {len(args.runs)} runs")
     if args.labels is not None and args.group_by is not None:
         parser.error("--labels and --group-by: pass one of them")
+    if args.similarity is not None and len(args.runs) != 2:
+        parser.error(f"--similarity compares exactly two runs, got {len(args.runs)}")
     return args
+
+
+def run_similarity(runs: Sequence[str], labels: Sequence[str], metric: str, *,
+                   step: int | str = "last", batch_size: int = 4096, seed: int = 0):
+    """Rows of `metric` between the same layer of two runs (`similarity.run_vs_run_rows`)."""
+    folders = [_run_folder(run) / PROBE_DIR for run in runs]
+    rows = similarity.run_vs_run_rows(
+        *folders, [catalogue.BUILTIN[metric]], run_b=labels[1],
+        step=None if step == "last" else int(step), batch_size=batch_size, seed=seed,
+    )
+    return rows_to_frame([{**row, "run": labels[0]} for row in rows])
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -135,6 +167,16 @@ def main(argv: Sequence[str] | None = None) -> Path:
         labels = config_labels(args.runs, args.group_by)
     else:
         labels = args.labels or _labels(args.runs)
+    if args.similarity is not None:
+        frame = run_similarity(args.runs, labels, args.similarity, step=args.step,
+                               batch_size=args.batch_size, seed=args.seed)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(args.out.with_suffix(".csv"), index=False)
+        fig = layer_profile(frame, args.similarity)
+        fig.suptitle(f"{labels[0]} vs {labels[1]}")
+        fig.savefig(args.out, dpi=args.dpi, facecolor="white", bbox_inches="tight")
+        print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
+        return args.out
     groups: dict[str, list] = {}
     for label, run in zip(labels, args.runs, strict=True):
         groups.setdefault(label, []).append(read_table(run))

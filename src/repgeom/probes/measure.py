@@ -22,7 +22,6 @@ and dropped.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -33,18 +32,10 @@ import torch
 
 from repgeom import metrics
 from repgeom.models.capture import Capture
+from repgeom.probes import catalogue
 
-PER_HEAD_METRICS: tuple[str, ...] = (
-    "attention_entropy",
-    "attention_entropy_norm",
-    "attention_max",
-    "attention_median",
-    "attention_min",
-    "qk_cosine",
-    "qk_dot",
-    "score_mean",
-    "score_std",
-    "score_max_abs",
+PER_HEAD_METRICS: tuple[str, ...] = tuple(
+    o.pattern for m in catalogue.BUILTIN.values() if m.per_head for o in m.outputs
 )
 """The metrics `measure` reports once per attention head (rows with head >= 0)."""
 
@@ -83,6 +74,11 @@ class ProbeSettings:
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = 5000
     seed: int = 0
+    metrics: tuple[str, ...] = ("default",)
+    """Catalogue names (`repgeom.probes.catalogue.resolve`): built-ins, ``default`` (the cheap
+    set), ``all``, or dotted paths of the user's own ``f(X) -> float | dict``. The switches
+    `attention`, `intrinsic_dimension` and `distributions` gate those entries (checkpoints
+    written before the catalogue carry them)."""
 
     def __post_init__(self) -> None:
         def fraction(name: str) -> None:
@@ -107,6 +103,12 @@ class ProbeSettings:
         integer("max_order", 2)
         integer("distribution_samples", 10)
         integer("seed", -(2**63))
+        if isinstance(self.metrics, str):
+            raise ValueError(
+                f"probe setting metrics must be a list of names, got the string {self.metrics!r}"
+            )
+        self.metrics = tuple(str(m) for m in self.metrics)
+        catalogue.check_names(self.metrics)
         if self.max_order & (self.max_order - 1):
             raise ValueError(
                 f"probe setting max_order must be a power of two (2, 4, ..., 64), "
@@ -121,24 +123,37 @@ class ProbeOutput:
     rows: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     layer_names: list[str] = field(default_factory=list)
+    states: list[torch.Tensor] = field(default_factory=list, repr=False)
+    """Each layer's states, (N, D) float32, kept when pairwise metrics are wanted (`measure`
+    with ``keep_states``), for similarity across steps and runs."""
+    settings: ProbeSettings | None = None
 
     def add(
-        self, layer: int, metric: str, value: float, std: float = math.nan, *, head: int = -1
+        self,
+        layer: int,
+        metric: str,
+        value: float,
+        std: float = math.nan,
+        *,
+        head: int = -1,
+        layer_b: int | None = None,
     ) -> None:
-        self.rows.append(
-            {
-                "layer": layer,
-                "layer_name": self.layer_names[layer] if layer < len(self.layer_names) else "",
-                "head": head,
-                "metric": metric,
-                "value": float(value),
-                "std": float(std),
-            }
-        )
+        row = {
+            "layer": layer,
+            "layer_name": self.layer_names[layer] if layer < len(self.layer_names) else "",
+            "head": head,
+            "metric": metric,
+            "value": float(value),
+            "std": float(std),
+        }
+        if layer_b is not None:  # a pairwise value: the second layer (table.PAIR_COLUMNS)
+            row["layer_b"] = layer_b
+        self.rows.append(row)
 
     def extend(self, other: ProbeOutput) -> None:
         self.rows.extend(other.rows)
         self.warnings.extend(other.warnings)
+        self.states.extend(other.states)
 
 
 class _AttentionSums:
@@ -170,8 +185,11 @@ def measure(
     state_captures: Iterable[Capture],
     attention_captures: Iterable[Capture],
     settings: ProbeSettings,
+    *,
+    keep_states: bool = False,
 ) -> ProbeOutput:
-    """Every metric for every layer (and head): states from one probe set, attention from another.
+    """Every selected catalogue metric for every layer (and head): states from one probe set,
+    attention from another.
 
     Parameters
     ----------
@@ -182,6 +200,9 @@ def measure(
         Micro-batches of whole windows for the attention and query/key metrics (empty when
         ``settings.attention`` is False and no Q/K is wanted).
     settings : ProbeSettings
+        ``settings.metrics`` selects the catalogue entries (`repgeom.probes.catalogue`).
+    keep_states : bool
+        Keep each layer's states in ``ProbeOutput.states`` (for similarity across steps/runs).
 
     Returns
     -------
@@ -190,13 +211,25 @@ def measure(
         unreadable attention) is skipped with one warning naming the metric and layer; every
         other metric is still returned.
     """
-    out = measure_states(state_captures, settings)
-    out.extend(measure_attention(attention_captures, settings, layer_names=out.layer_names))
+    selection = catalogue.select(settings)
+    out = measure_states(state_captures, settings, selection, keep_states=keep_states)
+    out.extend(
+        measure_attention(attention_captures, settings, selection, layer_names=out.layer_names)
+    )
+    out.settings = settings
     return out
 
 
-def measure_states(captures: Iterable[Capture], settings: ProbeSettings) -> ProbeOutput:
-    """The per-layer state metrics (mean and std over shuffled batches) of the valid positions."""
+def measure_states(
+    captures: Iterable[Capture],
+    settings: ProbeSettings,
+    selection: catalogue.Selection | None = None,
+    *,
+    keep_states: bool = False,
+) -> ProbeOutput:
+    """The per-layer state metrics (mean and std over shuffled batches) of the valid positions,
+    and the pairwise ones between every two layers."""
+    selection = catalogue.select(settings) if selection is None else selection
     hidden: list[list[torch.Tensor]] = []
     final: list[torch.Tensor] = []
     for capture in captures:
@@ -212,15 +245,26 @@ def measure_states(captures: Iterable[Capture], settings: ProbeSettings) -> Prob
     if final:
         hidden.append(final)
     out = ProbeOutput(layer_names=layer_names(len(hidden) - 1 - bool(final), bool(final)))
-    for layer, parts in enumerate(hidden):
-        _measure_states(out, layer, torch.cat(parts), settings)
+    states = [torch.cat(parts) for parts in hidden]
+    split = metrics.batch_indices(states[0].shape[0], settings.state_batch_size, settings.seed)
+    for layer, X in enumerate(states):
+        _measure_states(out, layer, X, split, settings, selection.states)
+    if selection.pairs:
+        _measure_layer_pairs(out, states, split, selection.pairs)
+    if keep_states:
+        out.states = states
     return out
 
 
 def measure_attention(
-    captures: Iterable[Capture], settings: ProbeSettings, *, layer_names: list[str]
+    captures: Iterable[Capture],
+    settings: ProbeSettings,
+    selection: catalogue.Selection | None = None,
+    *,
+    layer_names: list[str],
 ) -> ProbeOutput:
     """Per-head attention entropy and query/key alignment of every block, on whole windows."""
+    selection = catalogue.select(settings) if selection is None else selection
     out = ProbeOutput(layer_names=layer_names)
     queries: list[list[torch.Tensor]] = []
     keys: list[list[torch.Tensor]] = []
@@ -240,28 +284,35 @@ def measure_attention(
             B, T = capture.hidden[0].shape[:2]
             valid = torch.ones(B, T, dtype=torch.bool)
         valids.append(valid.cpu())
-        for layer, (q, k) in enumerate(zip(capture.queries, capture.keys, strict=True)):
-            queries[layer].append(q)
-            keys[layer].append(k)
-        for layer, probs in enumerate(capture.attention):
-            with _skip_on_error(out, "attention_entropy", layer + 1):
-                result = metrics.attention_entropy(
-                    probs, causal=causal, valid=valid.to(probs.device)
-                )
-                attention[layer].add(result)
+        if selection.qk is not None:
+            for layer, (q, k) in enumerate(zip(capture.queries, capture.keys, strict=True)):
+                queries[layer].append(q)
+                keys[layer].append(k)
+        if selection.attention is not None:
+            for layer, probs in enumerate(capture.attention):
+                with _skip_on_error(out, "attention_entropy", layer + 1):
+                    result = selection.attention.fn(
+                        probs, causal=causal, valid=valid.to(probs.device)
+                    )
+                    attention[layer].add(result)
     if not seen:
         return out
-    if settings.attention and not attention:
+    if selection.attention is not None and not attention:
         out.warnings.append("attention probabilities were not captured; attention metrics skipped")
     for index, sums in enumerate(attention):
         if sums.rows:
             for name, values in sums.means().items():
                 for head, value in enumerate(values):
                     out.add(index + 1, name, value, head=head)
+    if selection.qk is None:
+        return out
     valid_all = torch.cat(valids)
     for index, (q_parts, k_parts) in enumerate(zip(queries, keys, strict=True)):
         with _skip_on_error(out, "qk_alignment", index + 1):
-            _measure_qk(out, index + 1, torch.cat(q_parts), torch.cat(k_parts), causal, valid_all)
+            _measure_qk(
+                out, index + 1, selection.qk, torch.cat(q_parts), torch.cat(k_parts), causal,
+                valid_all,
+            )
     return out
 
 
@@ -286,89 +337,91 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(array.mean()), float(array.std()) if len(array) > 1 else math.nan
 
 
-def _measure_states(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings) -> None:
-    d = X.shape[1]
-    split = metrics.batch_indices(X.shape[0], settings.state_batch_size, settings.seed)
-    batches = [X[index.to(X.device)] for index in split]
-    with _skip_on_error(out, "anisotropy", layer):
-        out.add(layer, "anisotropy", *_per_batch(metrics.anisotropy, batches))
-    with _skip_on_error(out, "mean_cosine", layer):
-        out.add(layer, "mean_cosine", *_per_batch(metrics.mean_cosine_similarity, batches))
-        out.add(
-            layer,
-            "cosine_baseline",
-            _cosine_baseline(d, settings.cosine_baseline_quantile),
-        )
-    with _skip_on_error(out, "drift", layer):
-        results = [metrics.drift(batch) for batch in batches]
-        out.add(layer, "drift_norm", *_mean_std([r.norm for r in results]))
-        out.add(layer, "drift_ratio", *_mean_std([r.ratio for r in results]))
-    if settings.intrinsic_dimension:
-        with _skip_on_error(out, "intrinsic_dimension", layer):
-            _measure_id(out, layer, X, settings)
-    if settings.distributions:
-        with _skip_on_error(out, "activation_distribution", layer):
-            _measure_distribution(out, layer, X, settings)
-
-
-def _per_batch(metric, batches: list[torch.Tensor]) -> tuple[float, float]:
-    return _mean_std([metric(batch) for batch in batches])
-
-
-@functools.lru_cache(maxsize=64)
-def _cosine_baseline(d: int, quantile: float) -> float:
-    """Godey et al.'s baseline: the quantile of one isotropic pair's cosine in d dimensions."""
-    return metrics.isotropic_cosine_baseline(d, quantile=quantile)
-
-
-def _measure_id(out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings) -> None:
-    max_order = settings.max_order
-    batch = min(settings.state_batch_size, X.shape[0])
-    result = metrics.intrinsic_dimension(
-        X,
-        discard_fraction=settings.discard_fraction,
-        batch_size=batch,
-        max_order=max_order,
-        near_duplicate_threshold=settings.near_duplicate_threshold,
-        seed=settings.seed,
-    )
-    twonn = result.twonn
-    spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
-    out.add(layer, "twonn", twonn.dimension, twonn.dimension_std * spread)
-    out.add(layer, "twonn_mle", twonn.mle, twonn.mle_std * spread)
-    out.add(layer, "duplicates", twonn.n_duplicates)
-    for order, dim, std in zip(
-        result.gride.orders, result.gride.dimension, result.gride.dimension_std, strict=True
-    ):
-        out.add(layer, f"gride_k{order}", dim, std * spread)
-    out.add(layer, "near_duplicate_share", result.near_duplicate_share)
-
-
-def _measure_distribution(
-    out: ProbeOutput, layer: int, X: torch.Tensor, settings: ProbeSettings
+def _measure_states(
+    out: ProbeOutput,
+    layer: int,
+    X: torch.Tensor,
+    split: list[torch.Tensor],
+    settings: ProbeSettings,
+    entries: list[catalogue.Metric],
 ) -> None:
-    result = metrics.activation_distribution(
-        X, n_samples=settings.distribution_samples, seed=settings.seed
-    )
-    out.add(layer, "kurtosis", result.kurtosis)
-    out.add(layer, "n_modes", 1 + result.n_secondary_modes)
-    for family, loglik in result.log_likelihoods.items():
-        out.add(layer, f"loglik_{family}", loglik / result.n_samples)
-        # AIC per sample, 2k - 2 log L over n: t and gennorm nest the normal law and always win
-        # on log-likelihood alone, so the report also names the family AIC prefers.
-        n_params = len(result.params[family])
-        out.add(layer, f"aic_{family}", (2 * n_params - 2 * loglik) / result.n_samples)
+    batches = [X[index.to(X.device)] for index in split]
+    for entry in entries:
+        with _skip_on_error(out, entry.name, layer):
+            rows = per_batch(entry, batches) if entry.batched else entry.fn(X, settings)
+            for name, value, std in rows:
+                out.add(layer, name, value, std)
+
+
+def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:
+    """``(metric, mean, std)`` over batches of ``entry.fn(batch)`` (a float or a dict of them)."""
+    values = [entry.fn(batch) for batch in batches]
+    if all(isinstance(v, dict) for v in values):
+        return [
+            (f"{entry.name}_{key}", *_mean_std([float(v[key]) for v in values]))
+            for key in values[0]
+        ]
+    try:
+        return [(entry.name, *_mean_std([float(v) for v in values]))]
+    except (TypeError, RuntimeError):
+        raise ValueError(
+            f"{entry.name} returned {type(values[0]).__name__}; a state metric returns a float "
+            "or a dict of floats"
+        ) from None
+
+
+def _measure_layer_pairs(
+    out: ProbeOutput,
+    states: list[torch.Tensor],
+    split: list[torch.Tensor],
+    entries: list[catalogue.Metric],
+) -> None:
+    """Every pairwise entry between layers a <= b: mean and std over the same batches (an
+    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch)."""
+    for entry in entries:
+        prepared = [_PreparedBatches(entry, X, split) for X in states]
+        for a in range(len(states)):
+            for b in range(a, len(states)):
+                with _skip_on_error(out, entry.name, a):
+                    value, std = _mean_std(
+                        [entry.fn(x, y) for x, y in zip(prepared[a], prepared[b], strict=True)]
+                    )
+                    out.add(a, entry.name, value, std, layer_b=b)
+
+
+class _PreparedBatches:
+    """The batches of one state set as a pairwise entry reads them, each prepared on first use."""
+
+    def __init__(self, entry: catalogue.Metric, X: torch.Tensor, split: list[torch.Tensor]):
+        self.entry, self.X, self.split = entry, X, split
+        self.cache: list | None = None
+
+    def __iter__(self):
+        if self.cache is None:
+            batches = [self.X[index.to(self.X.device)] for index in self.split]
+            prepare = self.entry.prepare
+            self.cache = batches if prepare is None else [prepare(b) for b in batches]
+        return iter(self.cache)
+
+
+def pair_value(
+    entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor, split: list[torch.Tensor]
+) -> tuple[float, float]:
+    """Mean and std over batches of a pairwise entry on paired rows of `X` and `Y`."""
+    A, B = _PreparedBatches(entry, X, split), _PreparedBatches(entry, Y, split)
+    return _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
 
 
 def _measure_qk(
     out: ProbeOutput,
     layer: int,
+    entry: catalogue.Metric,
     Q: torch.Tensor,
     K: torch.Tensor,
     causal: bool,
     valid: torch.Tensor,
 ) -> None:
-    result = metrics.qk_alignment(Q, K, causal=causal, valid=valid.to(Q.device))
+    result = entry.fn(Q, K, causal=causal, valid=valid.to(Q.device))
     for name in ("cosine", "dot", "score_mean", "score_std", "score_max_abs"):
         metric = f"qk_{name}" if name in ("cosine", "dot") else name
         for head, value in enumerate(np.asarray(getattr(result, name))):

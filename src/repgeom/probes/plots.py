@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -46,53 +45,27 @@ from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from repgeom.probes import seeds
-from repgeom.probes.table import FINAL_NORM, block_name, head_means, layer_means
+from repgeom.probes import catalogue, seeds
+from repgeom.probes.table import (
+    FINAL_NORM,
+    block_name,
+    head_means,
+    is_pairwise,
+    layer_means,
+)
 
 DPI = 120
 
-METRIC_LABELS: dict[str, str] = {
-    "anisotropy": "Anisotropy",
-    "mean_cosine": "Mean cosine similarity",
-    "cosine_baseline": "Cosine baseline (95th pct. of an isotropic pair, Godey et al.)",
-    "drift_norm": "Drift norm",
-    "drift_ratio": "Drift ratio",
-    "twonn": "Intrinsic dimension (TwoNN)",
-    "twonn_mle": "Intrinsic dimension (TwoNN MLE)",
-    "near_duplicate_share": "Near-duplicate share",
-    "attention_entropy": "Attention entropy (nats)",
-    "attention_entropy_norm": "Normalised attention entropy",
-    "attention_max": "Max attention weight",
-    "attention_median": "Median attention weight",
-    "attention_min": "Min attention weight",
-    "qk_cosine": "Q\u0304/K\u0304 cosine",
-    "qk_dot": "Q\u0304\u00b7K\u0304",
-    "score_mean": "Attention score mean",
-    "score_std": "Attention score std",
-    "score_max_abs": "Attention score max |s|",
-    "kurtosis": "Excess kurtosis",
-    "n_modes": "Number of modes",
-}
-"""Pretty names of the metrics, for titles and axis labels; `metric_label` covers the rest."""
-
-ID_METRICS = ("twonn", "twonn_mle")
-"""Intrinsic-dimension metrics besides the ``gride_k*`` family."""
-
-_GRIDE = re.compile(r"gride_k(\d+)$")
 
 
 def metric_label(metric: str) -> str:
-    """The pretty name of `metric`: ``METRIC_LABELS``, ``gride_kN``, or the name de-underscored."""
-    if metric in METRIC_LABELS:
-        return METRIC_LABELS[metric]
-    if m := _GRIDE.match(metric):
-        return f"Intrinsic dimension (GRIDE, k={m.group(1)})"
-    return metric.replace("_", " ").capitalize()
+    """The pretty name of `metric`, from its catalogue entry (the name de-underscored else)."""
+    return catalogue.label(metric)
 
 
 def is_id_metric(metric: str) -> bool:
-    """Whether `metric` is an intrinsic-dimension estimate (TwoNN or GRIDE)."""
-    return metric in ID_METRICS or _GRIDE.match(metric) is not None
+    """Whether `metric` is an intrinsic-dimension estimate (TwoNN, GRIDE, MLE)."""
+    return catalogue.is_intrinsic_dimension(metric)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,12 +736,70 @@ def compare_texts(
 # The standard set
 
 
-PROFILE_METRICS = ("anisotropy", "mean_cosine", *ID_METRICS)
-"""Metrics that get a layer profile in `save_figures` (plus every ``gride_k*``)."""
-TREND_METRICS = ("twonn", "anisotropy")
-"""Metrics that get a mean-over-layers-against-step figure."""
-PER_LAYER_METRICS = ("attention_entropy", "attention_entropy_norm")
-PER_HEAD_METRICS = ("qk_cosine",)
+def layer_similarity(frame: pd.DataFrame, metric: str, *, step: int | None = None) -> Figure:
+    """Layer x layer map of a pairwise metric (``layer_b`` rows) at `step` (default: the last).
+
+    Rows hold a <= b; the map is filled symmetrically.
+    """
+    rows = frame.loc[(frame["metric"] == metric) & (frame["layer_b"] >= 0)]
+    if "step_b" in rows.columns:
+        rows = rows.loc[rows["step_b"] < 0]
+    if rows.empty:
+        raise ValueError(f"no layer x layer rows of {metric!r}")
+    step = int(rows["step"].max()) if step is None else step
+    rows = rows.loc[rows["step"] == step]
+    n = int(max(rows["layer"].max(), rows["layer_b"].max())) + 1
+    grid = np.full((n, n), np.nan)
+    for row in rows.itertuples(index=False):
+        grid[row.layer, row.layer_b] = grid[row.layer_b, row.layer] = row.value
+    names = _layer_names(rows, n)
+    fig, ax, cax = _single_axes(0.5 * n + 3.2, 0.5 * n + 2.4, left=1.1, bottom=1.1,
+                                colorbar=True)
+    image = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
+    ax.set_xticks(range(n), names, rotation=90)
+    ax.set_yticks(range(n), names)
+    ax.set_title(f"{metric_label(metric)}, layer \u00d7 layer at step {_fmt_step(step)}")
+    fig.colorbar(image, cax=cax).set_label(metric_label(metric))
+    return fig
+
+
+def similarity_to_final(frame: pd.DataFrame, metric: str) -> Figure:
+    """Layer x step map of each layer's similarity to itself at the final step (``step_b``)."""
+    rows = frame.loc[(frame["metric"] == metric) & (frame["step_b"] >= 0)]
+    if rows.empty:
+        raise ValueError(f"no step-vs-final rows of {metric!r}")
+    wide = rows.pivot_table(index="layer", columns="step", values="value")
+    steps = list(wide.columns)
+    fig, ax, cax = _single_axes(max(6.0, 0.3 * len(steps) + 3), 0.4 * len(wide) + 2.5,
+                                left=1.1, colorbar=True)
+    image = ax.imshow(wide.to_numpy(), aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0,
+                      origin="lower")
+    ticks, labels = _step_ticks(steps)
+    ax.set_xticks(ticks, labels)
+    ax.set_yticks(range(len(wide)), _layer_names(rows, int(wide.index.max()) + 1)[: len(wide)])
+    ax.set_xlabel("step")
+    final = int(rows["step_b"].max())
+    ax.set_title(f"{metric_label(metric)} of each layer with itself at step {_fmt_step(final)}")
+    fig.colorbar(image, cax=cax).set_label(metric_label(metric))
+    return fig
+
+
+def _layer_names(rows: pd.DataFrame, n: int) -> list[str]:
+    names = [block_name(i) for i in range(n)]
+    for row in rows[["layer", "layer_name"]].drop_duplicates().itertuples(index=False):
+        if row.layer < n:
+            names[row.layer] = row.layer_name
+    return names
+
+
+def _pair_jobs(rows: pd.DataFrame, metric: str) -> list[tuple[str, Callable[[], Figure]]]:
+    jobs = []
+    same_step = rows["step_b"] < 0 if "step_b" in rows.columns else rows["layer_b"] >= 0
+    if "layer_b" in rows.columns and (same_step & (rows["layer_b"] >= 0)).any():
+        jobs.append((f"similarity_{metric}", partial(layer_similarity, rows, metric)))
+    if "step_b" in rows.columns and (rows["step_b"] >= 0).any():
+        jobs.append((f"vs_final_{metric}", partial(similarity_to_final, rows, metric)))
+    return jobs
 
 
 def save_figures(
@@ -782,12 +813,17 @@ def save_figures(
 
     For each metric present (or each of `metrics` that is present):
 
-    - ``profile_<metric>.png``: `layer_profile`, for anisotropy, mean cosine and the intrinsic
-      dimensions (one line per ``revision`` when the table has several, else per step);
-    - ``vs_step_<metric>.png``: `metric_vs_step`, for twonn and anisotropy;
+    - ``profile_<metric>.png``: `layer_profile` (one line per ``revision`` when the table has
+      several, else per step), for the metrics whose catalogue entry asks for it
+      (`repgeom.probes.catalogue`: anisotropy, mean cosine, the intrinsic dimensions, the
+      standard and the user's state metrics);
+    - ``vs_step_<metric>.png``: `metric_vs_step`, where the entry asks (twonn, anisotropy);
     - ``heatmap_<metric>.png``: `heatmap`, for every metric;
-    - ``per_layer_<metric>.png``: `per_layer_vs_step`, for the attention entropies;
-    - ``per_head_<metric>.png``: `per_head_vs_step`, for qk_cosine.
+    - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies);
+    - ``per_head_<metric>.png``: `per_head_vs_step`, where asked (qk_cosine);
+    - ``similarity_<metric>.png``: `layer_similarity`, a layer x layer map of each pairwise
+      metric (CKA, mutual k-NN) at the last step, and ``vs_final_<metric>.png``:
+      `similarity_to_final`, each layer's similarity to itself at the final step.
 
     Figures over steps need at least two probe steps; with a single step every metric gets its
     profile instead. Absent metrics are skipped, and a figure that cannot be drawn (a metric with
@@ -809,16 +845,20 @@ def save_figures(
     jobs: list[tuple[str, Callable[[], Figure]]] = []
     for metric in wanted:
         rows = by_metric[metric]
+        if is_pairwise(rows):
+            jobs += _pair_jobs(rows, metric)
+            continue
+        kinds = catalogue.figures(metric)
         # With one probe step (one checkpoint) the profile is the only figure: draw it for all.
-        if metric in PROFILE_METRICS or _GRIDE.match(metric) or not several_steps:
+        if "profile" in kinds or not several_steps:
             jobs.append((f"profile_{metric}", partial(layer_profile, rows, metric, by=by)))
-        if several_steps and metric in TREND_METRICS:
+        if several_steps and "vs_step" in kinds:
             jobs.append((f"vs_step_{metric}", partial(metric_vs_step, rows, metric)))
         if several_steps:
             jobs.append((f"heatmap_{metric}", partial(heatmap, rows, metric)))
-        if several_steps and metric in PER_LAYER_METRICS:
+        if several_steps and "per_layer" in kinds:
             jobs.append((f"per_layer_{metric}", partial(per_layer_vs_step, rows, metric)))
-        if several_steps and metric in PER_HEAD_METRICS:
+        if several_steps and "per_head" in kinds:
             jobs.append((f"per_head_{metric}", partial(per_head_vs_step, rows, metric)))
     paths = []
     for name, make in jobs:

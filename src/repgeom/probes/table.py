@@ -21,6 +21,22 @@ std        float64  its standard deviation (bootstrap, across windows, ...), NaN
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
 are kept, after these seven, and every function here and in `plots` can group by them.
 
+Pairwise metrics (``reads="pair"`` in `repgeom.probes.catalogue`: ``linear_cka``,
+``mutual_knn``) compare two sets of states; their rows add the columns that name the second set
+(`PAIR_COLUMNS`), which hold -1 (or are empty) on every other row:
+
+=========  =======  ===============================================================================
+layer_b    int64    the second layer: ``layer`` x ``layer_b`` at one step (a <= b, the diagonal is
+                    1 for CKA), or ``layer`` itself when the second set is another step or run
+step_b     int64    the second step (the final probe step, for "how far does each layer still
+                    move"), -1 when both sets are from ``step``
+run_b      str      the second run (``compare_runs``: run against run on the same windows), empty
+                    when both are from this run
+=========  =======  ===============================================================================
+
+These rows are left out of layer means, summaries and the standard per-metric figures
+(`single_set`); `plots.save_figures` draws them as layer x layer and layer x step maps.
+
 On-disk layout of a run (``<run_dir>`` is the Hydra run folder)::
 
     <run_dir>/probes/probes.parquet   the table, exact dtypes (read first when present)
@@ -56,6 +72,8 @@ them out."""
 FINAL_NORM = "final_norm"
 """`layer_name` of the final norm's output (`repgeom.probes.measure.layer_names`)."""
 ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")
+PAIR_COLUMNS: tuple[str, ...] = ("layer_b", "step_b", "run_b")
+"""Columns that name the second state set of a pairwise row (see the module docstring)."""
 """Optional string columns that name what was probed; a step is re-probed per value of these."""
 
 PROBE_DIR = "probes"
@@ -109,6 +127,12 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
         frame["std"] = np.nan
     for col in _INT_COLUMNS:
         frame[col] = _as_int(frame[col], col)
+    for col in PAIR_COLUMNS[:2]:
+        if col in frame.columns:
+            frame[col] = _as_int(frame[col].fillna(-1), col)
+    if "run_b" in frame.columns:
+        frame["run_b"] = frame["run_b"].astype(object).where(frame["run_b"].notna(), "")
+        frame["run_b"] = frame["run_b"].astype(str)
     derived = frame["layer"].map(block_name)
     if "layer_name" in frame.columns:
         given = frame["layer_name"].astype(object)
@@ -182,7 +206,7 @@ def append_rows(
     new = rows_to_frame(rows)
     old = _read_folder(folder) if _table_file(folder) is not None else None
     if old is not None and not old.empty and not new.empty:
-        keys = ["step", *[c for c in ID_COLUMNS if c in new.columns]]
+        keys = ["step", *[c for c in (*ID_COLUMNS, "step_b", "run_b") if c in new.columns]]
         replaced = _key_index(old, keys).isin(_key_index(new, keys))
         old = old.loc[~replaced]
     parts = [f for f in (old, new) if f is not None and not f.empty]
@@ -195,8 +219,12 @@ def append_rows(
 
 def _key_index(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Index:
     """One hashable key per row; a missing id column (or value) counts as the empty string."""
-    cols = [frame[k] if k in frame.columns else pd.Series("", index=frame.index) for k in keys]
-    cols = [c.astype(str).where(c.notna(), "") if c.name != "step" else c for c in cols]
+    missing = {"step_b": -1}
+    cols = [
+        frame[k] if k in frame.columns else pd.Series(missing.get(k, ""), index=frame.index)
+        for k in keys
+    ]
+    cols = [c.astype(str).where(c.notna(), "") if c.dtype == object else c for c in cols]
     return pd.MultiIndex.from_arrays(cols) if len(cols) > 1 else pd.Index(cols[0])
 
 
@@ -283,6 +311,28 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
 # Reductions
 
 
+def is_pairwise(frame: pd.DataFrame) -> bool:
+    """Whether `frame` holds rows of a pairwise metric (a second layer, step or run)."""
+    return bool(pair_rows(frame).any()) if len(frame) else False
+
+
+def pair_rows(frame: pd.DataFrame) -> pd.Series:
+    """True at the rows of pairwise metrics (`PAIR_COLUMNS` set)."""
+    mask = pd.Series(False, index=frame.index)
+    for col in PAIR_COLUMNS[:2]:
+        if col in frame.columns:
+            mask |= frame[col] >= 0
+    if "run_b" in frame.columns:
+        mask |= frame["run_b"].fillna("").astype(str) != ""
+    return mask
+
+
+def single_set(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` without the pairwise rows and their columns: one value per layer of one set."""
+    kept = frame.loc[~pair_rows(frame)] if len(frame) else frame
+    return kept.drop(columns=[c for c in PAIR_COLUMNS if c in frame.columns])
+
+
 def extra_columns(frame: pd.DataFrame) -> list[str]:
     """The columns of `frame` beyond the six standard ones (``model``, ``revision``, ...)."""
     return [c for c in frame.columns if c not in COLUMNS]
@@ -330,6 +380,7 @@ def layer_means(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.D
         Columns ``step, metric, value, std, n_layers`` and the extra columns; ``std`` is the
         spread across layers (population std), ``n_layers`` how many layers went into the mean.
     """
+    frame = single_set(frame)
     per_layer = blocks(head_means(frame), include_embedding=include_embedding)
     keys = ["step", "metric", *extra_columns(frame)]
     if per_layer.empty:
@@ -384,6 +435,7 @@ def summary(frame: pd.DataFrame) -> dict[str, Any]:
     ValueError
         If the table holds several runs or models at the same step.
     """
+    frame = single_set(frame)
     _check_one_run(frame, "summary")
     out: dict[str, Any] = dict.fromkeys(
         [

@@ -33,16 +33,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from repgeom.probes import catalogue
 from repgeom.probes.table import head_means, rows_to_frame
 
-PROFILE_METRICS = ("anisotropy", "mean_cosine", "twonn", "gride_k16", "attention_entropy",
-                   "qk_cosine")  # fmt: skip
+# What each metric gets in W&B is a fact of its catalogue entry (`Output.wandb`).
+PROFILE_METRICS = catalogue.wandb_metrics("profile")
 """The main metrics: each gets a layer profile chart (one line per probe step)."""
-LAYER_STEP_METRICS = ("twonn", "gride_k16", "anisotropy")
+LAYER_STEP_METRICS = catalogue.wandb_metrics("layer_step")
 """The metrics whose layer x step map shows the expansion and compression phases."""
-PEAK_METRICS = ("twonn", "gride_k16")
+PEAK_METRICS = catalogue.wandb_metrics("peak")
 """Intrinsic dimensions whose per-layer peak (step and value) goes into the run summary."""
-FINAL_METRICS = ("anisotropy",)
+FINAL_METRICS = catalogue.wandb_metrics("final")
 """Metrics whose final per-layer profile goes into the run summary."""
 _LAYER_KEY = re.compile(r"probe/(?P<metric>[^/]+)/layer_\d+")
 

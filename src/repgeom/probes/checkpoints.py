@@ -1,0 +1,203 @@
+"""Our training checkpoints: reading and checking them, finding a run's, and the training
+probe's spec and data they carry (for probe.py to rebuild the training probe's exact probe set).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from repgeom.data.datamodule import Enwik8DataModule
+from repgeom.probes.spec import ProbeSpec
+
+
+class CheckpointFormatError(ValueError):
+    """A file that is not a repgeom training checkpoint (another format or no repgeom hparams)."""
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The contents of a repgeom training checkpoint, checked; tensors memory-mapped.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    CheckpointFormatError
+        A file torch cannot read, a plain state dict, or a Lightning checkpoint without the
+        hyperparameters `CharLM` saves (``model``, ``vocab``).
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"ckpt={str(path)!r}: no such file ({path.resolve()}); give a .ckpt written by "
+            "train.py, e.g. outputs/<date>/<time>/checkpoints/last.ckpt"
+        )
+    try:
+        # weights_only: a checkpoint of ours holds tensors and plain data only, so nothing in
+        # the file is executed (https://pytorch.org/docs/stable/generated/torch.load.html).
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # noqa: BLE001 - any unreadable file gets the same message
+        raise CheckpointFormatError(
+            f"ckpt={str(path)!r} is not a repgeom checkpoint: torch.load cannot read it "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200]}). Give a .ckpt written "
+            "by train.py; for a Hugging Face model folder use hf= instead"
+        ) from None
+    hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        what = "a plain state dict" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+        raise CheckpointFormatError(
+            f"ckpt={str(path)!r} is {what}, not a Lightning checkpoint written by train.py (no "
+            "'state_dict' and 'hyper_parameters'); repgeom rebuilds the model from the config "
+            "saved in its own checkpoints, so it cannot probe bare weights. For a Hugging Face "
+            "model use hf=<folder or hub name>"
+        )
+    if not isinstance(hparams, dict) or not {"model", "vocab", "masking"} <= set(hparams):
+        found = sorted(hparams) if isinstance(hparams, dict) else "none"
+        raise CheckpointFormatError(
+            f"ckpt={str(path)!r} is a Lightning checkpoint but not one of repgeom's CharLM: its "
+            f"hyper_parameters lack model/masking/vocab (found: {found}). Probe checkpoints "
+            "written by train.py, or export the model with save_pretrained and use hf="
+        )
+    return ckpt
+
+
+def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(global_step, path) of every checkpoint of a run, one per step, in step order.
+
+    Looks at ``<run>/checkpoints/*.ckpt`` (``last``, ``best``, ``step*``, ...) and the
+    ``hpc_ckpt_*.ckpt`` files Lightning's SLURM requeue writes into the run folder. Files at the
+    same step hold the same weights; the first by name is kept.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder does not exist or holds no checkpoint.
+    """
+    run_dir = Path(run_dir).expanduser()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(
+            f"run={str(run_dir)!r}: no such folder ({run_dir.resolve()}); give a run folder of "
+            "train.py, e.g. outputs/2026-11-21/12-00-00"
+        )
+    paths = sorted({*run_dir.glob("checkpoints/*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")})
+    if not paths:
+        raise FileNotFoundError(
+            f"run={str(run_dir)!r} holds no checkpoint (looked for {run_dir}/checkpoints/*.ckpt "
+            f"and {run_dir}/hpc_ckpt_*.ckpt); is it a train.py run folder?"
+        )
+    by_step: dict[int, Path] = {}
+    for path in paths:
+        step = int(read_checkpoint(path)["global_step"])
+        by_step.setdefault(step, path)
+    return sorted(by_step.items())
+
+
+def run_dir_of(ckpt_path: Path) -> Path:
+    """``<run>/checkpoints/x.ckpt`` -> ``<run>``; ``<run>/hpc_ckpt_1.ckpt`` -> ``<run>``."""
+    parent = ckpt_path.resolve().parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def run_config(run_dir: Path) -> dict | None:
+    """The training config of a run folder: Hydra's copy, else the CSV logger's resolved one."""
+    csv_copies = sorted(  # the CSV logger keeps one folder per start; the newest first
+        run_dir.glob("csv/version_*/hparams.yaml"),
+        key=lambda p: -int(p.parent.name.removeprefix("version_")),
+    )
+    for path in (run_dir / ".hydra" / "config.yaml", *csv_copies, run_dir / "csv" / "hparams.yaml"):
+        if path.is_file():
+            conf = OmegaConf.load(path)
+            out = {}
+            for key in ("data", "probe", "seed", "model"):
+                if key in conf:
+                    try:  # data/probe interpolate ${seed} and ${model.block_size} only
+                        value = conf[key]
+                        out[key] = (
+                            OmegaConf.to_container(value, resolve=True)
+                            if OmegaConf.is_config(value)
+                            else value
+                        )
+                    except Exception:  # noqa: BLE001 - an unresolvable key is as good as absent
+                        continue
+            return out
+    return None
+
+
+@dataclass
+class TrainingProbe:
+    """How the training probe of a run built its probe set (None where unknown)."""
+
+    n_states: int | None = None
+    positions_per_window: int | None = None
+    attention_windows: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    origin: str = "none"
+
+
+def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
+    """The training probe's config: from the checkpoint, else the run folder's config."""
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if key.startswith("ProbeCallback") and isinstance(state, dict) and (
+            "spec" in state or "config" in state
+        ):
+            spec = ProbeSpec.from_checkpoint(state)
+            return TrainingProbe(
+                n_states=spec.n_states,
+                positions_per_window=spec.positions_per_window,
+                attention_windows=spec.attention_windows,
+                batch_size=spec.batch_size,
+                seed=spec.seed,
+                settings=asdict(spec.probe_settings()),
+                origin="checkpoint",
+            )
+    conf = run_config(run_dir) or {}
+    probe = conf.get("probe")
+    if isinstance(probe, dict) and probe.get("_target_", "").endswith("ProbeCallback"):
+        settings = dict(probe.get("settings") or {})
+        seed = probe.get("seed")
+        settings.setdefault("seed", seed)
+        return TrainingProbe(
+            n_states=probe.get("n_states"),
+            positions_per_window=probe.get("positions_per_window"),
+            attention_windows=probe.get("attention_windows"),
+            batch_size=probe.get("batch_size"),
+            seed=seed,
+            settings=settings,
+            origin=f"run config in {run_dir}",
+        )
+    return TrainingProbe()
+
+
+def datamodule_for(ckpt: dict, run_dir: Path, block_size: int, batch_size: int):
+    """The datamodule of the checkpoint's data: source/clean from the checkpoint, path, cache and
+    verify from the run config where there is one."""
+    state = ckpt.get("Enwik8DataModule") or {}
+    data = (run_config(run_dir) or {}).get("data") or {}
+    kwargs = {
+        "source": state.get("source", data.get("source", "sample")),
+        "clean": state.get("clean", data.get("clean", False)),
+        "path": data.get("path"),
+        "cache_dir": data.get("cache_dir"),
+        "verify": data.get("verify", True),
+    }
+    datamodule = Enwik8DataModule(
+        **kwargs, block_size=block_size, batch_size=batch_size, num_workers=0
+    )
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    return datamodule
+
+
+def load_charlm(path: Path, device: torch.device):
+    from repgeom.models.lightning_module import CharLM
+
+    return CharLM.load_from_checkpoint(path, map_location=device, weights_only=True).eval()
+
+

@@ -1,0 +1,52 @@
+"""probe.py's compare mode: per-layer pooled cosine of two texts and the last layer's token x
+token cosine map, for one target (`repgeom.probes.targets`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from repgeom import metrics
+from repgeom.probes import plots
+
+
+def compare(
+    cfg: DictConfig, subject, loaded: Any, output_dir: Path, *, several: bool
+) -> tuple[pd.DataFrame, list[Path]]:
+    include = bool(cfg.include_special)
+    A, tokens_a = subject.text_states(loaded, str(cfg.compare.text_a), include_special=include)
+    B, tokens_b = subject.text_states(loaded, str(cfg.compare.text_b), include_special=include)
+    pooled = [metrics.pooled_similarity(a, b) for a, b in zip(A, B, strict=True)]
+    n = A[-1].shape[0]
+    # Cross cosines from the one-text matrix of both texts stacked: rows A, columns B.
+    matrix = metrics.token_cosine_matrix(torch.cat([A[-1], B[-1]]))[:n, n:].numpy()
+    folder = output_dir / "compare"
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = f"_step{subject.step}" if several else ""
+    frame = pd.DataFrame(
+        {
+            "layer": range(len(pooled)),
+            "pooled_cosine": pooled,
+            "step": subject.step,
+            **subject.id_columns(),
+            "kind": subject.kind,
+        }
+    )
+    frame.to_csv(folder / f"pooled_cosine{suffix}.csv", index=False)
+    pd.DataFrame(
+        matrix,
+        index=pd.Index([f"{i}:{t}" for i, t in enumerate(tokens_a)], name="text_a_token"),
+        columns=[f"{j}:{t}" for j, t in enumerate(tokens_b)],
+    ).to_csv(folder / f"token_cosine_last_layer{suffix}.csv")
+    fig = plots.compare_texts(pooled, matrix, [*tokens_a, *tokens_b])
+    fig.suptitle(f"{subject.label} ({subject.kind})")
+    path = folder / f"compare{suffix}.png"
+    fig.savefig(path, dpi=plots.DPI, facecolor="white")
+    fig.clear()
+    return frame, [path]
+
+

@@ -1,0 +1,67 @@
+"""probe.py's console output: the per-layer table of the last model, the trend over steps, and
+the pooled cosine of compare mode. The columns are the catalogue's console metrics
+(`repgeom.probes.catalogue.console_metrics`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from repgeom.probes import catalogue, table
+
+
+def console():
+    from rich.console import Console
+
+    return Console(width=max(100, int(os.environ.get("COLUMNS", 120))))
+
+
+def print_tables(frame: pd.DataFrame, subjects: list) -> None:
+    from rich.table import Table
+
+    out_console = console()
+    frame = table.single_set(frame)
+    per_layer = table.head_means(frame)
+    last = subjects[-1]
+    rows = per_layer.loc[per_layer["step"] == last.step]
+    shown = [m for m in catalogue.console_metrics() if m in set(rows["metric"])]
+    wide = rows.pivot_table(index="layer", columns="metric", values="value")
+    out = Table(title=f"{last.label}: {last.kind}, per layer (heads averaged)")
+    out.add_column("layer", justify="right")
+    for metric in shown:
+        out.add_column(metric, justify="right")
+    for layer, values in wide.iterrows():
+        out.add_row(str(layer), *[_fmt(values.get(m)) for m in shown])
+    out_console.print(out)
+    if len(subjects) > 1:
+        means = table.layer_means(frame)
+        wide = means.pivot_table(index="step", columns="metric", values="value")
+        trend = Table(title="mean over blocks 1..L, per step")
+        trend.add_column("step", justify="right")
+        trend.add_column("checkpoint / revision")
+        for metric in shown:
+            trend.add_column(metric, justify="right")
+        labels = {s.step: s.label for s in subjects}
+        for step, values in wide.iterrows():
+            trend.add_row(str(step), labels.get(step, ""), *[_fmt(values.get(m)) for m in shown])
+        out_console.print(trend)
+
+
+def print_compare(subject, pooled: pd.DataFrame) -> None:
+    from rich.table import Table
+
+    out = Table(title=f"{subject.label} ({subject.kind}): pooled cosine of text A and text B")
+    out.add_column("layer", justify="right")
+    out.add_column("pooled cosine", justify="right")
+    for row in pooled.itertuples(index=False):
+        out.add_row(str(row.layer), f"{row.pooled_cosine:.4f}")
+    console().print(out)
+
+
+def _fmt(value: Any) -> str:
+    return "" if value is None or not np.isfinite(value) else f"{value:.4g}"
+
+

@@ -1,0 +1,73 @@
+"""Where one probe step's numbers go, for the training callback and probe.py alike: the tidy
+table on disk, the W&B scalars, and the figures (files and W&B images)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from repgeom.probes import plots, table, wandb_charts
+
+
+def wandb_scalars(frame: pd.DataFrame) -> dict[str, float]:
+    """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
+    means ``probe/<metric>/mean`` (`table.layer_means`); pairwise metrics as
+    ``probe/<metric>/layer_<ii>/layer_<jj>`` (two layers), ``probe/<metric>_vs_final/layer_<ii>``
+    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs)."""
+    scalars: dict[str, float] = {}
+    pairs = table.pair_rows(frame)
+    for row in table.single_set(frame).itertuples(index=False):
+        key = f"probe/{row.metric}/layer_{row.layer:02d}"
+        if row.head >= 0:
+            key += f"/head_{row.head:02d}"
+        scalars[key] = row.value
+    for row in frame.loc[pairs].to_dict("records"):
+        if row.get("run_b"):
+            key = f"probe/{row['metric']}_vs_{row['run_b']}/layer_{row['layer']:02d}"
+        elif row.get("step_b", -1) >= 0:
+            key = f"probe/{row['metric']}_vs_final/layer_{row['layer']:02d}"
+        else:
+            key = f"probe/{row['metric']}/layer_{row['layer']:02d}/layer_{row['layer_b']:02d}"
+        scalars[key] = row["value"]
+    for row in table.layer_means(frame).itertuples(index=False):
+        scalars[f"probe/{row.metric}/mean"] = row.value
+    return scalars
+
+
+def write_step(run_dir: str | os.PathLike, rows: list[dict]) -> pd.DataFrame:
+    """Add one probe step's rows to ``<run_dir>/probes/probes.{parquet,csv}``; the whole table."""
+    return table.append_rows(table.probe_dir(run_dir), rows)
+
+
+def log_scalars(runs: Iterable, step: int, frame: pd.DataFrame, extra: Mapping[str, Any]) -> None:
+    """Log one probe step's scalars to every W&B run, on the ``probe/step`` axis."""
+    scalars = {"probe/step": step, **extra, **wandb_scalars(frame)}
+    for run in runs:
+        wandb_charts.define_summaries(run, scalars)  # per-layer peak ID, final anisotropy
+        run.log(scalars)
+
+
+def figures(
+    runs: Iterable,
+    frame: pd.DataFrame,
+    run_dir: str | os.PathLike,
+    step: int,
+    *,
+    metrics: list[str] | None = None,
+    interactive: bool = True,
+) -> list[Path]:
+    """Draw the standard figures into ``<run_dir>/probes/plots`` and log them to W&B."""
+    paths = plots.save_figures(frame, table.plot_dir(run_dir), metrics=metrics)
+    runs = list(runs)
+    if runs:
+        import wandb
+
+        images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
+        charts = wandb_charts.charts(table.single_set(frame)) if interactive else {}
+        for run in runs:
+            run.log({**images, **charts, "probe/step": step})
+    return paths
