@@ -148,6 +148,7 @@ def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     done = run_probe_py(args, COLUMNS="160")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "decoder" in done.stdout and "anisotropy" in done.stdout
+    assert "final norm" in done.stdout  # the console table names GPT-2's ln_f row
     frame = table.read_table(out)
     assert_every_metric_every_layer(frame, n_layers=2, n_heads=4)
     assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()

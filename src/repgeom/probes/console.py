@@ -33,8 +33,10 @@ def print_tables(frame: pd.DataFrame, subjects: list) -> None:
     out.add_column("layer", justify="right")
     for metric in shown:
         out.add_column(metric, justify="right")
+    names = rows.drop_duplicates("layer").set_index("layer")["layer_name"]
     for layer, values in wide.iterrows():
-        out.add_row(str(layer), *[_fmt(values.get(m)) for m in shown])
+        label = "final norm" if names.get(layer) == table.FINAL_NORM else str(layer)
+        out.add_row(label, *[_fmt(values.get(m)) for m in shown])
     out_console.print(out)
     if len(subjects) > 1:
         means = table.layer_means(frame)
