@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from repgeom import metrics
+from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.models.capture import Capture
 from repgeom.probes import catalogue
 
@@ -81,28 +82,12 @@ class ProbeSettings:
     written before the catalogue carry them)."""
 
     def __post_init__(self) -> None:
-        def fraction(name: str) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                0.0 < value < 1.0
-            ):
-                raise ValueError(
-                    f"probe setting {name} must lie in the open interval (0, 1), got {value!r}"
-                )
-
-        def integer(name: str, minimum: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(
-                    f"probe setting {name} must be an integer >= {minimum}, got {value!r}"
-                )
-
         for name in ("discard_fraction", "near_duplicate_threshold", "cosine_baseline_quantile"):
-            fraction(name)
-        integer("state_batch_size", 3)
-        integer("max_order", 2)
-        integer("distribution_samples", 10)
-        integer("seed", -(2**63))
+            setattr(self, name, check_fraction(getattr(self, name), f"probe setting {name}",
+                                               include_low=False))
+        for name, minimum in (("state_batch_size", 3), ("max_order", 2),
+                              ("distribution_samples", 10), ("seed", None)):
+            check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
         if isinstance(self.metrics, str):
             raise ValueError(
                 f"probe setting metrics must be a list of names, got the string {self.metrics!r}"
