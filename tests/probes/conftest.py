@@ -28,6 +28,13 @@ _SMALL = dict(
 )
 _BERTLIKE = dict(_SMALL, intermediate_size=64)
 _LLAMALIKE = dict(_SMALL, intermediate_size=64)
+_ROBERTALIKE = (
+    dict(_BERTLIKE, max_position_embeddings=66, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+    dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+         pad_token="<pad>", unk_token="<unk>"),
+    "<s> $A </s>",
+)
+"""Config, special tokens and template shared by RoBERTa and XLM-RoBERTa-XL."""
 FAMILIES = {
     "gpt2": (
         "GPT2Config",
@@ -56,34 +63,10 @@ FAMILIES = {
         dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>", unk_token="<unk>"),
         "[CLS] $A [SEP]",
     ),
-    "roberta": (
-        "RobertaConfig",
-        # RoBERTa numbers positions from pad_token_id + 1, hence two extra positions.
-        dict(_BERTLIKE, max_position_embeddings=66, pad_token_id=0, bos_token_id=2, eos_token_id=3),
-        dict(
-            bos_token="<s>",
-            eos_token="</s>",
-            cls_token="<s>",
-            sep_token="</s>",
-            pad_token="<pad>",
-            unk_token="<unk>",
-        ),
-        "<s> $A </s>",
-    ),
+    # RoBERTa numbers positions from pad_token_id + 1, hence two extra positions.
+    "roberta": ("RobertaConfig", *_ROBERTALIKE),
     # Pre-LN encoder: no embedding norm, a norm before each sublayer, a final encoder.LayerNorm.
-    "xlm-roberta-xl": (
-        "XLMRobertaXLConfig",
-        dict(_BERTLIKE, max_position_embeddings=66, pad_token_id=0, bos_token_id=2, eos_token_id=3),
-        dict(
-            bos_token="<s>",
-            eos_token="</s>",
-            cls_token="<s>",
-            sep_token="</s>",
-            pad_token="<pad>",
-            unk_token="<unk>",
-        ),
-        "<s> $A </s>",
-    ),
+    "xlm-roberta-xl": ("XLMRobertaXLConfig", *_ROBERTALIKE),
     "gpt_neox": (
         "GPTNeoXConfig",
         # rotary_pct < 1 as in Pythia (0.25): only part of each head's dims is rotated.
