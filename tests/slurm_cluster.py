@@ -8,6 +8,7 @@ service and several test sessions do not collide. Client commands find it throug
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -174,7 +175,8 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
                     break
                 time.sleep(0.1)
             else:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it exited just now: done
+                    os.kill(pid, signal.SIGKILL)
         self._pids.clear()
 
     def job(self, job_id: str) -> dict[str, str]:
