@@ -109,6 +109,18 @@ def test_copies_that_differ_only_by_the_sign_of_zero_are_duplicates(dtype) -> No
     assert r.dimension == pytest.approx(twonn(X, batch_size=10**6).dimension, rel=1e-6)
 
 
+def test_copies_that_differ_by_rounding_are_duplicates_and_larger_jitter_is_not() -> None:
+    """The same state computed in two batch rows may differ in its last bits (BLAS kernels
+    round rows differently): such copies are one state; copies 1e-4 apart are not."""
+    X = torch.from_numpy(_data("gauss5")).to(torch.float32)
+    ulp_noise = X[:40] * (1 + 2 * torch.finfo(torch.float32).eps * torch.randn(40, X.shape[1]))
+    assert (ulp_noise != X[:40]).any()
+    rounded = twonn(torch.cat([X, ulp_noise]), batch_size=10**6)
+    assert rounded.n_duplicates == 40 and rounded.n_points == N
+    jittered = twonn(torch.cat([X, X[:40] + 1e-4]), batch_size=10**6)
+    assert jittered.n_duplicates == 0 and jittered.n_points == N + 40
+
+
 def test_batches_hold_at_least_batch_size_rows_and_duplicates_go_within_each():
     # 2 x 500 rows with 40 copies: still two batches (the rule counts rows, as for every
     # other per-layer metric), each deduplicated on its own.
@@ -249,7 +261,7 @@ def test_near_duplicates_flagged_and_gride_sees_through_them():
 def test_near_duplicate_share_example():
     g = torch.Generator().manual_seed(0)
     X = torch.randn(1000, 8, generator=g)
-    X[:100] = X[100:200] + 1e-6 * torch.randn(100, 8, generator=g)
+    X[:100] = X[100:200] + 1e-4 * torch.randn(100, 8, generator=g)
     # 100 jittered copies and their 100 originals; for 8-D Gaussian points r1 < 0.01 x median
     # r_64 has probability ~ 64 * 1e-16
     assert near_duplicate_share(X) == pytest.approx(0.2)

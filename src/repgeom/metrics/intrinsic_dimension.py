@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse
+import scipy.sparse.csgraph
 import torch
 
 from ._validation import check_fraction, check_int, check_matrix
@@ -51,8 +53,8 @@ class TwoNNResult:
     dimension, dimension_std : linear fit through the origin (the paper's estimator).
     mle, mle_std : maximum likelihood ``(N - 1) / sum(log mu)``.
     n_batches : number of batches. n_points : distinct points used.
-    n_duplicates : rows removed as exact duplicates (plus any point whose nearest distance was
-        still 0 in float32, which is dropped from the ratios).
+    n_duplicates : rows removed as duplicates, equal up to rounding (see ``DUPLICATE_ULPS``),
+        plus any point whose nearest distance was still 0, which is dropped from the ratios.
     """
 
     dimension: float
@@ -358,7 +360,7 @@ def near_duplicate_share(
     >>> import torch
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1000, 8, generator=g)
-    >>> X[:100] = X[100:200] + 1e-6 * torch.randn(100, 8, generator=g)  # 100 near-copies
+    >>> X[:100] = X[100:200] + 1e-4 * torch.randn(100, 8, generator=g)  # 100 near-copies
     >>> round(near_duplicate_share(X), 2)
     0.2
     """
@@ -456,33 +458,50 @@ def _check_max_order(max_order) -> int:
 # computation
 
 
-def _unique_rows(X: torch.Tensor) -> torch.Tensor:
-    """Indices of the first occurrence of each distinct row, in original order.
+# Rows closer than this many float units (ulps) of the batch's RMS row norm are one state: the
+# same context computed in two rows of a batch may round differently in the BLAS kernels.
+DUPLICATE_ULPS = 64
 
-    Rows are hashed by two random projections (one cheap matmul) and only rows whose hashes
-    collide are compared byte by byte; a full sort of n rows of d floats would cost more than
-    everything else around the search. Identical rows get identical projections unless the
-    BLAS kernel rounds two rows differently; such a missed copy still shows up as ``r1 = 0``
-    after the search, where it is dropped and counted (see ``_estimate``).
+
+def _unique_rows(X: torch.Tensor) -> torch.Tensor:
+    """Indices (ascending) of the rows kept when rows equal up to rounding are merged.
+
+    Two rows are duplicates when ``||x_i - x_j|| <= DUPLICATE_ULPS * eps * rms``, with ``eps``
+    the working precision (float32, or float64 for float64 data) and ``rms`` the RMS row norm:
+    a state computed twice from the same context differs by a few ulps when the two copies sit
+    in different rows of a batch (BLAS kernels round rows differently, and differently on
+    different CPUs), so exact equality would count it once here and twice there. Each group
+    of connected duplicates keeps its first row.
+
+    Candidates come from one projection on a random unit vector: ``|u.(x_i - x_j)| <=
+    ||x_i - x_j||``, so every duplicate pair is within ``delta`` in the sorted projections and
+    only such pairs are compared (no pair is missed, and no n x n comparison is made).
     """
-    n, d = X.shape
+    n = X.shape[0]
+    work = X if X.dtype == torch.float64 else X.to(torch.float32)
+    rms = float(torch.linalg.vector_norm(work.double()) / math.sqrt(n))
+    delta = DUPLICATE_ULPS * torch.finfo(work.dtype).eps * rms
     gen = torch.Generator().manual_seed(12345)
-    R = torch.randn(d, 2, generator=gen).to(device=X.device, dtype=X.dtype)
-    h = (X @ R).to(torch.float32).contiguous().view(torch.int64).squeeze(1)  # 2 floats, 1 key
-    _, first, inverse, counts = np.unique(h.cpu().numpy(), return_index=True,
-                                          return_inverse=True, return_counts=True)
-    if (counts == 1).all():
+    u = torch.randn(work.shape[1], generator=gen, dtype=torch.float64).to(X.device)
+    projection = work.double() @ (u / torch.linalg.vector_norm(u))
+    order = torch.argsort(projection, stable=True)
+    sorted_projection = projection[order]
+    first, second = [], []
+    for offset in range(1, n):  # pairs `offset` apart in the sorted order, while any is close
+        close = (sorted_projection[offset:] - sorted_projection[:-offset]) <= delta
+        if not close.any():
+            break
+        a, b = order[:-offset][close], order[offset:][close]
+        same = torch.linalg.vector_norm((work[a] - work[b]).double(), dim=1) <= delta
+        first.append(a[same])
+        second.append(b[same])
+    if not first or not torch.cat(first).numel():
         return torch.arange(n, device=X.device)
-    keep = np.ones(n, dtype=bool)
-    rows = X.cpu().numpy()
-    void = np.dtype((np.void, rows.dtype.itemsize * d))
-    for group in np.flatnonzero(counts > 1):
-        members = np.flatnonzero(inverse == group)  # ascending
-        v = (rows[members] + 0.0).view(void).ravel()  # + 0.0: -0.0 and 0.0 get equal bytes
-        _, first_in_group = np.unique(v, return_index=True)
-        drop = np.setdiff1d(np.arange(len(members)), first_in_group)
-        keep[members[drop]] = False
-    return torch.from_numpy(np.flatnonzero(keep)).to(X.device)
+    i, j = torch.cat(first).cpu().numpy(), torch.cat(second).cpu().numpy()
+    graph = scipy.sparse.coo_matrix((np.ones(len(i)), (i, j)), shape=(n, n))
+    _, label = scipy.sparse.csgraph.connected_components(graph, directed=False)
+    _, keep = np.unique(label, return_index=True)  # the first row of each group
+    return torch.from_numpy(np.sort(keep)).to(X.device)
 
 
 def batch_indices(n: int, batch_size: int, seed: int) -> list[torch.Tensor]:
