@@ -251,6 +251,29 @@ def test_render_states_seeds_vocabulary_and_protocol(tmp_path: Path) -> None:
         assert (out / image).stat().st_size > 5_000, image
 
 
+def test_hand_written_analyses_sit_between_the_generated_sections_and_the_notes(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "docs"
+    (out / "results" / "analyses").mkdir(parents=True)
+    (out / "results" / "analyses" / "means.png").write_bytes(b"png")
+    analyses = tmp_path / "analyses.md"
+    analyses.write_text("## 6. Analyses\n\n![means](results/analyses/means.png)\n")
+    notes = tmp_path / "notes.md"
+    notes.write_text("Closing notes.")
+    common = ["--analyses", str(analyses), "--notes", str(notes), "--out", str(out)]
+    text = report(common).read_text()
+    assert text.index("## 6. Analyses") < text.index("## Scale and what it would take")
+    assert "![means](results/analyses/means.png)" in text
+    assert text.rstrip().endswith("Closing notes.")
+    # rewriting the report keeps the hand-written section: it is read again, not edited in place
+    assert report(common).read_text() == text
+
+    analyses.write_text("## 6. Analyses\n\n![gone](results/analyses/gone.png)\n")
+    with pytest.raises(FileNotFoundError, match=r"gone\.png.*relative to the report's folder"):
+        report(common)
+
+
 def test_the_committed_layout_reads_without_hparams(tmp_path: Path) -> None:
     # Only probes/probes.parquet and .hydra/config.yaml per run: the vocabulary is then unknown,
     # and the report says so instead of typing a number.

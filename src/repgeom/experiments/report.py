@@ -1,9 +1,13 @@
 """Regenerate `docs/results.md` and its figures from run folders: no number is typed by hand.
 
+The generated sections are followed by two hand-written files passed in, ``--analyses`` (the
+analyses' sections, with numbers read from their CSV files) and ``--notes``.
+
     python -m repgeom.experiments.report \\
         --shape-of-learning multirun/shape_of_learning/<stamp> \\
         --distributions outputs/probe/<date>/<time> \\
         --common-bias docs/results/common_bias \\
+        --analyses docs/results_analyses.md \\
         --out docs
 
 Each claim of the papers is turned into a check on the tables the runs wrote; the report states
@@ -633,6 +637,27 @@ def common_bias(folder: Path, out: Path) -> list[str]:
     return body
 
 
+def included_markdown(path: Path, out: Path) -> str:
+    """The text of a hand-written section file, after checking that its links resolve from `out`.
+
+    The analyses' sections (docs/results/analyses, papers/000 and papers/004) are written by hand
+    from their CSV files; including them here keeps them when this report rewrites results.md.
+    A relative link or figure that does not exist under `out` would be a dead link in the report.
+    """
+    text = path.read_text().strip()
+    missing = [
+        target
+        for target in re.findall(r"\]\(([^)#\s]+)\)", text)
+        if "://" not in target and not (out / target).exists()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} links to {missing}, which do not exist under {out}: write links relative "
+            f"to the report's folder ({out}) and commit the files they name"
+        )
+    return text
+
+
 def render(args: argparse.Namespace) -> Path:
     out = Path(args.out)
     figures = out / "results" / "figures"
@@ -699,6 +724,8 @@ def render(args: argparse.Namespace) -> Path:
             "",
         ]
         lines += [f"![{Path(i).name}]({rel(i)})" for i in images] + [""]
+    if args.analyses:
+        lines += [included_markdown(Path(args.analyses), out), ""]
     if args.notes:
         lines += ["## Scale and what it would take", "", Path(args.notes).read_text().strip(), ""]
     path = out / "results.md"
@@ -717,6 +744,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
         "--distributions-command", default="python probe.py ckpt=<causal run>/checkpoints/last.ckpt"
     )
     parser.add_argument("--common-bias", help="folder with <model>/summary.json of experiment 4")
+    parser.add_argument(
+        "--analyses",
+        help="a hand-written markdown file (its own '## ' headings, links relative to --out) "
+        "placed after the generated sections: the analyses of docs/results/analyses",
+    )
     parser.add_argument("--notes", help="a markdown file appended as the closing section")
     parser.add_argument("--out", default="docs")
     args = parser.parse_args(argv)
