@@ -84,13 +84,9 @@ def run(tmp_path_factory) -> Path:
     """A tiny run (2 blocks x 2 heads, D = 16) with checkpoints at steps 10 and 20 and the
     training probe's qk_cosine logged at both."""
     run_dir = tmp_path_factory.mktemp("run")
-    every_10 = (
-        "+callbacks.every10={_target_:lightning.pytorch.callbacks.ModelCheckpoint,"
-        f"dirpath:'{run_dir}/checkpoints',filename:'step{{step}}',every_n_train_steps:10,"
-        "save_top_k:-1,auto_insert_metric_name:false}"
-    )
     overrides = ["logger=csv", "probe.every_n_steps=10", "probe.n_log_spaced=0",
-                 "probe.metrics=[qk_alignment]", every_10]
+                 "probe.metrics=[qk_alignment]", "callbacks=trajectory",
+                 "callbacks.checkpoint_every.every_n_train_steps=10"]
     train(compose_train(run_dir, overrides))
     return run_dir
 

@@ -30,11 +30,13 @@ The protocol on our runs:
 Command line (``key=value`` or ``--key value``)::
 
     python -m repgeom.analyses.qk_projection run=<train.py run folder> out=<dir> \\
-        [layer=1,2] [head=0] [basis=union|query|key] [windows=16] [points=256] [device=cpu]
+        [layer=1,2] [head=0] [basis=union|query|key] [windows=16] [points=256] [device=auto]
 
-A run folder holds ``last.ckpt`` and ``best.ckpt`` only unless training saved more; add e.g.
-``'+callbacks.every_1k={_target_:lightning.pytorch.callbacks.ModelCheckpoint,dirpath:${output_dir}/checkpoints,filename:step{step},every_n_train_steps:1000,save_top_k:-1,auto_insert_metric_name:false}'``
-to ``train.py``. Writes ``qk_projection.csv`` (step, layer, head, kind = query|key, token,
+A run folder holds ``last.ckpt`` and ``best.ckpt`` only unless training kept more:
+``python train.py callbacks=trajectory callbacks.checkpoint_every.every_n_train_steps=1000``
+(``conf/callbacks/trajectory.yaml``) keeps one every 1000 steps. The forward passes run on the
+GPU when there is one; the SVD is a D x D eigenproblem per head either way.
+Writes ``qk_projection.csv`` (step, layer, head, kind = query|key, token,
 component_1, component_2: the drawn tokens), ``qk_projection_means.csv`` (the same columns for
 the means, plus ``cosine``: the cosine of ``Q̄_s`` and ``K̄_s`` in the full head dimension, the
 probe's ``qk_cosine``, Figure 13), ``qk_projection_basis.csv`` (layer, head, component,
@@ -239,7 +241,7 @@ def qk_trajectory(
     windows: int | None = None,
     points: int | None = DEFAULT_POINTS,
     seed: int = 0,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = "auto",
 ) -> QKTrajectory:
     """Capture the queries and keys of `layers` x `heads` at every checkpoint of a run.
 
@@ -251,6 +253,7 @@ def qk_trajectory(
     windows : whole windows of the probe set; None: the training probe's ``attention_windows``
     points : tokens per step kept for drawing (the same at every step); None: all
     seed : which tokens are drawn
+    device : where the forward passes run; ``"auto"``: CUDA when available
 
     Raises
     ------
@@ -260,12 +263,13 @@ def qk_trajectory(
         A layer or head the model does not have; windows or points below 1.
     """
     from repgeom.probes.checkpoints import find_checkpoints, load_charlm
+    from repgeom.probes.runner import resolve_device
 
     for name, value in (("windows", windows), ("points", points)):
         if value is not None and (isinstance(value, bool) or int(value) < 1):
             raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
     found = find_checkpoints(run_dir)
-    device = torch.device(device)
+    device = resolve_device(device) if isinstance(device, str | None) else device
     out: QKTrajectory | None = None
     ids = None
     for step, path in found:
@@ -458,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     p.add_argument("--points", type=int, default=DEFAULT_POINTS,
                    help="tokens per step drawn and written")
     p.add_argument("--seed", type=int, default=0, help="which tokens are drawn")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
     a = parse(p, argv)
     trajectory = qk_trajectory(a.run, layers=a.layer, heads=a.head, windows=a.windows,
                                points=a.points, seed=a.seed, device=a.device)
