@@ -7,11 +7,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hydra_configs import compose_train
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra_configs import CONF_DIR, compose_train
 
 from repgeom.analyses import qk_projection
 from repgeom.analyses.qk_projection import common_svd, project, qk_trajectory, svd_basis
-from repgeom.probes import table
+from repgeom.probes import runner, table
 from repgeom.train import train
 
 
@@ -150,3 +152,30 @@ def test_bad_runs_and_indices(run, tmp_path) -> None:
         qk_trajectory(run, points=0)
     with pytest.raises(SystemExit):  # argparse: "'a,b' is not a comma-separated list ..."
         qk_projection.main([f"run={run}", f"out={tmp_path}", "layer=a,b"])
+
+
+def compose_probe(tmp_path: Path, overrides: list[str]):
+    """The real `conf/probe.yaml`, writing to `tmp_path`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
+
+
+def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
+    cfg = compose_probe(tmp_path / "probe", [
+        f"run={run}", "qk_projection=true", "device=cpu", "metrics=[qk_alignment]",
+        "plot_metrics=[]", "settings.distributions=false"])
+    result = runner.probe(cfg)
+    drawn = sorted(p.name for p in result.plots)
+    assert drawn == [f"qk_projection_layer{layer:02d}_head{head:02d}.png"
+                     for layer in (1, 2) for head in (0, 1)]
+    # The same numbers as the command line's (same windows: the training probe's).
+    means = pd.read_csv(tmp_path / "probe" / "qk_projection" / "qk_projection_means.csv")
+    expected = qk_projection.main([f"run={run}", f"out={tmp_path / 'cli'}", "device=cpu",
+                                   "layer=2"])["means"]
+    pd.testing.assert_frame_equal(means[means["layer"] == 2].reset_index(drop=True), expected,
+                                  check_dtype=False)
+    # Off by default, and refused where there is no trajectory.
+    assert compose_probe(tmp_path, [f"run={run}"]).qk_projection is False
+    with pytest.raises(ValueError, match="qk_projection=true draws a trajectory and needs run="):
+        runner.check_config(compose_probe(tmp_path, ["hf=gpt2", "qk_projection=true"]))

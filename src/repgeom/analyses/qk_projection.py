@@ -41,7 +41,8 @@ component_1, component_2: the drawn tokens), ``qk_projection_means.csv`` (the sa
 the means, plus ``cosine``: the cosine of ``Q̄_s`` and ``K̄_s`` in the full head dimension, the
 probe's ``qk_cosine``, Figure 13), ``qk_projection_basis.csv`` (layer, head, component,
 singular_value, energy: its share of the squared norm) and one figure per head,
-``qk_projection_layer<ll>_head<hh>.png``.
+``qk_projection_layer<ll>_head<hh>.png``. ``python probe.py run=<run> qk_projection=true``
+writes the same into ``<probe output>/qk_projection/`` (`write`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ __all__ = [
     "qk_trajectory",
     "project",
     "plot_projection",
+    "write",
     "main",
 ]
 
@@ -448,6 +450,48 @@ def _int_list(text: str) -> list[int]:
         ) from None
 
 
+def write(
+    run_dir: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    basis: str = "union",
+    windows: int | None = None,
+    points: int | None = DEFAULT_POINTS,
+    seed: int = 0,
+    device: str | torch.device | None = "auto",
+) -> tuple[dict[str, pd.DataFrame], list[Path]]:
+    """`qk_trajectory` and `project` of a run, written to `out` (the three CSVs and a figure per
+    head, as the module docstring lists); returns the tables and the figures' paths. The
+    command line and ``probe.py run=<run> qk_projection=true`` both end here."""
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {BASES}, got {basis!r}")
+    trajectory = qk_trajectory(run_dir, layers=layers, heads=heads, windows=windows,
+                               points=points, seed=seed, device=device)
+    tables = dict(zip(("points", "means", "basis"), project(trajectory, basis=basis),
+                      strict=True))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_csv(out / ("qk_projection.csv" if name == "points"
+                            else f"qk_projection_{name}.csv"), index=False)
+    means = tables["means"]
+    figures = []
+    for (layer, head), rows in tables["points"].groupby(["layer", "head"]):
+        fig = plot_projection(
+            rows, means[(means["layer"] == layer) & (means["head"] == head)],
+            title=f"{Path(run_dir).name}: block {layer}, head {head}, SVD of {basis}",
+        )
+        path = out / f"qk_projection_layer{layer:02d}_head{head:02d}.png"
+        fig.savefig(path, facecolor="white")
+        fig.clear()
+        figures.append(path)
+    print(f"qk_projection: {len(trajectory.steps)} checkpoints (steps {trajectory.steps}), "
+          f"{len(trajectory.heads)} heads: {out}")
+    return tables, figures
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     p = argparse.ArgumentParser(prog="python -m repgeom.analyses.qk_projection",
                                 description=__doc__.split("\n\n")[0])
@@ -464,24 +508,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
     p.add_argument("--seed", type=int, default=0, help="which tokens are drawn")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
     a = parse(p, argv)
-    trajectory = qk_trajectory(a.run, layers=a.layer, heads=a.head, windows=a.windows,
-                               points=a.points, seed=a.seed, device=a.device)
-    points, means, basis = project(trajectory, basis=a.basis)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    points.to_csv(out / "qk_projection.csv", index=False)
-    means.to_csv(out / "qk_projection_means.csv", index=False)
-    basis.to_csv(out / "qk_projection_basis.csv", index=False)
-    for (layer, head), rows in points.groupby(["layer", "head"]):
-        fig = plot_projection(
-            rows, means[(means["layer"] == layer) & (means["head"] == head)],
-            title=f"{Path(a.run).name}: block {layer}, head {head}, SVD of {a.basis}",
-        )
-        fig.savefig(out / f"qk_projection_layer{layer:02d}_head{head:02d}.png", facecolor="white")
-        fig.clear()
-    print(f"{len(trajectory.steps)} checkpoints (steps {trajectory.steps}), "
-          f"{len(trajectory.heads)} heads: {out}")
-    return {"points": points, "means": means, "basis": basis}
+    tables, _ = write(a.run, a.out, layers=a.layer, heads=a.head, basis=a.basis,
+                      windows=a.windows, points=a.points, seed=a.seed, device=a.device)
+    return tables
 
 
 if __name__ == "__main__":

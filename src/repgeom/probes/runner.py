@@ -120,6 +120,11 @@ def check_config(cfg: DictConfig) -> str:
                 "compare takes ckpt= or hf=, not run=; pick one checkpoint, e.g. "
                 "ckpt=<run>/checkpoints/last.ckpt"
             )
+    if cfg.get("qk_projection") and mode != "run":
+        raise ValueError(
+            f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
+            "or leave qk_projection=false"
+        )
     for key in ("n_states", "batch_size", "window"):
         value = cfg.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -230,6 +235,11 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         wanted = cfg.get("plot_metrics")
         wanted = None if wanted is None else [str(m) for m in wanted]
         figures = plots.save_figures(frame, table.plot_dir(output_dir), metrics=wanted)
+        if cfg.get("qk_projection"):
+            from repgeom.analyses import qk_projection
+
+            figures += qk_projection.write(cfg.run, output_dir / "qk_projection",
+                                           windows=cfg.get("attention_windows"), device=device)[1]
         console.print_tables(frame, subjects)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings)
     _write_info(result, cfg, mode)
