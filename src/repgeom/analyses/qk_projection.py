@@ -78,6 +78,8 @@ alone (appendix C, Figs. 19-22)."""
 N_COMPONENTS = 2
 DEFAULT_POINTS = 256
 """Tokens per step drawn and written (the means use every token)."""
+_BATCH_SIZE = 16
+"""Windows per forward pass."""
 
 
 def svd_basis(gram: np.ndarray, n_components: int = N_COMPONENTS) -> tuple[np.ndarray, np.ndarray]:
@@ -266,6 +268,7 @@ def qk_trajectory(
     """
     from repgeom.probes.checkpoints import find_checkpoints, load_charlm
     from repgeom.probes.runner import resolve_device
+    from repgeom.probes.targets import gpt_captures
 
     for name, value in (("windows", windows), ("points", points)):
         if value is not None and (isinstance(value, bool) or int(value) < 1):
@@ -290,11 +293,14 @@ def qk_trajectory(
                 for layer in layers for head in heads}, (config.n_layer, config.n_head))
         elif (config.n_layer, config.n_head) != out.shape:
             raise ValueError(f"{path}: the model's shape differs from the run's first checkpoint")
-        with torch.no_grad():
-            capture = module.model.eval().capture(ids.to(device), attention=False)
-        for (layer, head), states in out.heads.items():
-            q = _head_rows(capture.queries[layer - 1], head)
-            k = _head_rows(capture.keys[layer - 1], head)
+        parts: dict[tuple[int, int], tuple[list, list]] = {key: ([], []) for key in out.heads}
+        for capture in gpt_captures(module.model.eval(), ids, None, batch_size=_BATCH_SIZE,
+                                    attention=False):
+            for (layer, head), (qs, ks) in parts.items():
+                qs.append(_head_rows(capture.queries[layer - 1], head))
+                ks.append(_head_rows(capture.keys[layer - 1], head))
+        for key, states in out.heads.items():
+            q, k = (np.concatenate(rows) for rows in parts[key])
             states.gram_q += q.T @ q
             states.gram_k += k.T @ k
             states.means_q.append(q.mean(axis=0))
@@ -302,7 +308,7 @@ def qk_trajectory(
             states.queries.append(q[out.tokens])
             states.keys.append(k[out.tokens])
         out.steps.append(step)
-        del module, capture
+        del module, parts
     return out
 
 
