@@ -44,6 +44,8 @@ STATE_METRICS = {
     "loglik_normal",
 }
 HEAD_METRICS = set(PER_HEAD_METRICS)
+LAYER_QK_METRICS = {"qk_cosine_concat"}
+"""Read from queries and keys like the head metrics, but one row per block (head -1)."""
 # Small and fast: a few hundred states, GRIDE up to order 8, few distribution samples.
 SMALL = [
     "n_states=192",
@@ -76,7 +78,11 @@ def assert_every_metric_every_layer(
         rows = frame[frame["metric"] == metric]
         assert len(rows) == n_layers * n_heads, metric
         assert set(rows["layer"]) == set(range(1, n_layers + 1)), metric
-    finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS)]
+    for metric in LAYER_QK_METRICS:
+        rows = frame.loc[frame["metric"] == metric].sort_values("layer")
+        assert rows["layer"].tolist() == list(range(1, n_layers + 1)), metric
+        assert (rows["head"] == -1).all(), metric
+    finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS | LAYER_QK_METRICS)]
     assert np.isfinite(finite["value"]).all()
 
 
@@ -161,7 +167,7 @@ def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder
         result = probe(cfg)
     metrics = set(result.frame["metric"])
     assert {"anisotropy", "twonn", "attention_entropy"} <= metrics
-    assert "qk_cosine" not in metrics
+    assert not {"qk_cosine", "qk_cosine_concat"} & metrics
     assert result.kinds == {folder: "encoder"}
 
 
