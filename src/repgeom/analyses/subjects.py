@@ -15,6 +15,7 @@ This module reads models only through `repgeom.probes.hf` (loading, capture) and
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 __all__ = [
     "Subject",
+    "AttentionInputs",
     "HFSubject",
     "CheckpointSubject",
     "load_subject",
@@ -106,6 +108,25 @@ class Subject:
         """The T tokens `states` returns a row for, as strings (for figure labels)."""
         raise NotImplementedError
 
+    def queries_keys(self, text: str) -> AttentionInputs:
+        """Per block, the queries and keys the model multiplies on `text`, special tokens
+        included (its softmax attends to them too)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What the attention of each block reads on one text.
+
+    queries, keys : one (H, T, D) float tensor per block, as they enter
+        ``softmax(Q K^T / sqrt(D) + mask)`` (`repgeom.models.capture.Capture`), on CPU.
+    causal : whether query t attends only to keys j <= t.
+    """
+
+    queries: list[torch.Tensor]
+    keys: list[torch.Tensor]
+    causal: bool
+
 
 def _layer_names(n_blocks: int, final_norm: bool) -> list[str]:
     names = ["embedding"] + [f"block_{i}" for i in range(1, n_blocks + 1)]
@@ -158,6 +179,24 @@ class HFSubject(Subject):
             raise ValueError(f"{self.name}: {text[:40]!r} has no token besides special tokens")
         return out
 
+    @torch.no_grad()
+    def queries_keys(self, text: str) -> AttentionInputs:
+        from repgeom.probes.hf import hf_capture
+
+        if not self.hf.has_qk:
+            raise ValueError(
+                f"{self.name}: repgeom cannot read the queries and keys of model family "
+                f"{self.hf.family!r} (repgeom.probes.hf lists the families it hooks); use a model "
+                "of a supported family"
+            )
+        enc = self._encode(text)
+        if enc["input_ids"].shape[1] == 0:
+            raise ValueError(f"{self.name}: the tokenizer gives no token for {text[:40]!r}")
+        cap = hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False,
+                         include_special=True)
+        return AttentionInputs([q[0].float().cpu() for q in cap.queries],
+                               [k[0].float().cpu() for k in cap.keys], cap.causal)
+
     def tokens(self, text: str) -> list[str]:
         ids = self._encode(text)["input_ids"][0].tolist()
         from repgeom.probes.hf import special_token_ids
@@ -199,6 +238,12 @@ class CheckpointSubject(Subject):
         cap = self.lm.model.capture(self._ids(text), attention=False)
         layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
         return [h[0].float().cpu() for h in layers]
+
+    @torch.no_grad()
+    def queries_keys(self, text: str) -> AttentionInputs:
+        cap = self.lm.model.capture(self._ids(text), attention=False)
+        return AttentionInputs([q[0].float().cpu() for q in cap.queries],
+                               [k[0].float().cpu() for k in cap.keys], cap.causal)
 
     def tokens(self, text: str) -> list[str]:
         ids = self._ids(text)[0].tolist()
