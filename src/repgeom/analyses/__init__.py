@@ -7,6 +7,8 @@
 - ``godey``: drift norm against mean cosine across layers, Spearman and Pearson (papers/003).
 - ``qk_projection``: queries and keys of every checkpoint of a run in one SVD projection
   (papers/003, Figs. 11-12).
+- ``scores``: pre-softmax attention scores per block, quantiles and row/sequence extremes
+  (papers/003, Figs. 7 and 10).
 - ``subjects``: models (Hugging Face or our checkpoints) as one interface; tokenizer checks.
 - ``example_data``: a small templated subject x attribute data set.
 
