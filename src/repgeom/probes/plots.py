@@ -138,6 +138,13 @@ def _step_colours(steps: Sequence[int]) -> tuple[list, mpl.cm.ScalarMappable]:
     return [cmap(i) for i in range(n)], mappable
 
 
+def group_colours(n: int) -> np.ndarray:
+    """One colour per line of a legend: tab10 up to 10 lines, else evenly spaced on viridis."""
+    return mpl.colormaps["tab10" if n <= 10 else "viridis"](
+        np.arange(n) if n <= 10 else np.linspace(0, 1, n)
+    )
+
+
 def _step_colorbar(fig: Figure, cax: Axes, steps: Sequence[int]) -> None:
     _, mappable = _step_colours(steps)
     bar = fig.colorbar(mappable, cax=cax)
@@ -202,18 +209,22 @@ def _layer_axis(ax: Axes, per_layer: pd.DataFrame) -> None:
     ax.grid(alpha=0.3)
 
 
-def _plot_profile(ax: Axes, group: pd.DataFrame, colour, label: str, **style) -> None:
+def _plot_profile(ax: Axes, group: pd.DataFrame, colour, label: str, *, x: str = "layer",
+                  **style) -> None:
     """One layer profile: the blocks joined by a line, the final norm's output (if any) as an
-    open marker on a dotted segment, so it never reads as one more block."""
+    open marker on a dotted segment, so it never reads as one more block.
+
+    `x` is the column of the horizontal position (``layer``, or a survey's relative depth);
+    `style` goes to the blocks' line (e.g. ``ls="--"``)."""
     group = group.sort_values("layer")
     final = group["layer_name"] == FINAL_NORM
-    ax.plot(group.loc[~final, "layer"], group.loc[~final, "value"], "-o", color=colour,
-            label=label, **{"ms": 3, "lw": 1.5, **style})
+    ax.plot(group.loc[~final, x], group.loc[~final, "value"], color=colour, label=label,
+            **{"marker": "o", "ls": "-", "ms": 3, "lw": 1.5, **style})
     if final.any():
         last_block = group.loc[~final].tail(1)
         joined = pd.concat([last_block, group.loc[final]])
-        ax.plot(joined["layer"], joined["value"], ":", color=colour, lw=1)
-        ax.plot(group.loc[final, "layer"], group.loc[final, "value"], "o", mfc="white",
+        ax.plot(joined[x], joined["value"], ":", color=colour, lw=1)
+        ax.plot(group.loc[final, x], group.loc[final, "value"], "o", mfc="white",
                 color=colour, ms=5)
 
 
@@ -256,9 +267,7 @@ def layer_profile(frame: pd.DataFrame, metric: str, *, by: str = "step") -> Figu
     else:
         per_layer = head_means(rows)
         order = per_layer.groupby(by, sort=False)["step"].min().sort_values(kind="stable")
-        colours = mpl.colormaps["tab10" if len(order) <= 10 else "viridis"](
-            np.arange(len(order)) if len(order) <= 10 else np.linspace(0, 1, len(order))
-        )
+        colours = group_colours(len(order))
         for colour, name in zip(colours, order.index, strict=True):
             group = per_layer.loc[per_layer[by] == name]
             group = group.loc[group["step"] == group["step"].max()]
@@ -819,7 +828,9 @@ def save_figures(
       standard and the user's state metrics);
     - ``vs_step_<metric>.png``: `metric_vs_step`, where the entry asks (twonn, anisotropy);
     - ``heatmap_<metric>.png``: `heatmap`, for every metric;
-    - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies);
+    - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies), and
+      for revisions of one model (``hf_revisions``) also for every ``vs_step`` metric: one
+      line per layer against the revision's step;
     - ``per_head_<metric>.png``: `per_head_vs_step`, where asked (qk_cosine);
     - ``similarity_<metric>.png``: `layer_similarity`, a layer x layer map of each pairwise
       metric (CKA, mutual k-NN) at the last step, and ``vs_final_<metric>.png``:
@@ -856,7 +867,8 @@ def save_figures(
             jobs.append((f"vs_step_{metric}", partial(metric_vs_step, rows, metric)))
         if several_steps:
             jobs.append((f"heatmap_{metric}", partial(heatmap, rows, metric)))
-        if several_steps and "per_layer" in kinds:
+        # Revisions of one model: the layer mean hides the layers, so they get a line each too.
+        if several_steps and ("per_layer" in kinds or (by == "revision" and "vs_step" in kinds)):
             jobs.append((f"per_layer_{metric}", partial(per_layer_vs_step, rows, metric)))
         if several_steps and "per_head" in kinds:
             jobs.append((f"per_head_{metric}", partial(per_head_vs_step, rows, metric)))
