@@ -11,7 +11,7 @@ import pytest
 from test_probe_run import SMALL, run_probe_py
 
 from repgeom.analyses.godey import CSV_NAME, drift_cosine_correlation
-from repgeom.probes import survey, table
+from repgeom.probes import plots, survey, table
 
 KIND = {"gpt2": "decoder", "bert": "encoder"}
 
@@ -57,7 +57,7 @@ def test_the_sweep_writes_one_table_of_every_model_on_relative_depth(sweep) -> N
 def test_the_figure_has_one_line_per_model_solid_decoder_dashed_encoder(sweep) -> None:
     root, folders = sweep
     frame = survey.survey_table(survey.probe_folders([root]))
-    ax = survey.survey_profile(frame, "mean_cosine").axes[0]
+    ax = plots.survey_profile(frame, "mean_cosine").axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()
              if not line.get_label().startswith("_")}
     gpt2, bert = f"{folders['gpt2']} (decoder)", f"{folders['bert']} (encoder)"
@@ -69,7 +69,7 @@ def test_the_figure_has_one_line_per_model_solid_decoder_dashed_encoder(sweep) -
     np.testing.assert_allclose(lines[bert].get_ydata(), expected.sort_values("layer")["value"])
     # GPT-2's final norm: one open marker, apart from the blocks at 1 + FINAL_NORM_GAP.
     apart = [line for line in ax.get_lines()
-             if list(line.get_xdata()) == [1 + survey.FINAL_NORM_GAP]]
+             if list(line.get_xdata()) == [1 + plots.FINAL_NORM_GAP]]
     assert len(apart) == 1 and apart[0].get_markerfacecolor() == "white"
     assert [t.get_text() for t in ax.get_xticklabels()][-1] == "final\nnorm"
 
@@ -97,5 +97,7 @@ def test_cli_and_its_errors(sweep, tmp_path, capsys) -> None:
         survey.survey_table([root / "0", root / "0"])
     with pytest.raises(FileNotFoundError, match="not a probe.py output folder"):
         survey.probe_folders([tmp_path])
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['depth', 'kind'\]: build it"):
+        plots.survey_profile(table.read_table(root / "0"), "anisotropy")
     with pytest.raises(SystemExit):
         survey.main([str(root / "0"), str(root / "1")])  # several folders need --out

@@ -15,6 +15,8 @@ function                   what it shows
 `heatmap`                  layer x step
 `per_layer_vs_step`        one line per layer against step (attention entropy)
 `per_head_vs_step`         one panel per layer, one line per head (Q/K cosine)
+`survey_profile`           one line per model against relative depth (0 = embedding, 1 = last
+                           block), decoders solid, encoders dashed: a survey across models
 `profiles_side_by_side`    one panel per run, its final layer profile (causal vs bidirectional)
 `profile_bands`            one panel per group of seeds: mean profile, shaded 95% interval
 `metric_vs_step_bands`     layer mean against step per group of seeds, shaded 95% interval
@@ -55,7 +57,10 @@ from repgeom.probes.table import (
 )
 
 DPI = 120
-
+FINAL_NORM_GAP = 0.08
+"""`survey_profile` draws the final norm this far right of relative depth 1 (the last block)."""
+KIND_STYLE = {"decoder": "-", "encoder": "--"}
+"""`survey_profile`'s line style of each kind of model; a model of unknown kind is dotted."""
 
 
 def metric_label(metric: str) -> str:
@@ -464,6 +469,45 @@ def per_head_vs_step(
     fig.suptitle(f"{metric_label(metric)} per head during training")
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", fontsize="small", title="head")
+    return fig
+
+
+def survey_profile(frame: pd.DataFrame, metric: str) -> Figure:
+    """One line per model: `metric` against relative depth (0 = embedding, 1 = last block).
+
+    Decoders are solid, encoders dashed (`KIND_STYLE`); the final norm's output is an open marker
+    at ``1 + FINAL_NORM_GAP``. The legend names each model and its kind, in table order.
+
+    Parameters
+    ----------
+    frame : DataFrame
+        `repgeom.probes.survey.survey_table`'s rows (columns ``model``, ``kind``, ``depth``,
+        ``layer_name``, ``metric``, ``value``).
+    """
+    missing = {"model", "kind", "depth"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"frame lacks column(s) {sorted(missing)}: build it with "
+                         "repgeom.probes.survey.survey_table(folders)")
+    rows = _select(frame, metric).copy()
+    rows["x"] = rows["depth"].fillna(1 + FINAL_NORM_GAP)
+    models = list(pd.unique(rows["model"]))
+    fig, ax, _ = _single_axes(8.5, 4.8, right=3.0)
+    for colour, model in zip(group_colours(len(models)), models, strict=True):
+        group = rows.loc[rows["model"] == model]
+        kind = str(group["kind"].iloc[0])
+        _plot_profile(ax, group, colour, f"{model} ({kind})", x="x",
+                      ls=KIND_STYLE.get(kind, ":"))
+    ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
+    labels = ["0", "0.25", "0.5", "0.75", "1"]
+    if (rows["layer_name"] == FINAL_NORM).any():
+        ticks.append(1 + FINAL_NORM_GAP)
+        labels.append("final\nnorm")
+    ax.set_xticks(ticks, labels)
+    ax.set_xlabel("relative depth (0 = embedding, 1 = last block)")
+    ax.set_ylabel(metric_label(metric))
+    ax.set_title(f"{metric_label(metric)} across models (solid: decoder, dashed: encoder)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 

@@ -5,8 +5,8 @@ and intrinsic-dimension profiles of many encoders and decoders of different dept
 Each model is probed on its own (``probe.py``, one folder per model); the survey reads the
 finished folders and draws, per metric, one figure with one line per model against relative
 depth: 0 = the embedding, 1 = the last block (layer / L). The final norm's output, where a model
-has one, is drawn apart, as an open marker at ``1 + FINAL_NORM_GAP`` joined by a dotted segment,
-as in every layer profile (`repgeom.probes.plots`). Decoders are solid lines, encoders dashed.
+has one, is drawn apart, as an open marker right of depth 1 joined by a dotted segment, as in
+every layer profile; decoders are solid lines, encoders dashed (`plots.survey_profile`).
 
 One command probes and surveys (a Hydra multirun; `SurveyCallback` draws the survey when the
 sweep ends, in ``<sweep dir>/survey/``)::
@@ -40,30 +40,18 @@ from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
-from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from repgeom.analyses.godey import save_drift_cosine
 from repgeom.probes import catalogue, table
-from repgeom.probes.plots import (
-    DPI,
-    _plot_profile,
-    _select,
-    _single_axes,
-    group_colours,
-    metric_label,
-)
+from repgeom.probes.plots import DPI, survey_profile
 
 INFO_FILE = "probe_info.json"
 """What probe.py writes beside its table: the subjects with their kind (encoder or decoder)."""
 OUT_DIR = "survey"
 """The survey's folder inside a sweep folder (`SurveyCallback`, and the CLI's default)."""
-FINAL_NORM_GAP = 0.08
-"""Where the final norm is drawn: this far right of relative depth 1 (the last block)."""
-KIND_STYLE = {"decoder": "-", "encoder": "--"}
-"""Line style of each kind; a model of unknown kind is dotted."""
 
-__all__ = ["SurveyCallback", "probe_folders", "save_survey", "survey_profile", "survey_table"]
+__all__ = ["SurveyCallback", "probe_folders", "save_survey", "survey_table"]
 
 
 def probe_folders(paths: Iterable[str | Path]) -> list[Path]:
@@ -141,40 +129,6 @@ def survey_table(folders: Sequence[str | Path]) -> pd.DataFrame:
     first = ["model", "kind", "step", "layer", "layer_name", "depth", "metric", "value", "std"]
     rest = [c for c in out.columns if c not in first and c != "head"]
     return out[first + rest]
-
-
-def survey_profile(frame: pd.DataFrame, metric: str) -> Figure:
-    """One line per model: `metric` against relative depth (0 = embedding, 1 = last block).
-
-    Decoders are solid, encoders dashed (`KIND_STYLE`); the final norm's output is an open marker
-    at ``1 + FINAL_NORM_GAP``. The legend names each model and its kind, in table order.
-
-    Parameters
-    ----------
-    frame : DataFrame
-        `survey_table`'s rows (columns ``model``, ``kind``, ``depth``, ``layer_name``, ...).
-    """
-    rows = _select(frame, metric).copy()
-    rows["x"] = rows["depth"].fillna(1 + FINAL_NORM_GAP)
-    models = list(pd.unique(rows["model"]))
-    fig, ax, _ = _single_axes(8.5, 4.8, right=3.0)
-    for colour, model in zip(group_colours(len(models)), models, strict=True):
-        group = rows.loc[rows["model"] == model]
-        kind = str(group["kind"].iloc[0])
-        _plot_profile(ax, group, colour, f"{model} ({kind})", x="x",
-                      ls=KIND_STYLE.get(kind, ":"))
-    ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
-    labels = ["0", "0.25", "0.5", "0.75", "1"]
-    if (rows["layer_name"] == table.FINAL_NORM).any():
-        ticks.append(1 + FINAL_NORM_GAP)
-        labels.append("final\nnorm")
-    ax.set_xticks(ticks, labels)
-    ax.set_xlabel("relative depth (0 = embedding, 1 = last block)")
-    ax.set_ylabel(metric_label(metric))
-    ax.set_title(f"{metric_label(metric)} across models (solid: decoder, dashed: encoder)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return fig
 
 
 def default_metrics(frame: pd.DataFrame) -> list[str]:
