@@ -3,6 +3,7 @@ all of them on relative depth (`repgeom.probes.survey`); the CLI redraws from th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,31 @@ def test_drift_cosine_is_written_per_probe_and_per_model(sweep) -> None:
         assert written["spearman_rho"].isna().all()  # two blocks: below the test's 3 points
     both = pd.read_csv(root / "survey" / CSV_NAME)
     assert sorted(both["model"]) == sorted(folders.values())
+
+
+def test_relative_depth_of_models_of_different_depths(tmp_path) -> None:
+    # A 4-block decoder with a final norm and a 2-block encoder, written as probe.py writes them;
+    # the 4-block model was probed at two steps: its last one is surveyed.
+    for name, blocks, kind, final in (("deep", 4, "decoder", True), ("flat", 2, "encoder", False)):
+        folder = tmp_path / name
+        rows = [dict(step=step, layer=layer, metric="anisotropy", value=10 * step + layer,
+                     model=name, layer_name="final_norm" if layer == blocks + 1 else None)
+                for step in ((0, 7) if name == "deep" else (0,))
+                for layer in range(blocks + 1 + final)]
+        table.append_rows(table.probe_dir(folder), rows)
+        info = {"subjects": [{"label": name, "model": name, "kind": kind}]}
+        (folder / survey.INFO_FILE).write_text(json.dumps(info))
+    frame = survey.survey_table(survey.probe_folders([tmp_path]))
+    deep = frame[frame["model"] == "deep"].sort_values("layer")
+    assert deep["step"].unique().tolist() == [7]
+    assert deep["depth"].tolist()[:5] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert np.isnan(deep["depth"].iloc[5]) and deep["value"].tolist() == [70, 71, 72, 73, 74, 75]
+    flat = frame[frame["model"] == "flat"].sort_values("layer")
+    assert flat["depth"].tolist() == [0.0, 0.5, 1.0] and set(flat["kind"]) == {"encoder"}
+    ax = plots.survey_profile(frame, "anisotropy").axes[0]
+    labelled = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+    assert [line.get_label() for line in labelled] == ["deep (decoder)", "flat (encoder)"]
+    assert list(labelled[0].get_xdata()) == [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
 def test_cli_and_its_errors(sweep, tmp_path, capsys) -> None:
