@@ -476,7 +476,9 @@ def drift_cosine(sweep: Path) -> pd.DataFrame:
     ``mean_cosine`` are left out.
     """
     out = {}
-    for masking, runs in find_runs(sweep).items():
+    found = find_runs(sweep)
+    for masking in [m for m in MASKINGS if m in found] + [m for m in found if m not in MASKINGS]:
+        runs = found[masking]
         per_seed = []
         for run in runs:
             frame = read_table(run.path)
