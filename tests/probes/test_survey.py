@@ -61,7 +61,8 @@ def test_the_figure_has_one_line_per_model_solid_decoder_dashed_encoder(sweep) -
     ax = plots.survey_profile(frame, "mean_cosine").axes[0]
     lines = {line.get_label(): line for line in ax.get_lines()
              if not line.get_label().startswith("_")}
-    gpt2, bert = f"{folders['gpt2']} (decoder)", f"{folders['bert']} (encoder)"
+    short = {f: "/".join(Path(folders[f]).parts[-2:]) for f in KIND}  # local folders
+    gpt2, bert = f"{short['gpt2']} (decoder)", f"{short['bert']} (encoder)"
     assert set(lines) == {gpt2, bert}
     assert lines[gpt2].get_linestyle() == "-" and lines[bert].get_linestyle() == "--"
     for line in lines.values():

@@ -472,11 +472,18 @@ def per_head_vs_step(
     return fig
 
 
+def _short_name(model: str) -> str:
+    """A legend's name of a model: a hub name as it is, a local folder by its last two parts."""
+    path = Path(model)
+    return "/".join(path.parts[-2:]) if path.is_absolute() else model
+
+
 def survey_profile(frame: pd.DataFrame, metric: str) -> Figure:
     """One line per model: `metric` against relative depth (0 = embedding, 1 = last block).
 
     Decoders are solid, encoders dashed (`KIND_STYLE`); the final norm's output is an open marker
-    at ``1 + FINAL_NORM_GAP``. The legend names each model and its kind, in table order.
+    at ``1 + FINAL_NORM_GAP``. The legend names each model (a local folder by its last two path
+parts) and its kind, in table order.
 
     Parameters
     ----------
@@ -495,7 +502,7 @@ def survey_profile(frame: pd.DataFrame, metric: str) -> Figure:
     for colour, model in zip(group_colours(len(models)), models, strict=True):
         group = rows.loc[rows["model"] == model]
         kind = str(group["kind"].iloc[0])
-        _plot_profile(ax, group, colour, f"{model} ({kind})", x="x",
+        _plot_profile(ax, group, colour, f"{_short_name(model)} ({kind})", x="x",
                       ls=KIND_STYLE.get(kind, ":"))
     ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
     labels = ["0", "0.25", "0.5", "0.75", "1"]
