@@ -52,6 +52,28 @@ def print_tables(frame: pd.DataFrame, subjects: list) -> None:
         out_console.print(trend)
 
 
+def print_drift_cosine(correlation: pd.DataFrame) -> None:
+    """Godey et al. 2024, §3.3 (Fig. 5) and appendix A (Fig. 16): Spearman and Pearson
+    correlation of the drift norm and the mean cosine across blocks 1..L, one row per step and
+    model (`repgeom.analyses.godey.drift_cosine_correlation`). Nothing when not measured."""
+    from rich.table import Table
+
+    if correlation is None or correlation.empty:
+        return
+    out = Table(title="drift norm vs mean cosine, blocks 1..L (Godey 2024 §3.3)")
+    ids = ["step"] + [c for c in ("model", "revision") if c in correlation.columns
+                      and correlation[c].nunique(dropna=False) > 1]
+    for column in (*ids, "blocks", "Spearman rho", "p", "Pearson r", "p"):
+        out.add_column(column, justify="left" if column in ("model", "revision") else "right")
+    for row in correlation.itertuples(index=False):
+        out.add_row(
+            *[str(getattr(row, c)) for c in ids], str(row.n_layers),
+            _fmt(row.spearman_rho), _fmt(row.spearman_p),
+            _fmt(row.pearson_r), _fmt(row.pearson_p),
+        )
+    console().print(out)
+
+
 def print_compare(subject, pooled: pd.DataFrame) -> None:
     from rich.table import Table
 

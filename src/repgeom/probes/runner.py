@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
 from repgeom.probes import catalogue, console, plots, similarity, sink, table
 from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
@@ -72,6 +73,7 @@ class ProbeRunResult:
     subjects: list[CheckpointTarget | HFTarget]
     plots: list[Path]
     compare: pd.DataFrame | None = None  # per-layer pooled cosine of the two texts
+    drift_cosine: pd.DataFrame | None = None  # Godey et al. 2024 §3.3, per step and model
     warnings: list[str] = field(default_factory=list)
     wandb_dir: Path | None = None
 
@@ -173,8 +175,10 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     -------
     ProbeRunResult
         The table (``<output_dir>/probes/probes.{parquet,csv}``), figure paths
-        (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", and in
-        compare mode the per-layer pooled cosine (``<output_dir>/compare/pooled_cosine.csv``).
+        (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", the
+        drift-norm/mean-cosine correlation across blocks per step (Godey et al. 2024, §3.3;
+        ``<output_dir>/probes/drift_cosine.csv``), and in compare mode the per-layer pooled
+        cosine (``<output_dir>/compare/pooled_cosine.csv``).
     """
     quiet_console()
     mode = check_config(cfg)
@@ -241,7 +245,10 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
             figures += qk_projection.write(cfg.run, output_dir / "qk_projection",
                                            windows=cfg.get("attention_windows"), device=device)[1]
         console.print_tables(frame, subjects)
-        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings)
+        correlation = save_drift_cosine(table.single_set(frame), table.probe_dir(output_dir))
+        console.print_drift_cosine(correlation)
+        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
+                                drift_cosine=correlation)
     _write_info(result, cfg, mode)
     for run in loggers:
         _log_figures(run, figures, max(s.step for s in subjects))
