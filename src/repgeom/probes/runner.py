@@ -106,8 +106,9 @@ def check_config(cfg: DictConfig) -> str:
             f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt"
         )
     mode = given[0]
-    if cfg.get("hf_revisions") and mode != "hf":
-        raise ValueError(f"hf_revisions= needs hf=<name>; got {mode}=")
+    for key in ("hf_revisions", "tokenizer"):
+        if cfg.get(key) and mode != "hf":
+            raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
     compare = cfg.get("compare") or {}
     texts = [compare.get("text_a"), compare.get("text_b")]
     if any(t is not None for t in texts):
@@ -205,7 +206,10 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         all_warnings += output.warnings
         if output.states:  # for the comparison with the last subject, or with another run
             similarity.save_states(
-                table.probe_dir(output_dir), subject.step, output.states, output.layer_names
+                _stack_dir(table.probe_dir(output_dir), subject.stack),
+                subject.step,
+                output.states,
+                output.layer_names,
             )
         rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         frame = sink.write_step(output_dir, rows)
@@ -213,14 +217,19 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds)
         pairs = catalogue.select(output.settings).pairs if output.settings else []
         del loaded
-    if not comparing and len(subjects) > 1 and pairs:
+    # An encoder-decoder model is two models (`HFTarget.stack`): each is compared with itself.
+    stacks = {s.stack: s.model for s in subjects}
+    for stack in stacks:
+        members = [s for s in subjects if s.stack == stack]
+        if comparing or len(members) < 2 or not pairs:
+            continue
         rows = similarity.vs_final_rows(
-            table.probe_dir(output_dir),
+            _stack_dir(table.probe_dir(output_dir), stack),
             pairs,
             batch_size=output.settings.state_batch_size,
             seed=output.settings.seed,
         )
-        by_step = {s.step: s.id_columns() for s in subjects}
+        by_step = {s.step: s.id_columns() for s in members}
         rows = [{**row, **by_step.get(row["step"], {})} for row in rows]
         if rows:
             frame = sink.write_step(output_dir, rows)
@@ -234,7 +243,12 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     else:
         wanted = cfg.get("plot_metrics")
         wanted = None if wanted is None else [str(m) for m in wanted]
-        figures = plots.save_figures(frame, table.plot_dir(output_dir), metrics=wanted)
+        figures = []
+        for stack, model in stacks.items():  # `save_figures` draws one model at a time
+            model_rows = frame if stack is None else frame.loc[frame["model"] == model]
+            figures += plots.save_figures(
+                model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
+            )
         if cfg.get("qk_projection"):
             from repgeom.analyses import qk_projection
 
@@ -258,14 +272,26 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
 # -- console, files and W&B -------------------------------------------------------------------
 
 
+def _stack_dir(folder: Path, stack: str | None) -> Path:
+    """Where one stack of an encoder-decoder model keeps its states and figures
+    (``probes/encoder/``, ``probes/plots/decoder/``); `folder` itself for other models."""
+    return folder if stack is None else folder / stack
+
+
 def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
     """What `cfg` names: one `HFTarget` per revision, or one `CheckpointTarget` per checkpoint."""
     if mode == "hf":
+        from repgeom.probes.hf import model_stacks
+
         revisions = [str(r) for r in (cfg.get("hf_revisions") or [])] or [None]
         steps = revision_steps(revisions) if revisions != [None] else [0]
+        tokenizer = cfg.get("tokenizer")
+        stacks = model_stacks(str(cfg.hf), revision=revisions[0])
         return [
-            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"))
+            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
+                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack)
             for revision, step in zip(revisions, steps, strict=True)
+            for stack in stacks
         ]
     if mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
