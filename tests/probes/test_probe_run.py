@@ -160,6 +160,46 @@ def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()
 
 
+def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_file) -> None:
+    folder = tiny_hf_folder("t5")  # 2 encoder blocks, 3 decoder blocks, 4 heads
+    result = probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
+                                            "window=32", *SMALL]))
+    encoder, decoder = f"{folder}:encoder", f"{folder}:decoder"
+    assert result.kinds == {encoder: "encoder", decoder: "decoder"}
+    frame = table.read_table(tmp_path)
+    assert set(frame["model"]) == {encoder, decoder} and frame["step"].unique().tolist() == [0]
+    for model, n_layers in ((encoder, 2), (decoder, 3)):  # both stacks end in final_layer_norm
+        assert_every_metric_every_layer(frame.loc[frame["model"] == model], n_layers, n_heads=4)
+    # The two stacks read the same probe set (same windows, positions): same number of states,
+    # and the same token embeddings (T5 shares one embedding table), so the same layer-0 value.
+    at = frame.loc[(frame["metric"] == "anisotropy") & (frame["layer"] == 0)].set_index("model")
+    assert at.loc[encoder, "value"] == pytest.approx(at.loc[decoder, "value"], abs=1e-6)
+    # CKA between layers is computed within each stack, layer x layer (3x3 and 4x4 with norms).
+    cka = frame.loc[frame["metric"] == "linear_cka"]
+    assert cka.groupby("model")["layer_b"].max().to_dict() == {encoder: 3, decoder: 4}
+    for stack in ("encoder", "decoder"):
+        assert (tmp_path / "probes" / "plots" / stack / "profile_anisotropy.png").exists()
+    info = json.loads((tmp_path / "probe_info.json").read_text())
+    assert info["layers"][decoder]["4"] == "final_norm" and info["layers"][encoder]["3"] == (
+        "final_norm")
+
+
+def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
+    from conftest import build_tiny_hf
+
+    bare = tmp_path / "model_only"
+    build_tiny_hf("gpt2", bare, tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
+    base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
+    with pytest.raises(ValueError, match="model_only has no tokenizer; pass tokenizer="):
+        probe(compose_probe(tmp_path / "none", [f"hf={bare}", *base]))
+    ours = probe(compose_probe(tmp_path / "given", [f"hf={bare}",
+                                                    f"tokenizer={tiny_hf_folder('gpt2')}", *base]))
+    full = probe(compose_probe(tmp_path / "full", [f"hf={tiny_hf_folder('gpt2')}", *base]))
+    # Same weights, tokenizer and probe set: the same table but for the model column.
+    columns = ["step", "layer", "head", "metric", "value"]
+    pd.testing.assert_frame_equal(ours.frame[columns], full.frame[columns])
+
+
 def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder, text_file):
     folder = tiny_hf_folder("electra")
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
@@ -442,6 +482,7 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
         ([], "give exactly one of run="),
         (["hf=gpt2", "ckpt=x.ckpt"], r"got ckpt=x.ckpt, hf=gpt2"),
         (["ckpt=x.ckpt", "hf_revisions=[a]"], "hf_revisions= needs hf="),
+        (["ckpt=x.ckpt", "tokenizer=gpt2"], "tokenizer= needs hf="),
         (["hf=gpt2", "compare.text_a=a"], "compare needs both"),
         (["run=x", "compare.text_a=a", "compare.text_b=b"], "compare takes ckpt= or hf="),
         (["hf=gpt2", "+settings.bogus=1"], "unknown key"),
