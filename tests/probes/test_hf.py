@@ -507,13 +507,10 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
 # Model folders without a tokenizer
 
 
-def test_folder_without_tokenizer_names_the_fix(tmp_path, tiny_hf_folder, tiny_hf, tiny_text):
-    from conftest import build_tiny_hf
-
+def test_folder_without_tokenizer_names_the_fix(tiny_hf_folder, tiny_hf, tiny_text):
     from repgeom.probes.hf import TokenizerMissingError
 
-    bare = tmp_path / "gpt2_model_only"
-    build_tiny_hf("gpt2", bare, tokenizer=False)  # the same weights as tiny_hf("gpt2"), seed 0
+    bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf("gpt2") (seed 0)
     # Before: "the text is 0 tokens long" at the first window; now the load says what is missing.
     with pytest.raises(TokenizerMissingError, match=r"has no tokenizer; pass tokenizer=<name"):
         load_hf_model(bare)

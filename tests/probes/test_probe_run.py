@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,12 +186,9 @@ def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_
 
 
 def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
-    from conftest import build_tiny_hf
-
-    bare = tmp_path / "model_only"
-    build_tiny_hf("gpt2", bare, tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
+    bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
     base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
-    with pytest.raises(ValueError, match="model_only has no tokenizer; pass tokenizer="):
+    with pytest.raises(ValueError, match=re.escape(f"{bare} has no tokenizer; pass tokenizer=")):
         probe(compose_probe(tmp_path / "none", [f"hf={bare}", *base]))
     ours = probe(compose_probe(tmp_path / "given", [f"hf={bare}",
                                                     f"tokenizer={tiny_hf_folder('gpt2')}", *base]))
