@@ -53,6 +53,7 @@ from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of pro
     training_probe,
 )
 from repgeom.probes.compare import compare
+from repgeom.probes.hf import STACKS, model_stacks
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -214,7 +215,8 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         frame = sink.write_step(output_dir, rows)
         seconds = {"probe/seconds_total": time.perf_counter() - started}
-        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds)
+        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds,
+                         prefix=_wandb_prefix(subject.stack))
         pairs = catalogue.select(output.settings).pairs if output.settings else []
         del loaded
     # An encoder-decoder model is two models (`HFTarget.stack`): each is compared with itself.
@@ -234,7 +236,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         if rows:
             frame = sink.write_step(output_dir, rows)
             for step, part in table.rows_to_frame(rows).groupby("step"):
-                sink.log_scalars(loggers, int(step), part, {})
+                sink.log_scalars(loggers, int(step), part, {}, prefix=_wandb_prefix(stack))
 
     if comparing:
         result = ProbeRunResult(
@@ -272,6 +274,11 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
 # -- console, files and W&B -------------------------------------------------------------------
 
 
+def _wandb_prefix(stack: str | None) -> str:
+    """``probe``, or ``probe/<stack>`` for one stack of an encoder-decoder model."""
+    return "probe" if stack is None else f"probe/{stack}"
+
+
 def _stack_dir(folder: Path, stack: str | None) -> Path:
     """Where one stack of an encoder-decoder model keeps its states and figures
     (``probes/encoder/``, ``probes/plots/decoder/``); `folder` itself for other models."""
@@ -281,8 +288,6 @@ def _stack_dir(folder: Path, stack: str | None) -> Path:
 def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
     """What `cfg` names: one `HFTarget` per revision, or one `CheckpointTarget` per checkpoint."""
     if mode == "hf":
-        from repgeom.probes.hf import model_stacks
-
         revisions = [str(r) for r in (cfg.get("hf_revisions") or [])] or [None]
         steps = revision_steps(revisions) if revisions != [None] else [0]
         tokenizer = cfg.get("tokenizer")
@@ -368,6 +373,11 @@ def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) ->
 def _log_figures(run, paths: Iterable[Path], step: int) -> None:
     import wandb
 
-    images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
+    # A stack's figures are in plots/<stack>/: probe/plots/<stack>/<figure>.
+    images = {
+        f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
+        else f"probe/plots/{p.stem}": wandb.Image(str(p))
+        for p in paths
+    }
     if images:
         run.log({**images, "probe/step": step})
