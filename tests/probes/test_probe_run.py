@@ -185,6 +185,27 @@ def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_
         "final_norm")
 
 
+def test_encoder_decoder_stacks_log_apart_in_wandb(
+    tmp_path, tiny_hf_folder, text_file, monkeypatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    folder = tiny_hf_folder("t5")
+    result = probe(compose_probe(tmp_path, [
+        f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL, "logger=wandb",
+        "metrics=[anisotropy]", "settings.distributions=false", "plot_metrics=[anisotropy]"]))
+    history = wandb_history(result.wandb_dir)
+    frame = result.frame.set_index(["model", "layer"])
+    for stack, final_norm in (("encoder", 3), ("decoder", 4)):  # 2 and 3 blocks, then the norm
+        rows = [r for r in history if f"probe/{stack}/anisotropy/layer_00" in r]
+        assert len(rows) == 1 and rows[0]["probe/step"] == 0
+        for layer in range(final_norm + 1):
+            assert rows[0][f"probe/{stack}/anisotropy/layer_{layer:02d}"] == pytest.approx(
+                frame.loc[(f"{folder}:{stack}", layer), "value"])
+        assert any(k.startswith(f"probe/plots/{stack}/profile_anisotropy.") for r in history
+                   for k in r)
+    assert not any(k.startswith("probe/anisotropy/") for r in history for k in r)
+
+
 def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
     bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
     base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
