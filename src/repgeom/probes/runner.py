@@ -7,6 +7,8 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
     python probe.py hf=gpt2                             # a hub name or a save_pretrained folder
     python probe.py hf=EleutherAI/pythia-160m hf_revisions=[step1000,step8000,step143000]
     python probe.py hf=gpt2 compare.text_a="..." compare.text_b="..."
+    python probe.py hf=my_model/ tokenizer=gpt2        # a folder saved without its tokenizer
+    python probe.py hf=google/byt5-small               # two models: <name>:encoder, :decoder
 
 Every number comes from `repgeom.probes.measure.measure`, the function the training probe
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.table`) through the
