@@ -440,6 +440,21 @@ def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
     assert result.frame.empty and result.kinds == {folder: "encoder"}
 
 
+def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_folder) -> None:
+    folder = tiny_hf_folder("t5")
+    probe(compose_probe(tmp_path, [f"hf={folder}", "compare.text_a='the cat sat'",
+                                   "compare.text_b='a dog ran.'", "device=cpu"]))
+    encoder, decoder = (
+        pd.read_csv(tmp_path / "compare" / f"pooled_cosine_step0_{stack}.csv")
+        for stack in ("encoder", "decoder")
+    )
+    assert encoder["layer"].tolist() == [0, 1, 2] and decoder["layer"].tolist() == [0, 1, 2, 3]
+    assert set(encoder["model"]) == {f"{folder}:encoder"} and set(decoder["kind"]) == {"decoder"}
+    # Layer 0 is the embedding of the same tokens in both stacks (T5 shares one table).
+    assert encoder["pooled_cosine"][0] == pytest.approx(decoder["pooled_cosine"][0], abs=1e-6)
+    assert encoder["pooled_cosine"][1] != pytest.approx(decoder["pooled_cosine"][1], abs=1e-3)
+
+
 def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
