@@ -4,8 +4,8 @@
 a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
 `PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
 for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral and OPT (whose BOS is
-"</s>"), nothing for GPT-2 and GPT-NeoX. The probes' fixtures (tests/probes/conftest.py) and the
-analyses' tests build their models with it.
+"</s>"), EOS last for T5, nothing for GPT-2 and GPT-NeoX. The probes' fixtures
+(tests/probes/conftest.py) and the analyses' tests build their models with it.
 """
 
 from __future__ import annotations
@@ -114,6 +114,15 @@ FAMILIES = {
         dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
         "<s> $A",
     ),
+    # Encoder-decoder, probed as two models; decoder deeper than encoder so that a layer taken
+    # from the wrong stack shows in the layer count.
+    "t5": (
+        "T5Config",
+        dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4,
+             pad_token_id=0, eos_token_id=3, decoder_start_token_id=0),
+        dict(eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+        "$A </s>",
+    ),
     # A family without query/key hooks in repgeom.
     "electra": (
         "ElectraConfig",
@@ -124,8 +133,11 @@ FAMILIES = {
 }
 
 
-def build_tiny_hf(family: str, folder) -> None:
-    """Write a tiny random `family` model and its tokenizer to `folder`."""
+def build_tiny_hf(family: str, folder, *, tokenizer: bool = True) -> None:
+    """Write a tiny random `family` model and (unless not `tokenizer`) its tokenizer to `folder`.
+
+    Without the tokenizer the folder is what ``model.save_pretrained`` alone writes.
+    """
     import transformers
     from tokenizers import Tokenizer, models, processors
     from transformers import AutoModel, PreTrainedTokenizerFast
@@ -140,6 +152,8 @@ def build_tiny_hf(family: str, folder) -> None:
         for p in model.parameters():
             p.normal_(0.0, 0.3)
     model.save_pretrained(folder)
+    if not tokenizer:
+        return
 
     backend = Tokenizer(models.BPE(vocab=VOCAB, merges=[], unk_token="<unk>"))  # one token per char
     if template is not None:

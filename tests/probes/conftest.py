@@ -19,15 +19,17 @@ def tiny_text() -> str:
 
 @pytest.fixture(scope="session")
 def tiny_hf_folder(tmp_path_factory):
-    """`tiny_hf_folder(family)` -> path of a saved tiny model of that family (built once)."""
-    built: dict[str, str] = {}
+    """`tiny_hf_folder(family)` -> path of a saved tiny model of that family (built once);
+    ``tokenizer=False``: the same model saved without its tokenizer."""
+    built: dict[tuple[str, bool], str] = {}
 
-    def make(family: str) -> str:
-        if family not in built:
-            folder = tmp_path_factory.mktemp(family.replace("-", "_"))
-            build_tiny_hf(family, folder)
-            built[family] = str(folder)
-        return built[family]
+    def make(family: str, *, tokenizer: bool = True) -> str:
+        if (family, tokenizer) not in built:
+            name = family.replace("-", "_") + ("" if tokenizer else "_model_only")
+            folder = tmp_path_factory.mktemp(name)
+            build_tiny_hf(family, folder, tokenizer=tokenizer)
+            built[family, tokenizer] = str(folder)
+        return built[family, tokenizer]
 
     return make
 

@@ -20,6 +20,17 @@ def console():
 
 
 def print_tables(frame: pd.DataFrame, subjects: list) -> None:
+    """Per model (the two stacks of an encoder-decoder model are two): the per-layer table of
+    its last probe and, for several probes, the trend of the layer means over steps."""
+    models = list(dict.fromkeys(s.model for s in subjects))
+    for model in models:
+        rows = frame
+        if len(models) > 1 and "model" in frame.columns:
+            rows = frame.loc[frame["model"] == model]
+        _print_model(rows, [s for s in subjects if s.model == model])
+
+
+def _print_model(frame: pd.DataFrame, subjects: list) -> None:
     from rich.table import Table
 
     out_console = console()

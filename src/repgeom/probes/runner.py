@@ -7,6 +7,8 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
     python probe.py hf=gpt2                             # a hub name or a save_pretrained folder
     python probe.py hf=EleutherAI/pythia-160m hf_revisions=[step1000,step8000,step143000]
     python probe.py hf=gpt2 compare.text_a="..." compare.text_b="..."
+    python probe.py hf=my_model/ tokenizer=gpt2        # a folder saved without its tokenizer
+    python probe.py hf=google/byt5-small               # two models: <name>:encoder, :decoder
 
 Every number comes from `repgeom.probes.measure.measure`, the function the training probe
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.table`) through the
@@ -54,6 +56,7 @@ from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of pro
     training_probe,
 )
 from repgeom.probes.compare import compare
+from repgeom.probes.hf import STACKS, model_stacks
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -108,8 +111,9 @@ def check_config(cfg: DictConfig) -> str:
             f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt"
         )
     mode = given[0]
-    if cfg.get("hf_revisions") and mode != "hf":
-        raise ValueError(f"hf_revisions= needs hf=<name>; got {mode}=")
+    for key in ("hf_revisions", "tokenizer"):
+        if cfg.get(key) and mode != "hf":
+            raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
     compare = cfg.get("compare") or {}
     texts = [compare.get("text_a"), compare.get("text_b")]
     if any(t is not None for t in texts):
@@ -209,27 +213,36 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         all_warnings += output.warnings
         if output.states:  # for the comparison with the last subject, or with another run
             similarity.save_states(
-                table.probe_dir(output_dir), subject.step, output.states, output.layer_names
+                _stack_dir(table.probe_dir(output_dir), subject.stack),
+                subject.step,
+                output.states,
+                output.layer_names,
             )
         rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         frame = sink.write_step(output_dir, rows)
         seconds = {"probe/seconds_total": time.perf_counter() - started}
-        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds)
+        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds,
+                         prefix=_wandb_prefix(subject.stack))
         pairs = catalogue.select(output.settings).pairs if output.settings else []
         del loaded
-    if not comparing and len(subjects) > 1 and pairs:
+    # An encoder-decoder model is two models (`HFTarget.stack`): each is compared with itself.
+    stacks = {s.stack: s.model for s in subjects}
+    for stack in stacks:
+        members = [s for s in subjects if s.stack == stack]
+        if comparing or len(members) < 2 or not pairs:
+            continue
         rows = similarity.vs_final_rows(
-            table.probe_dir(output_dir),
+            _stack_dir(table.probe_dir(output_dir), stack),
             pairs,
             batch_size=output.settings.state_batch_size,
             seed=output.settings.seed,
         )
-        by_step = {s.step: s.id_columns() for s in subjects}
+        by_step = {s.step: s.id_columns() for s in members}
         rows = [{**row, **by_step.get(row["step"], {})} for row in rows]
         if rows:
             frame = sink.write_step(output_dir, rows)
             for step, part in table.rows_to_frame(rows).groupby("step"):
-                sink.log_scalars(loggers, int(step), part, {})
+                sink.log_scalars(loggers, int(step), part, {}, prefix=_wandb_prefix(stack))
 
     if comparing:
         result = ProbeRunResult(
@@ -238,7 +251,12 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     else:
         wanted = cfg.get("plot_metrics")
         wanted = None if wanted is None else [str(m) for m in wanted]
-        figures = plots.save_figures(frame, table.plot_dir(output_dir), metrics=wanted)
+        figures = []
+        for stack, model in stacks.items():  # `save_figures` draws one model at a time
+            model_rows = frame if stack is None else frame.loc[frame["model"] == model]
+            figures += plots.save_figures(
+                model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
+            )
         if cfg.get("qk_projection"):
             from repgeom.analyses import qk_projection
 
@@ -265,14 +283,29 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
 # -- console, files and W&B -------------------------------------------------------------------
 
 
+def _wandb_prefix(stack: str | None) -> str:
+    """``probe``, or ``probe/<stack>`` for one stack of an encoder-decoder model."""
+    return "probe" if stack is None else f"probe/{stack}"
+
+
+def _stack_dir(folder: Path, stack: str | None) -> Path:
+    """Where one stack of an encoder-decoder model keeps its states and figures
+    (``probes/encoder/``, ``probes/plots/decoder/``); `folder` itself for other models."""
+    return folder if stack is None else folder / stack
+
+
 def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
     """What `cfg` names: one `HFTarget` per revision, or one `CheckpointTarget` per checkpoint."""
     if mode == "hf":
         revisions = [str(r) for r in (cfg.get("hf_revisions") or [])] or [None]
         steps = revision_steps(revisions) if revisions != [None] else [0]
+        tokenizer = cfg.get("tokenizer")
+        stacks = model_stacks(str(cfg.hf), revision=revisions[0])
         return [
-            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"))
+            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
+                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack)
             for revision, step in zip(revisions, steps, strict=True)
+            for stack in stacks
         ]
     if mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
@@ -349,6 +382,11 @@ def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) ->
 def _log_figures(run, paths: Iterable[Path], step: int) -> None:
     import wandb
 
-    images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
+    # A stack's figures are in plots/<stack>/: probe/plots/<stack>/<figure>.
+    images = {
+        f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
+        else f"probe/plots/{p.stem}": wandb.Image(str(p))
+        for p in paths
+    }
     if images:
         run.log({**images, "probe/step": step})
