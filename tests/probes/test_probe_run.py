@@ -525,3 +525,59 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
 def test_bad_config(tmp_path, overrides, match) -> None:
     with pytest.raises(ValueError, match=match):
         probe(compose_probe(tmp_path, overrides))
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation distributions per label group
+
+
+def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, text_file):
+    """`labels.csv=... labels.group_by=[...]`: one fit per subject:attribute group, from the
+    group's own token states (checked against the model's hidden states read directly)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from repgeom.metrics.distributions import activation_distribution
+
+    folder = tiny_hf_folder("gpt2")
+    sentences = ["the quick brown fox jumps", "over the lazy dog, and then it sleeps.",
+                 "a character level tokenizer", "turns every letter into one token;"]
+    cells = [("fox", "calm"), ("fox", "loud"), ("dog", "calm"), ("dog", "loud")] * 2
+    rows = [{"text": sentences[i % 4], "subject": subject, "tone": tone}
+            for i, (subject, tone) in enumerate(cells)]
+    csv = tmp_path / "labelled.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL,
+                                   f"labels.csv={csv}", "labels.group_by=[subject,tone]"])
+    result = probe(cfg)
+    out = result.output_dir / "distributions"
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary["group"]) == {"fox:calm", "fox:loud", "dog:calm", "dog:loud"}
+    assert len(summary) == 4 * 4  # groups x (embedding, 2 blocks, final norm)
+    shares = pd.read_csv(out / "shares.csv")
+    assert (shares["n_groups"] == 4).all()
+    sums = shares.groupby(["layer", "criterion", "level"])["share"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0)
+
+    # Independent path: the group's texts through the model, block 1's values, the same fit.
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    texts = [r["text"] for r in rows if (r["subject"], r["tone"]) == ("dog", "loud")]
+    with torch.no_grad():
+        values = np.concatenate([
+            model(**tokenizer(t, return_tensors="pt"), output_hidden_states=True)
+            .hidden_states[1][0].reshape(-1).numpy() for t in texts])
+    row = summary.query("group == 'dog:loud' and layer == 1").iloc[0]
+    assert row["n_values"] == values.size
+    expected = activation_distribution(values, n_samples=500, seed=0)
+    assert row["best_loglik"] == expected.best_family_loglik
+    assert row["kurtosis"] == pytest.approx(expected.kurtosis, rel=1e-5)
+
+
+def test_labels_csv_is_refused_for_a_run_and_when_missing(tmp_path, tiny_hf_folder) -> None:
+    cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}",
+                                   f"labels.csv={tmp_path / 'none.csv'}"])
+    with pytest.raises(FileNotFoundError, match="labels.csv=.*does not exist"):
+        runner.check_config(cfg)
+    cfg = compose_probe(tmp_path, [f"run={tmp_path}", f"labels.csv={tmp_path / 'none.csv'}"])
+    with pytest.raises(ValueError, match="labels.csv fits the distributions of one model"):
+        runner.check_config(cfg)

@@ -85,6 +85,21 @@ def print_drift_cosine(correlation: pd.DataFrame) -> None:
     console().print(out)
 
 
+def print_family_shares(shares: pd.DataFrame) -> None:
+    """Per layer, the share of label groups each family group wins by log-likelihood
+    (`repgeom.analyses.distributions.family_shares`)."""
+    from rich.table import Table
+
+    won = shares.query("criterion == 'loglik' and level == 'group'")
+    wide = won.pivot_table(index=["layer", "layer_name"], columns="family", values="share")
+    out = Table(title=f"share of {int(won['n_groups'].iloc[0])} label groups won (log-likelihood)")
+    for column in ("layer", *wide.columns):
+        out.add_column(str(column), justify="right")
+    for (_, name), row in wide.iterrows():
+        out.add_row(str(name), *[f"{v:.2f}" for v in row])
+    console().print(out)
+
+
 def print_compare(subject, pooled: pd.DataFrame) -> None:
     from rich.table import Table
 

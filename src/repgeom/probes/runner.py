@@ -126,6 +126,18 @@ def check_config(cfg: DictConfig) -> str:
                 "compare takes ckpt= or hf=, not run=; pick one checkpoint, e.g. "
                 "ckpt=<run>/checkpoints/last.ckpt"
             )
+    labels = cfg.get("labels") or {}
+    if labels.get("csv"):
+        if mode == "run" or cfg.get("hf_revisions"):
+            raise ValueError(
+                "labels.csv fits the distributions of one model: give ckpt=<file.ckpt> or "
+                f"hf=<name> without hf_revisions (got {mode}=)"
+            )
+        if not Path(str(labels.csv)).expanduser().is_file():
+            raise FileNotFoundError(
+                f"labels.csv={labels.csv} does not exist; give a CSV with a 'text' column and "
+                "label columns (e.g. data/examples/subject_attribute.csv)"
+            )
     if cfg.get("qk_projection") and mode != "run":
         raise ValueError(
             f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
@@ -262,6 +274,8 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
 
             figures += qk_projection.write(cfg.run, output_dir / "qk_projection",
                                            windows=cfg.get("attention_windows"), device=device)[1]
+        if (cfg.get("labels") or {}).get("csv"):
+            _fit_label_groups(cfg, output_dir / "distributions")
         console.print_tables(frame, subjects)
         correlation = save_drift_cosine(table.single_set(frame), table.probe_dir(output_dir))
         console.print_drift_cosine(correlation)
@@ -275,6 +289,24 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         run.finish()
     print(f"Probe outputs: {output_dir}")
     return result
+
+
+def _fit_label_groups(cfg: DictConfig, out: Path) -> dict[str, pd.DataFrame]:
+    """`repgeom.analyses.distributions` on the model of ``ckpt=``/``hf=``, one fit per group
+    of ``labels.csv`` (the post fits each subject:attribute pair), written to `out`."""
+    from repgeom.analyses import distributions
+    from repgeom.analyses.subjects import load_subject
+
+    subject = load_subject(hf=cfg.get("hf"), ckpt=cfg.get("ckpt"), tokenizer=cfg.get("tokenizer"))
+    samples = (cfg.get("settings") or {}).get("distribution_samples")
+    tables = distributions.run(
+        subject, pd.read_csv(Path(str(cfg.labels.csv)).expanduser()), out,
+        group_by=[str(c) for c in cfg.labels.get("group_by") or []],
+        n_samples=samples or ProbeSettings.distribution_samples,
+        seed=0 if cfg.get("seed") is None else int(cfg.seed),
+    )
+    console.print_family_shares(tables["shares"])
+    return tables
 
 
 # -- compare ----------------------------------------------------------------------------------
