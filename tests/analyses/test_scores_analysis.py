@@ -114,8 +114,15 @@ def test_statistics_are_those_of_the_scores(tiny_gpt2, tmp_path):
             > block_2.loc["row_min", "mean"])
     # A subset of the scores (max_scores) keeps the extremes exact
     few = scores.collect(subject, texts, max_scores=100)
+    everything = scores.collect(subject, texts)
     assert few[1].score.size == 100 and few[1].n_scores == n
-    np.testing.assert_array_equal(few[1].row_max, scores.collect(subject, texts)[1].row_max)
+    np.testing.assert_array_equal(few[1].row_max, everything[1].row_max)
+    assert np.isin(few[1].score, everything[1].score).all()
+    # ... and is uniform over all texts: a cap of half the scores keeps about half of each text's
+    half = scores.collect(subject, texts, max_scores=n // 2)
+    for text in texts:
+        own = scores.collect(subject, [text])[1].score
+        assert np.isin(own, half[1].score).mean() == pytest.approx(0.5, abs=0.1)
 
 
 def test_bad_input_fails_with_its_name(tiny_gpt2, tmp_path):

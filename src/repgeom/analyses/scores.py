@@ -98,23 +98,29 @@ def collect(subject: Subject, texts: Iterable[str], *, max_scores: int = MAX_SCO
     texts = list(texts)
     if not texts:
         raise ValueError("no text given: pass text=... or csv=<file with a text column>")
-    per_text = -(-max_scores // len(texts))
     generator = torch.Generator().manual_seed(seed)
     parts: dict[str, list[list[torch.Tensor]]] = {s: [] for s in STATISTICS}
     n_scores: list[int] = []
+    sample_keys: list[torch.Tensor] = []  # per layer: the random key of each kept score
     for text in texts:
         for layer, S in enumerate(text_scores(subject, text)):
             if layer == len(n_scores):
                 n_scores.append(0)
                 for s in STATISTICS:
                     parts[s].append([])
+                parts["score"][layer].append(torch.empty(0, dtype=torch.float64))
+                sample_keys.append(torch.empty(0))
             attendable = torch.isfinite(S)  # (H, T, T)
             values = S[attendable]
             n_scores[layer] += values.numel()
-            if values.numel() > per_text:
-                values = values[torch.randperm(values.numel(), generator=generator)[:per_text]]
+            # bottom-k of uniform keys: a uniform sample of max_scores over all texts so far
+            keys = torch.cat([sample_keys[layer], torch.rand(values.numel(), generator=generator)])
+            values = torch.cat([parts["score"][layer][0], values])
+            if values.numel() > max_scores:
+                keep = torch.topk(keys, max_scores, largest=False).indices
+                keys, values = keys[keep], values[keep]
+            sample_keys[layer], parts["score"][layer][0] = keys, values
             rows = attendable.sum(dim=-1) > 1  # (H, T)
-            parts["score"][layer].append(values)
             parts["row_max"][layer].append(S.amax(dim=-1)[rows])
             parts["row_min"][layer].append(S.masked_fill(~attendable, torch.inf).amin(-1)[rows])
             parts["sequence_max"][layer].append(S.amax(dim=(-2, -1)))
