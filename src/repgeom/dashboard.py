@@ -106,6 +106,8 @@ def sections() -> list[Section]:
                   regex=_per_layer("qk_cosine", heads=True), log_x=True),
             Panel("line", "Mean Q\u0304/K\u0304 cosine", x=PROBE_STEP, y=("probe/qk_cosine/mean",),
                   log_x=True),
+            Panel("line", "Q\u0304/K\u0304 cosine, heads concatenated, per layer (Godey et al. "
+                  "Fig. 23)", x=PROBE_STEP, regex=_per_layer("qk_cosine_concat"), log_x=True),
         )),
         Section("Interactive profiles and layer x step maps", tuple(tables)),
     ]  # fmt: skip

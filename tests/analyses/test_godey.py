@@ -2,7 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repgeom.analyses.godey import drift_cosine_correlation
+from repgeom.analyses.godey import CSV_NAME, drift_cosine_correlation, save_drift_cosine
+from repgeom.probes.console import print_drift_cosine
 
 
 def table(drift, cosine, step=0, **extra):
@@ -68,3 +69,29 @@ def test_embedding_on_request():
 def test_missing_columns():
     with pytest.raises(ValueError, match="lacks column"):
         drift_cosine_correlation(pd.DataFrame({"step": [0], "metric": ["x"]}))
+
+
+def test_saved_next_to_the_table_and_printed(tmp_path, capsys):
+    # Monotone (Spearman 1) at step 0, a planted exact anti-correlation at step 5.
+    d = np.arange(1.0, 6.0)
+    t = pd.concat([table(d, d**3, step=0, model="m"), table(d, 2 - d, step=5, model="m")])
+    result = save_drift_cosine(t, tmp_path)
+    written = pd.read_csv(tmp_path / CSV_NAME)
+    assert written["step"].tolist() == [0, 5]
+    assert written["spearman_rho"].tolist() == pytest.approx([1.0, -1.0])
+    assert written["pearson_r"].tolist() == pytest.approx([np.corrcoef(d, d**3)[0, 1], -1.0])
+    pd.testing.assert_frame_equal(written, result, check_dtype=False)
+    print_drift_cosine(result)
+    out = capsys.readouterr().out
+    assert "Godey 2024" in out
+    cells = [[c.strip() for c in line.split("\u2502")[1:-1]]
+             for line in out.splitlines() if line.startswith("\u2502")]
+    # step, blocks, Spearman rho, p, Pearson r, p; Pearson of (d, d^3) is 0.9431
+    assert [row[:3] + row[4:5] for row in cells] == [["0", "5", "1", "0.9431"],
+                                                       ["5", "5", "-1", "-1"]]
+
+
+def test_not_written_without_drift(tmp_path):
+    t = table([1.0, 2, 3], [1.0, 2, 3])
+    assert save_drift_cosine(t[t["metric"] != "drift_norm"], tmp_path).empty
+    assert not (tmp_path / CSV_NAME).exists()

@@ -5,14 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from repgeom.analyses.subjects import (
-    CheckpointSubject,
-    HFSubject,
-    TokenizerMissingError,
-    load_subject,
-    load_tokenizer_or_explain,
-    pool,
-)
+from repgeom.analyses.subjects import CheckpointSubject, HFSubject, load_subject, pool
+from repgeom.probes.hf import TokenizerMissingError, load_tokenizer_or_explain
 
 TEXT = "Cats sleep a lot."
 

@@ -39,6 +39,9 @@ ANISO = {"causal": (0.2, 0.4, 0.3, 0.25), "bidirectional": (0.2, 0.22, 0.21, 0.2
 FINAL_NORM_ANISO = 0.99  # larger than every block: it would be "the peak" if it were a block
 ENTROPY = {"causal": (2.0, 2.5, 3.0, 3.5), "bidirectional": (3.0, 3.2, 3.4, 3.6)}
 QK = (0.5, 0.1, -0.2, -0.5)
+COSINE_SLOPE = {"causal": 0.1, "bidirectional": -0.1}
+"""Mean cosine = 0.5 + slope * drift norm over the blocks (drift norm = the block index): the
+decoder's drift and cosine rise together (Spearman = Pearson = 1), the encoder's oppose (-1)."""
 
 
 def _rows(masking: str, k: int) -> list[dict]:
@@ -63,6 +66,10 @@ def _rows(masking: str, k: int) -> list[dict]:
                 final = FINAL_NORM_ANISO if layer == FINAL else 0.1
             rows.append(dict(base, metric="anisotropy", value=0.08 + frac * (final - 0.08),
                              std=0.002))
+            drift = float(layer) if layer in BLOCKS else 100.0  # embedding, final norm: ignored
+            cosine = 0.5 + COSINE_SLOPE[masking] * layer + 0.01 * o if layer in BLOCKS else -9.0
+            rows.append(dict(base, metric="drift_norm", value=drift))
+            rows.append(dict(base, metric="mean_cosine", value=cosine))
             share = 0.3 if (masking == "causal" and step == 0 and layer == 1) else 0.0
             rows.append(dict(base, metric="near_duplicate_share", value=share))
             if layer in BLOCKS:
@@ -272,6 +279,21 @@ def test_hand_written_analyses_sit_between_the_generated_sections_and_the_notes(
     analyses.write_text("## 6. Analyses\n\n![gone](results/analyses/gone.png)\n")
     with pytest.raises(FileNotFoundError, match=r"gone\.png.*relative to the report's folder"):
         report(common)
+
+
+def test_drift_cosine_correlation_per_masking_in_godeys_section(tmp_path: Path) -> None:
+    sweep = make_sweep(tmp_path / "runs")
+    corr = report_module.drift_cosine(sweep)
+    assert corr.loc["causal", "spearman rho"] == pytest.approx(1.0)
+    assert corr.loc["causal", "pearson r"] == pytest.approx(1.0)
+    assert corr.loc["bidirectional", "spearman rho"] == pytest.approx(-1.0)
+    assert corr.loc["bidirectional", "pearson r"] == pytest.approx(-1.0)
+    assert corr["step"].tolist() == [STEPS[-1]] * 2 and corr["blocks"].tolist() == [4, 4]
+    assert corr["seeds"].tolist() == [3, 3] and corr["spearman p<0.05"].tolist() == [3, 3]
+    text = report(["--shape-of-learning", str(sweep), "--out", str(tmp_path / "docs")]).read_text()
+    godey = text.split("## 3. Attention sharpening")[1]
+    assert "| causal | 1000 | 4 | 3 | 1.000 | 3 | 1.000 | 3 |" in godey
+    assert "| bidirectional | 1000 | 4 | 3 | -1.000 | 3 | -1.000 | 3 |" in godey
 
 
 def test_the_committed_layout_reads_without_hparams(tmp_path: Path) -> None:

@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from repgeom.metrics import AttentionResult, QKAlignmentResult, attention_entropy, qk_alignment
+from repgeom.metrics import (
+    AttentionResult,
+    QKAlignmentResult,
+    attention_entropy,
+    attention_scores,
+    qk_alignment,
+    qk_cosine_concat,
+)
 
 
 def _causal_softmax(scores: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -173,3 +180,93 @@ def test_qk_score_stats_match_loop(causal, use_valid):
 def test_qk_errors(Q, K, match):
     with pytest.raises(ValueError, match=match):
         qk_alignment(Q, K)
+
+
+# ---------------------------------------------------------------------------------------------
+# Q/K cosine with the heads concatenated (Godey et al. Fig. 23)
+
+
+def _concat_cosine_numpy(Q: np.ndarray, K: np.ndarray, valid: np.ndarray | None) -> float:
+    """Independent reference: (B, H, T, D) -> rows of H*D features, means, cosine."""
+    B, H, T, D = Q.shape
+    q = Q.transpose(0, 2, 1, 3).reshape(B, T, H * D)  # token-major, heads side by side
+    k = K.transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    keep = np.ones((B, T), bool) if valid is None else valid
+    qm, km = q[keep].mean(axis=0), k[keep].mean(axis=0)
+    return float(qm @ km / (np.linalg.norm(qm) * np.linalg.norm(km)))
+
+
+@pytest.mark.parametrize("use_valid", [False, True])
+def test_qk_cosine_concat_matches_numpy(use_valid):
+    g = torch.Generator().manual_seed(3)
+    B, H, T, D = 2, 3, 5, 4
+    Q = torch.randn(B, H, T, D, generator=g, dtype=torch.float64) + 0.3
+    K = torch.randn(B, H, T, D, generator=g, dtype=torch.float64) - 0.4
+    valid = torch.tensor([[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]], dtype=torch.bool)
+    v = valid if use_valid else None
+    expected = _concat_cosine_numpy(Q.numpy(), K.numpy(), None if v is None else v.numpy())
+    # float64 on both sides: the two sums differ in order only
+    assert qk_cosine_concat(Q, K, valid=v) == pytest.approx(expected, abs=1e-12)
+    # float32 input is reduced in float64: within float32 rounding of the inputs
+    assert qk_cosine_concat(Q.float(), K.float(), valid=v) == pytest.approx(expected, abs=1e-6)
+
+
+def test_qk_cosine_concat_known_answers():
+    g = torch.Generator().manual_seed(4)
+    Q = torch.randn(2, 4, 6, 8, generator=g) + 1.0
+    assert qk_cosine_concat(Q, Q) == pytest.approx(1.0, abs=1e-12)  # keys equal to queries
+    assert qk_cosine_concat(Q, -2.0 * Q) == pytest.approx(-1.0, abs=1e-12)
+    # per-head cosines +1 and -1 (mean 0); concatenated: (1 - 3) / (sqrt(10) sqrt(2))
+    q = torch.tensor([[1.0, 0.0], [0.0, 3.0]]).view(1, 2, 1, 2)
+    k = torch.tensor([[1.0, 0.0], [0.0, -1.0]]).view(1, 2, 1, 2)
+    np.testing.assert_allclose(qk_alignment(q, k).cosine, [1.0, -1.0], atol=1e-12)
+    assert qk_cosine_concat(q, k) == pytest.approx(-2.0 / math.sqrt(20.0), abs=1e-12)
+    # tokens that cancel: the mean key is zero, no direction
+    assert qk_cosine_concat(q.expand(1, 2, 2, 2), torch.cat([k, -k], dim=2)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "Q, K, kwargs, match",
+    [
+        (torch.randn(2, 3, 4), torch.randn(2, 3, 4), {}, r"queries must have shape \(B, H, T, D\)"),
+        (torch.randn(1, 2, 3, 4), torch.randn(1, 3, 3, 4), {}, "keys must have the same shape"),
+        (torch.randn(1, 1, 2, 2), torch.full((1, 1, 2, 2), float("nan")), {}, "keys contains"),
+        (torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2),
+         {"valid": torch.zeros(1, 2, dtype=torch.bool)}, "valid marks no position"),
+    ],
+)
+def test_qk_cosine_concat_errors(Q, K, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        qk_cosine_concat(Q, K, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-softmax scores (Godey et al. Figs. 7, 10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_scores_match_a_loop_and_the_softmax(causal):
+    g = torch.Generator().manual_seed(5)
+    B, H, T, D = 2, 2, 4, 3
+    Q = torch.randn(B, H, T, D, generator=g)
+    K = torch.randn(B, H, T, D, generator=g)
+    S = attention_scores(Q, K, causal=causal)
+    assert S.shape == (B, H, T, T) and S.dtype == torch.float64
+    for b, h, t, j in np.ndindex(B, H, T, T):
+        if causal and j > t:
+            assert S[b, h, t, j] == -math.inf
+        else:
+            expected = float(np.dot(Q[b, h, t].double().numpy(), K[b, h, j].double().numpy()))
+            assert float(S[b, h, t, j]) == pytest.approx(expected / math.sqrt(D), abs=1e-12)
+    # the masked scores are what the softmax of scaled dot-product attention sees
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        Q.double(), K.double(), torch.eye(T, dtype=torch.float64).expand(B, H, T, T),
+        is_causal=causal)
+    torch.testing.assert_close(S.softmax(dim=-1), reference, rtol=0, atol=1e-12)
+
+
+def test_attention_scores_errors():
+    with pytest.raises(ValueError, match="causal must be True or False"):
+        attention_scores(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), causal=1)
+    with pytest.raises(ValueError, match="keys must have the same shape"):
+        attention_scores(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 3, 2), causal=False)

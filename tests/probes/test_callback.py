@@ -31,6 +31,8 @@ STATE_METRICS = {
     "gride_k16",
 }
 HEAD_METRICS = set(PER_HEAD_METRICS)
+LAYER_QK_METRICS = {"qk_cosine_concat"}
+"""Read from queries and keys like the head metrics, but one row per block (head -1)."""
 
 
 def test_schedule_is_log_spaced_then_even() -> None:
@@ -69,6 +71,10 @@ def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
         rows = last[last["metric"] == metric]
         assert len(rows) == n_layers * n_heads, metric
         assert set(rows["layer"]) == set(range(1, n_layers + 1))
+    for metric in LAYER_QK_METRICS:
+        rows = last[last["metric"] == metric]
+        assert rows["layer"].tolist() == list(range(1, n_layers + 1)), metric
+        assert (rows["head"] == -1).all(), metric
     assert np.isfinite(last["value"]).all()
     assert any((tmp_path / "probes" / "plots").glob("profile_anisotropy.png"))
 
@@ -78,6 +84,7 @@ def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
     keys = {key for row in probe_rows for key in row}
     assert "probe/anisotropy/layer_02" in keys and "probe/twonn/mean" in keys
     assert "probe/qk_cosine/layer_01/head_01" in keys
+    assert "probe/qk_cosine_concat/layer_01" in keys and "probe/qk_cosine_concat/mean" in keys
     # The W&B value is the table's value: one number, two sinks.
     logged = next(
         row
@@ -128,6 +135,13 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
     np.testing.assert_allclose(
         got, metrics.attention_entropy(probs, causal=True).entropy, rtol=1e-5
     )
+    # Heads concatenated: the mean query and key of the whole windows, (H, D) flattened.
+    for layer, (Q, K) in enumerate(zip(whole.queries, whole.keys, strict=True), start=1):
+        q = Q.double().mean(dim=(0, 2)).flatten().numpy()
+        k = K.double().mean(dim=(0, 2)).flatten().numpy()
+        got = final.query(f"metric == 'qk_cosine_concat' and layer == {layer}")["value"].item()
+        # float32 Q/K reduced in float64 on both sides
+        assert got == pytest.approx(q @ k / (np.linalg.norm(q) * np.linalg.norm(k)), abs=1e-6)
 
 
 def test_causal_and_bidirectional_runs_probe_the_same_windows(tmp_path: Path) -> None:
@@ -176,6 +190,10 @@ def test_nan_states_warn_once_per_metric_and_keep_the_rest() -> None:
     assert not ((frame["layer"] == 1) & (frame["metric"] == "anisotropy")).any()
     assert ((frame["layer"] == 2) & (frame["metric"] == "anisotropy")).any()
     assert (frame["metric"] == "qk_cosine").sum() == 4
+    # keys equal to queries: the concatenated mean query and mean key are one vector
+    concat = frame[frame["metric"] == "qk_cosine_concat"]
+    assert concat["layer"].tolist() == [1, 2] and (concat["head"] == -1).all()
+    np.testing.assert_allclose(concat["value"], 1.0, atol=1e-12)
 
 
 def test_too_few_states_and_missing_attention_are_warnings_not_crashes() -> None:

@@ -305,3 +305,47 @@ def test_the_offline_path_does_not_import_the_training_callback() -> None:
             "print('repgeom.probes.callback' in sys.modules, 'lightning' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[0] == "False"
+
+
+def test_qk_cosine_concat_reaches_the_table_console_wandb_and_figures(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """Godey et al.'s Fig. 23 cosine: one row per block beside the per-head rows, equal to the
+    heads-concatenated cosine of the captured means, and read by every consumer of the table."""
+    from repgeom.probes import console, plots, sink
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = 3, 2, 8, 4
+    hidden = [torch.randn(B, T, H * D, generator=g) for _ in range(3)]
+    queries = [torch.randn(B, H, T, D, generator=g) + 0.5 for _ in range(2)]
+    keys = [torch.randn(B, H, T, D, generator=g) - 0.2 * i for i in range(2)]
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[0, :3] = False  # e.g. special tokens: left out of the means
+    capture = Capture(hidden=hidden, queries=queries, keys=keys, causal=True, valid=valid)
+    settings = ProbeSettings(metrics=["qk_alignment", "qk_cosine_concat"], attention=False)
+    frame = pd.DataFrame(measure([capture], [capture], settings).rows)
+    concat = frame[frame["metric"] == "qk_cosine_concat"].sort_values("layer")
+    assert concat["layer"].tolist() == [1, 2] and (concat["head"] == -1).all()
+    assert (frame["metric"] == "qk_cosine").sum() == 2 * H
+    for (_, row), Q, K in zip(concat.iterrows(), queries, keys, strict=True):
+        # independent: token rows with the H heads side by side, numpy means over valid tokens
+        q = Q.permute(0, 2, 1, 3).reshape(B, T, H * D)[valid].double().numpy().mean(axis=0)
+        k = K.permute(0, 2, 1, 3).reshape(B, T, H * D)[valid].double().numpy().mean(axis=0)
+        expected = q @ k / (np.linalg.norm(q) * np.linalg.norm(k))
+        assert row["value"] == pytest.approx(expected, abs=1e-12)  # float64 both sides
+    frame["step"] = 0
+    assert "qk_cosine_concat" in catalogue.console_metrics()
+    assert "qk_cosine_concat" in catalogue.wandb_metrics("profile")
+    assert catalogue.label("qk_cosine_concat") == "Q\u0304/K\u0304 cosine, heads concatenated"
+    assert not catalogue.per_head("qk_cosine_concat") and catalogue.per_head("qk_cosine")
+    scalars = sink.wandb_scalars(frame)
+    assert scalars["probe/qk_cosine_concat/layer_02"] == pytest.approx(concat["value"].iloc[1])
+    assert scalars["probe/qk_cosine_concat/mean"] == pytest.approx(concat["value"].mean())
+    assert "probe/qk_cosine_concat/layer_01/head_00" not in scalars
+    paths = plots.save_figures(frame, tmp_path, metrics=["qk_cosine_concat"])
+    assert [p.name for p in paths] == ["profile_qk_cosine_concat.png"]
+    subject = type("Subject", (), {"step": 0, "label": "tiny", "kind": "decoder"})()
+    monkeypatch.setenv("COLUMNS", "250")  # wide enough for every column name unbroken
+    console.print_tables(frame, [subject])
+    printed = capsys.readouterr().out
+    assert "qk_cosine_concat" in printed and f"{concat['value'].iloc[0]:.4g}" in printed

@@ -205,6 +205,25 @@ def test_save_figures_writes_the_standard_set(frame, tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
 
 
+def test_revisions_get_one_line_per_layer_against_step(tmp_path):
+    # Pythia-style revisions of one model: each step is a revision.
+    steps = (100, 200, 300)
+    frame = rows_to_frame(pd.concat(
+        [make_table(steps=(s,), model="m", revision=f"step{s}") for s in steps]
+    ))
+    names = {p.name for p in plots.save_figures(frame, tmp_path, metrics=["anisotropy", "twonn",
+                                                                          "mean_cosine"])}
+    assert {"vs_step_anisotropy.png", "per_layer_anisotropy.png", "vs_step_twonn.png",
+            "per_layer_twonn.png"} <= names
+    assert "per_layer_mean_cosine.png" not in names  # no vs_step figure: its heatmap suffices
+    lines = plots.per_layer_vs_step(frame, "anisotropy").axes[0].get_lines()
+    assert len(lines) == N_LAYER + 1  # embedding and blocks 1..3
+    for layer, line in enumerate(lines):
+        assert list(line.get_xdata()) == list(steps)
+        expected = [math.exp(-((layer - 2) ** 2)) * (1 + s / 300) for s in steps]
+        np.testing.assert_allclose(line.get_ydata(), expected)
+
+
 def test_save_figures_one_step_gives_every_profile_and_nothing_over_steps(tmp_path):
     one = make_table(steps=(0,))
     names = sorted(p.name for p in plots.save_figures(one, tmp_path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ STATE_METRICS = {
     "loglik_normal",
 }
 HEAD_METRICS = set(PER_HEAD_METRICS)
+LAYER_QK_METRICS = {"qk_cosine_concat"}
+"""Read from queries and keys like the head metrics, but one row per block (head -1)."""
 # Small and fast: a few hundred states, GRIDE up to order 8, few distribution samples.
 SMALL = [
     "n_states=192",
@@ -76,7 +79,11 @@ def assert_every_metric_every_layer(
         rows = frame[frame["metric"] == metric]
         assert len(rows) == n_layers * n_heads, metric
         assert set(rows["layer"]) == set(range(1, n_layers + 1)), metric
-    finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS)]
+    for metric in LAYER_QK_METRICS:
+        rows = frame.loc[frame["metric"] == metric].sort_values("layer")
+        assert rows["layer"].tolist() == list(range(1, n_layers + 1)), metric
+        assert (rows["head"] == -1).all(), metric
+    finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS | LAYER_QK_METRICS)]
     assert np.isfinite(finite["value"]).all()
 
 
@@ -154,6 +161,64 @@ def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()
 
 
+def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_file) -> None:
+    folder = tiny_hf_folder("t5")  # 2 encoder blocks, 3 decoder blocks, 4 heads
+    result = probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
+                                            "window=32", *SMALL]))
+    encoder, decoder = f"{folder}:encoder", f"{folder}:decoder"
+    assert result.kinds == {encoder: "encoder", decoder: "decoder"}
+    frame = table.read_table(tmp_path)
+    assert set(frame["model"]) == {encoder, decoder} and frame["step"].unique().tolist() == [0]
+    for model, n_layers in ((encoder, 2), (decoder, 3)):  # both stacks end in final_layer_norm
+        assert_every_metric_every_layer(frame.loc[frame["model"] == model], n_layers, n_heads=4)
+    # The two stacks read the same probe set (same windows, positions): same number of states,
+    # and the same token embeddings (T5 shares one embedding table), so the same layer-0 value.
+    at = frame.loc[(frame["metric"] == "anisotropy") & (frame["layer"] == 0)].set_index("model")
+    assert at.loc[encoder, "value"] == pytest.approx(at.loc[decoder, "value"], abs=1e-6)
+    # CKA between layers is computed within each stack, layer x layer (3x3 and 4x4 with norms).
+    cka = frame.loc[frame["metric"] == "linear_cka"]
+    assert cka.groupby("model")["layer_b"].max().to_dict() == {encoder: 3, decoder: 4}
+    for stack in ("encoder", "decoder"):
+        assert (tmp_path / "probes" / "plots" / stack / "profile_anisotropy.png").exists()
+    info = json.loads((tmp_path / "probe_info.json").read_text())
+    assert info["layers"][decoder]["4"] == "final_norm" and info["layers"][encoder]["3"] == (
+        "final_norm")
+
+
+def test_encoder_decoder_stacks_log_apart_in_wandb(
+    tmp_path, tiny_hf_folder, text_file, monkeypatch
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    folder = tiny_hf_folder("t5")
+    result = probe(compose_probe(tmp_path, [
+        f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL, "logger=wandb",
+        "metrics=[anisotropy]", "settings.distributions=false", "plot_metrics=[anisotropy]"]))
+    history = wandb_history(result.wandb_dir)
+    frame = result.frame.set_index(["model", "layer"])
+    for stack, final_norm in (("encoder", 3), ("decoder", 4)):  # 2 and 3 blocks, then the norm
+        rows = [r for r in history if f"probe/{stack}/anisotropy/layer_00" in r]
+        assert len(rows) == 1 and rows[0]["probe/step"] == 0
+        for layer in range(final_norm + 1):
+            assert rows[0][f"probe/{stack}/anisotropy/layer_{layer:02d}"] == pytest.approx(
+                frame.loc[(f"{folder}:{stack}", layer), "value"])
+        assert any(k.startswith(f"probe/plots/{stack}/profile_anisotropy.") for r in history
+                   for k in r)
+    assert not any(k.startswith("probe/anisotropy/") for r in history for k in r)
+
+
+def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
+    bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
+    base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
+    with pytest.raises(ValueError, match=re.escape(f"{bare} has no tokenizer; pass tokenizer=")):
+        probe(compose_probe(tmp_path / "none", [f"hf={bare}", *base]))
+    ours = probe(compose_probe(tmp_path / "given", [f"hf={bare}",
+                                                    f"tokenizer={tiny_hf_folder('gpt2')}", *base]))
+    full = probe(compose_probe(tmp_path / "full", [f"hf={tiny_hf_folder('gpt2')}", *base]))
+    # Same weights, tokenizer and probe set: the same table but for the model column.
+    columns = ["step", "layer", "head", "metric", "value"]
+    pd.testing.assert_frame_equal(ours.frame[columns], full.frame[columns])
+
+
 def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder, text_file):
     folder = tiny_hf_folder("electra")
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
@@ -161,7 +226,7 @@ def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder
         result = probe(cfg)
     metrics = set(result.frame["metric"])
     assert {"anisotropy", "twonn", "attention_entropy"} <= metrics
-    assert "qk_cosine" not in metrics
+    assert not {"qk_cosine", "qk_cosine_concat"} & metrics
     assert result.kinds == {folder: "encoder"}
 
 
@@ -375,6 +440,21 @@ def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
     assert result.frame.empty and result.kinds == {folder: "encoder"}
 
 
+def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_folder) -> None:
+    folder = tiny_hf_folder("t5")
+    probe(compose_probe(tmp_path, [f"hf={folder}", "compare.text_a='the cat sat'",
+                                   "compare.text_b='a dog ran.'", "device=cpu"]))
+    encoder, decoder = (
+        pd.read_csv(tmp_path / "compare" / f"pooled_cosine_step0_{stack}.csv")
+        for stack in ("encoder", "decoder")
+    )
+    assert encoder["layer"].tolist() == [0, 1, 2] and decoder["layer"].tolist() == [0, 1, 2, 3]
+    assert set(encoder["model"]) == {f"{folder}:encoder"} and set(decoder["kind"]) == {"decoder"}
+    # Layer 0 is the embedding of the same tokens in both stacks (T5 shares one table).
+    assert encoder["pooled_cosine"][0] == pytest.approx(decoder["pooled_cosine"][0], abs=1e-6)
+    assert encoder["pooled_cosine"][1] != pytest.approx(decoder["pooled_cosine"][1], abs=1e-3)
+
+
 def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
@@ -436,6 +516,7 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
         ([], "give exactly one of run="),
         (["hf=gpt2", "ckpt=x.ckpt"], r"got ckpt=x.ckpt, hf=gpt2"),
         (["ckpt=x.ckpt", "hf_revisions=[a]"], "hf_revisions= needs hf="),
+        (["ckpt=x.ckpt", "tokenizer=gpt2"], "tokenizer= needs hf="),
         (["hf=gpt2", "compare.text_a=a"], "compare needs both"),
         (["run=x", "compare.text_a=a", "compare.text_b=b"], "compare takes ckpt= or hf="),
         (["hf=gpt2", "+settings.bogus=1"], "unknown key"),
@@ -444,3 +525,59 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
 def test_bad_config(tmp_path, overrides, match) -> None:
     with pytest.raises(ValueError, match=match):
         probe(compose_probe(tmp_path, overrides))
+
+
+# ---------------------------------------------------------------------------------------------
+# Activation distributions per label group
+
+
+def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, text_file):
+    """`labels.csv=... labels.group_by=[...]`: one fit per subject:attribute group, from the
+    group's own token states (checked against the model's hidden states read directly)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from repgeom.metrics.distributions import activation_distribution
+
+    folder = tiny_hf_folder("gpt2")
+    sentences = ["the quick brown fox jumps", "over the lazy dog, and then it sleeps.",
+                 "a character level tokenizer", "turns every letter into one token;"]
+    cells = [("fox", "calm"), ("fox", "loud"), ("dog", "calm"), ("dog", "loud")] * 2
+    rows = [{"text": sentences[i % 4], "subject": subject, "tone": tone}
+            for i, (subject, tone) in enumerate(cells)]
+    csv = tmp_path / "labelled.csv"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL,
+                                   f"labels.csv={csv}", "labels.group_by=[subject,tone]"])
+    result = probe(cfg)
+    out = result.output_dir / "distributions"
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(summary["group"]) == {"fox:calm", "fox:loud", "dog:calm", "dog:loud"}
+    assert len(summary) == 4 * 4  # groups x (embedding, 2 blocks, final norm)
+    shares = pd.read_csv(out / "shares.csv")
+    assert (shares["n_groups"] == 4).all()
+    sums = shares.groupby(["layer", "criterion", "level"])["share"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0)
+
+    # Independent path: the group's texts through the model, block 1's values, the same fit.
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    texts = [r["text"] for r in rows if (r["subject"], r["tone"]) == ("dog", "loud")]
+    with torch.no_grad():
+        values = np.concatenate([
+            model(**tokenizer(t, return_tensors="pt"), output_hidden_states=True)
+            .hidden_states[1][0].reshape(-1).numpy() for t in texts])
+    row = summary.query("group == 'dog:loud' and layer == 1").iloc[0]
+    assert row["n_values"] == values.size
+    expected = activation_distribution(values, n_samples=500, seed=0)
+    assert row["best_loglik"] == expected.best_family_loglik
+    assert row["kurtosis"] == pytest.approx(expected.kurtosis, rel=1e-5)
+
+
+def test_labels_csv_is_refused_for_a_run_and_when_missing(tmp_path, tiny_hf_folder) -> None:
+    cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}",
+                                   f"labels.csv={tmp_path / 'none.csv'}"])
+    with pytest.raises(FileNotFoundError, match="labels.csv=.*does not exist"):
+        runner.check_config(cfg)
+    cfg = compose_probe(tmp_path, [f"run={tmp_path}", f"labels.csv={tmp_path / 'none.csv'}"])
+    with pytest.raises(ValueError, match="labels.csv fits the distributions of one model"):
+        runner.check_config(cfg)

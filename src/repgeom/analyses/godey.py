@@ -13,18 +13,24 @@ step (and per ``model``/``revision``/``run`` when those columns exist), the ``dr
 and the ``final_norm`` layer (a rescaled copy of block L) are left out, as in the table's layer
 means; the paper's "for each layer" counts the model's layers.
 
-Not yet wired into the report (a later step of the issue).
+``probe.py`` writes the result next to its table (`save_drift_cosine`: ``probes/drift_cosine.csv``)
+and prints it; the report (`repgeom.experiments.report`) states it per masking in Godey's section.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-__all__ = ["drift_cosine_correlation"]
+__all__ = ["CSV_NAME", "drift_cosine_correlation", "save_drift_cosine"]
 
 _EXTRA_KEYS = ("model", "revision", "run")
+CSV_NAME = "drift_cosine.csv"
+"""File name of the correlation table in a probe folder (next to ``probes.csv``)."""
 
 
 def drift_cosine_correlation(table: pd.DataFrame, *, include_embedding: bool = False
@@ -83,3 +89,16 @@ def drift_cosine_correlation(table: pd.DataFrame, *, include_embedding: bool = F
         rows.append(row)
     return pd.DataFrame(rows, columns=[*keys, "n_layers", "spearman_rho", "spearman_p",
                                        "pearson_r", "pearson_p"])
+
+
+def save_drift_cosine(table: pd.DataFrame, folder: str | os.PathLike) -> pd.DataFrame:
+    """`drift_cosine_correlation` of `table`, written as `CSV_NAME` in `folder` when the table has
+    both metrics (``drift`` and ``mean_cosine`` probed); returns it (empty when not written)."""
+    metrics = set(table["metric"]) if "metric" in table.columns else set()
+    if not {"drift_norm", "mean_cosine"} <= metrics:
+        return pd.DataFrame()
+    result = drift_cosine_correlation(table)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    result.to_csv(folder / CSV_NAME, index=False)
+    return result

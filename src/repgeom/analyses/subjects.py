@@ -14,82 +14,19 @@ This module reads models only through `repgeom.probes.hf` (loading, capture) and
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
     "Subject",
+    "AttentionInputs",
     "HFSubject",
     "CheckpointSubject",
     "load_subject",
-    "load_tokenizer_or_explain",
-    "TokenizerMissingError",
 ]
-
-# Files one of which every saved Hugging Face tokenizer writes (fast: tokenizer.json; slow:
-# a vocabulary file; sentencepiece: *.model).
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                    "spiece.model", "tokenizer.model", "sentencepiece.bpe.model", "merges.txt")
-
-
-class TokenizerMissingError(ValueError):
-    """A model folder holds no tokenizer and none was given."""
-
-
-def load_tokenizer_or_explain(folder: str | os.PathLike, tokenizer: Any = None):
-    """The tokenizer for a model folder or hub name, or a clear error when there is none.
-
-    A folder written by ``model.save_pretrained`` alone has no tokenizer files, and
-    ``AutoTokenizer.from_pretrained`` then still "succeeds" for some families with an empty
-    vocabulary (every character becomes ``[UNK]``, or nothing at all for GPT-2's byte BPE: the
-    probe later fails with "the text is 0 tokens long"). Here such a folder raises at once.
-    The analyses' command lines use it; ``probe.py`` and `repgeom.probes.hf.load_hf_model` do
-    not yet (wiring it in is a later step, outside this module).
-
-    Parameters
-    ----------
-    folder : str or path
-        A local model folder or a hub name.
-    tokenizer : str, path or tokenizer object, optional
-        Override: a hub name or folder to load the tokenizer from, or a loaded tokenizer.
-
-    Returns
-    -------
-    transformers.PreTrainedTokenizerBase
-
-    Raises
-    ------
-    TokenizerMissingError (a ValueError)
-        "<folder> has no tokenizer; pass tokenizer=<name or folder>", or the tokenizer loaded
-        has no vocabulary beyond its special tokens.
-    """
-    from transformers import AutoTokenizer
-
-    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer
-    source = os.fspath(tokenizer if tokenizer is not None else folder)
-    if os.path.isdir(source) and not any(
-        (Path(source) / f).is_file() for f in _TOKENIZER_FILES
-    ):
-        if tokenizer is None:
-            raise TokenizerMissingError(
-                f"{folder} has no tokenizer; pass tokenizer=<name or folder> (for example the "
-                "hub name of the model it was trained from, or a folder written by "
-                "tokenizer.save_pretrained)"
-            )
-        raise TokenizerMissingError(f"tokenizer={source} is a folder without tokenizer files")
-    tok = AutoTokenizer.from_pretrained(source)
-    n_special = len(set(getattr(tok, "all_special_ids", [])))
-    if len(tok) <= n_special:
-        raise TokenizerMissingError(
-            f"{source}: the tokenizer has no vocabulary beyond its {n_special} special tokens; "
-            "pass tokenizer=<name or folder>"
-        )
-    return tok
 
 
 class Subject:
@@ -106,6 +43,25 @@ class Subject:
         """The T tokens `states` returns a row for, as strings (for figure labels)."""
         raise NotImplementedError
 
+    def queries_keys(self, text: str) -> AttentionInputs:
+        """Per block, the queries and keys the model multiplies on `text`, special tokens
+        included (its softmax attends to them too)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """What the attention of each block reads on one text.
+
+    queries, keys : one (H, T, D) float tensor per block, as they enter
+        ``softmax(Q K^T / sqrt(D) + mask)`` (`repgeom.models.capture.Capture`), on CPU.
+    causal : whether query t attends only to keys j <= t.
+    """
+
+    queries: list[torch.Tensor]
+    keys: list[torch.Tensor]
+    causal: bool
+
 
 def _layer_names(n_blocks: int, final_norm: bool) -> list[str]:
     names = ["embedding"] + [f"block_{i}" for i in range(1, n_blocks + 1)]
@@ -119,7 +75,8 @@ class HFSubject(Subject):
     ----------
     name_or_folder : str or path
     tokenizer : str, path or tokenizer, optional
-        Override for folders without a tokenizer (see `load_tokenizer_or_explain`).
+        Override for folders without a tokenizer
+        (`repgeom.probes.hf.load_tokenizer_or_explain`).
     max_tokens : int
         Texts are cut to this many tokens (special tokens included).
     """
@@ -127,9 +84,7 @@ class HFSubject(Subject):
     def __init__(self, name_or_folder, *, tokenizer=None, max_tokens: int = 512) -> None:
         from repgeom.probes.hf import load_hf_model
 
-        tok = load_tokenizer_or_explain(name_or_folder, tokenizer)
-        self.hf = load_hf_model(name_or_folder)
-        self.hf.tokenizer = tok
+        self.hf = load_hf_model(name_or_folder, tokenizer=tokenizer)
         self.name = str(name_or_folder)
         self.max_tokens = int(max_tokens)
         cap = self._capture("a b")
@@ -157,6 +112,24 @@ class HFSubject(Subject):
         if out[0].shape[0] == 0:
             raise ValueError(f"{self.name}: {text[:40]!r} has no token besides special tokens")
         return out
+
+    @torch.no_grad()
+    def queries_keys(self, text: str) -> AttentionInputs:
+        from repgeom.probes.hf import hf_capture
+
+        if not self.hf.has_qk:
+            raise ValueError(
+                f"{self.name}: repgeom cannot read the queries and keys of model family "
+                f"{self.hf.family!r} (repgeom.probes.hf lists the families it hooks); use a model "
+                "of a supported family"
+            )
+        enc = self._encode(text)
+        if enc["input_ids"].shape[1] == 0:
+            raise ValueError(f"{self.name}: the tokenizer gives no token for {text[:40]!r}")
+        cap = hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False,
+                         include_special=True)
+        return AttentionInputs([q[0].float().cpu() for q in cap.queries],
+                               [k[0].float().cpu() for k in cap.keys], cap.causal)
 
     def tokens(self, text: str) -> list[str]:
         ids = self._encode(text)["input_ids"][0].tolist()
@@ -199,6 +172,12 @@ class CheckpointSubject(Subject):
         cap = self.lm.model.capture(self._ids(text), attention=False)
         layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
         return [h[0].float().cpu() for h in layers]
+
+    @torch.no_grad()
+    def queries_keys(self, text: str) -> AttentionInputs:
+        cap = self.lm.model.capture(self._ids(text), attention=False)
+        return AttentionInputs([q[0].float().cpu() for q in cap.queries],
+                               [k[0].float().cpu() for k in cap.keys], cap.causal)
 
     def tokens(self, text: str) -> list[str]:
         ids = self._ids(text)[0].tolist()

@@ -42,6 +42,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from repgeom.analyses.godey import drift_cosine_correlation
 from repgeom.probes import plots, seeds
 from repgeom.probes.seeds import Effect, Interval, t_interval
 from repgeom.probes.table import FINAL_NORM, read_table
@@ -467,6 +468,60 @@ def _attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]
     return out
 
 
+def drift_cosine(sweep: Path) -> pd.DataFrame:
+    """Drift norm against mean cosine across blocks 1..L at the last probe, per masking
+    (Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson).
+
+    Returns
+    -------
+    DataFrame indexed by masking: ``step`` (the last probe), ``blocks``, ``seeds``, the mean over
+    seeds of Spearman's rho and Pearson's r, and how many seeds have p < 0.05 for each
+    (``spearman p<0.05``, ``pearson p<0.05``). Maskings whose tables lack ``drift_norm`` or
+    ``mean_cosine`` are left out.
+    """
+    out = {}
+    found = find_runs(sweep)
+    for masking in [m for m in MASKINGS if m in found] + [m for m in found if m not in MASKINGS]:
+        runs = found[masking]
+        per_seed = []
+        for run in runs:
+            frame = read_table(run.path)
+            if not {"drift_norm", "mean_cosine"} <= set(frame["metric"]):
+                continue
+            corr = drift_cosine_correlation(frame)
+            per_seed.append(corr.loc[corr["step"] == corr["step"].max()].iloc[0])
+        if not per_seed:
+            continue
+        seeds_frame = pd.DataFrame(per_seed)
+        out[masking] = {
+            "step": int(seeds_frame["step"].max()),
+            "blocks": int(seeds_frame["n_layers"].min()),
+            "seeds": len(seeds_frame),
+            "spearman rho": float(seeds_frame["spearman_rho"].mean()),
+            "spearman p<0.05": int((seeds_frame["spearman_p"] < 0.05).sum()),
+            "pearson r": float(seeds_frame["pearson_r"].mean()),
+            "pearson p<0.05": int((seeds_frame["pearson_p"] < 0.05).sum()),
+        }
+    result = pd.DataFrame.from_dict(out, orient="index")
+    result.index.name = "masking"
+    return result
+
+
+def drift_cosine_lines(sweep: Path) -> list[str]:
+    """The paragraph and table of `drift_cosine` for Godey's section of the report."""
+    corr = drift_cosine(sweep)
+    if corr.empty:
+        return ["Drift norm against mean cosine: not measured (no `drift_norm` rows)."]
+    return [
+        "Drift norm ‖x̄‖ against mean cosine across blocks 1..L at the last probe "
+        "(Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson), the mean "
+        "over seeds and how many seeds reach p < 0.05 (one point per block: with few blocks "
+        "neither test can reach it).",
+        "",
+        _markdown_table(corr),
+    ]
+
+
 def shape_of_learning(
     sweep: Path, figures: Path
 ) -> tuple[list[str], dict[str, list[Finding]], dict]:
@@ -687,7 +742,7 @@ def render(args: argparse.Namespace) -> Path:
         titles = {
             "profile": "1. Decoder vs encoder anisotropy profile (Razzhigaev et al. 2023)",
             "id": "2. Intrinsic dimension over training (Razzhigaev et al. 2023)",
-            "attention": "3. Attention sharpening and Q/K drift (Godey et al. 2024, §5)",
+            "attention": "3. Attention sharpening and Q/K drift (Godey et al. 2024, §3.3, §5)",
         }
         lines += ["## Experiments 1-3: runs and statistics", "", *setup_lines(facts), ""]
         for key, title in titles.items():
@@ -699,6 +754,8 @@ def render(args: argparse.Namespace) -> Path:
                 "",
             ]
             lines += [finding.markdown() for finding in findings[key]] + [""]
+            if key == "attention":
+                lines += [*drift_cosine_lines(sweep), ""]
             prefixes = {
                 "profile": ("anisotropy_",),
                 "id": ("twonn_", "gride_"),

@@ -15,12 +15,20 @@ Modules:
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
   mutual-kNN alignment (Huh et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
-- ``attention``, ``distributions``: attention entropy and QK alignment; activation laws.
+- ``attention``, ``distributions``: attention entropy, QK alignment (per head and heads
+  concatenated), pre-softmax scores; activation laws.
 """
 
 from .alignment import linear_cka, mutual_knn
 from .anisotropy import anisotropy
-from .attention import AttentionResult, QKAlignmentResult, attention_entropy, qk_alignment
+from .attention import (
+    AttentionResult,
+    QKAlignmentResult,
+    attention_entropy,
+    attention_scores,
+    qk_alignment,
+    qk_cosine_concat,
+)
 from .cosine import (
     isotropic_cosine_baseline,
     isotropic_mean_cosine_chance,
@@ -68,6 +76,8 @@ __all__ = [
     "AttentionResult",
     "qk_alignment",
     "QKAlignmentResult",
+    "qk_cosine_concat",
+    "attention_scores",
     "activation_distribution",
     "DistributionResult",
     "FAMILIES",

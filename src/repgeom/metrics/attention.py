@@ -10,7 +10,14 @@ import torch
 
 from ._validation import as_tensor, check_finite, check_valid_mask
 
-__all__ = ["AttentionResult", "QKAlignmentResult", "attention_entropy", "qk_alignment"]
+__all__ = [
+    "AttentionResult",
+    "QKAlignmentResult",
+    "attention_entropy",
+    "attention_scores",
+    "qk_alignment",
+    "qk_cosine_concat",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,6 +191,16 @@ def qk_alignment(queries, keys, *, causal: bool = True, valid=None) -> QKAlignme
     >>> round(float(r.cosine[0]), 4), float(r.dot[0])
     (0.7071, 1.0)
     """
+    Q, K = _check_qk(queries, keys)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    B, H, T, D = Q.shape
+    v = check_valid_mask(valid, "valid", B, T, Q.device)
+    return _qk_alignment(Q, K, causal, v)
+
+
+def _check_qk(queries, keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head queries and keys of one layer as two finite (B, H, T, D) tensors on Q's device."""
     Q = as_tensor(queries, "queries")
     K = as_tensor(keys, "keys")
     if Q.ndim != 4:
@@ -197,10 +214,7 @@ def qk_alignment(queries, keys, *, causal: bool = True, valid=None) -> QKAlignme
         raise ValueError(f"queries is empty: shape {tuple(Q.shape)}")
     check_finite(Q, "queries")
     check_finite(K, "keys")
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal must be True or False, got {causal!r}")
-    v = check_valid_mask(valid, "valid", B, T, Q.device)
-    return _qk_alignment(Q, K.to(Q.device), causal, v)
+    return Q, K.to(Q.device)
 
 
 def _qk_alignment(Q, K, causal, valid) -> QKAlignmentResult:
@@ -237,3 +251,105 @@ def _qk_alignment(Q, K, causal, valid) -> QKAlignmentResult:
 
     return QKAlignmentResult(cosine=np_(cos), dot=np_(dot), score_mean=np_(mean),
                              score_std=np_(std), score_max_abs=np_(smax))
+
+
+def qk_cosine_concat(queries, keys, *, valid=None) -> float:
+    r"""Cosine of the mean query and the mean key of one layer, heads concatenated.
+
+    .. math:: \bar q = \frac{1}{N}\sum_{b,t} [q^1_{bt}; \dots; q^H_{bt}], \quad
+              \bar k = \frac{1}{N}\sum_{b,t} [k^1_{bt}; \dots; k^H_{bt}], \quad
+              \cos(\bar q, \bar k) = \frac{\sum_h \bar q_h^\top \bar k_h}
+                                     {\lVert \bar q \rVert\, \lVert \bar k \rVert}
+
+    over all (valid) tokens: Godey et al. 2024, appendix C, Fig. 23 ("representations are
+    concatenated across heads"), the per-layer companion of the per-head cosine of their Fig. 13
+    (`qk_alignment`'s ``cosine``). It is the per-head cosines weighted by
+    :math:`\lVert \bar q_h \rVert \lVert \bar k_h \rVert`, so heads with a large common
+    drift dominate it, and it is *not* the mean of the per-head cosines: head 1 aligned (+1)
+    and head 2 opposed (-1) average to 0, but concatenate to the sign of the stronger drift.
+
+    Parameters
+    ----------
+    queries, keys : Tensor, shape (B, H, T, D)
+        Per-head queries and keys as they enter ``softmax(Q K^T / sqrt(D))`` (as for
+        `qk_alignment`); any float dtype and device (reduced in float64).
+    valid : Tensor of bool, shape (B, T), optional, keyword-only
+        Token positions to average over (e.g. not padding); all when None.
+
+    Returns
+    -------
+    float in [-1, 1]; 0 when the mean query or the mean key is the zero vector (no direction).
+
+    Raises
+    ------
+    ValueError
+        If the inputs are not (B, H, T, D) of one shape, are empty or not finite, or ``valid``
+        has the wrong shape or marks no position.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([[1.0, 0.0], [0.0, 3.0]]).view(1, 2, 1, 2)  # heads (1, 0) and (0, 3)
+    >>> k = torch.tensor([[1.0, 0.0], [0.0, -1.0]]).view(1, 2, 1, 2)  # per-head cos +1 and -1
+    >>> round(qk_cosine_concat(q, k), 4)  # (1 - 3) / (sqrt(10) sqrt(2))
+    -0.4472
+    """
+    Q, K = _check_qk(queries, keys)
+    B, H, T, D = Q.shape
+    v = check_valid_mask(valid, "valid", B, T, Q.device)
+    return _qk_cosine_concat(Q, K, v)
+
+
+def _qk_cosine_concat(Q: torch.Tensor, K: torch.Tensor, valid: torch.Tensor | None) -> float:
+    B, H, T, D = Q.shape
+    w = (torch.ones(B, T, device=Q.device) if valid is None else valid).to(torch.float64)
+    w = w[:, None, :, None]  # (B, 1, T, 1)
+    q_mean = ((Q.to(torch.float64) * w).sum(dim=(0, 2)) / w.sum()).reshape(H * D)  # (H D,)
+    k_mean = ((K.to(torch.float64) * w).sum(dim=(0, 2)) / w.sum()).reshape(H * D)
+    denom = float(torch.linalg.vector_norm(q_mean) * torch.linalg.vector_norm(k_mean))
+    return float(q_mean @ k_mean) / denom if denom > 0 else 0.0
+
+
+def attention_scores(queries, keys, *, causal: bool) -> torch.Tensor:
+    r"""Pre-softmax attention scores :math:`s_{tj} = q_t^\top k_j / \sqrt{D}`, per head.
+
+    The scores whose histograms Godey et al. 2024 draw in Fig. 7 (section 4.3,
+    :math:`QK^T/\sqrt{d_k}`) and whose extremes over whole sequences they compare in Fig. 10.
+    Positions a query may not attend to (``j > t`` when ``causal``) are ``-inf``, so
+    ``scores.softmax(-1)`` is the model's attention (``output_attentions``) when ``queries`` and
+    ``keys`` are what the model multiplies (`repgeom.models.capture.Capture`), and a row's
+    maximum is its largest attendable score.
+
+    Parameters
+    ----------
+    queries, keys : Tensor, shape (B, H, T, D)
+        Any float dtype and device; the scores are computed in float64 on that device.
+    causal : bool, keyword-only
+        Whether query t may attend only to keys ``j <= t`` (decoders).
+
+    Returns
+    -------
+    Tensor, shape (B, H, T, T), float64: query dim -2, key dim -1.
+
+    Raises
+    ------
+    ValueError
+        If the inputs are not finite (B, H, T, D) tensors of one shape, or ``causal`` is not
+        a bool.
+
+    Examples
+    --------
+    >>> import torch
+    >>> q = torch.tensor([[2.0, 0.0], [0.0, 2.0]]).view(1, 1, 2, 2)
+    >>> attention_scores(q, q, causal=True)[0, 0]  # D = 2: q.k / sqrt(2)
+    tensor([[2.8284,   -inf],
+            [0.0000, 2.8284]], dtype=torch.float64)
+    """
+    Q, K = _check_qk(queries, keys)
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    D = Q.shape[-1]
+    S = Q.to(torch.float64) @ K.to(torch.float64).transpose(-1, -2) / math.sqrt(D)  # (B,H,T,T)
+    if causal:
+        S = S.masked_fill(~_attendable(S.shape[-1], True, S.device), -math.inf)
+    return S

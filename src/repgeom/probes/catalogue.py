@@ -15,8 +15,10 @@ What an entry reads:
   dict whose keys become ``<name>_<key>`` rows. With ``batched=False`` ``fn(X, settings)`` sees
   the whole layer and returns ``(metric, value, std)`` rows itself (the intrinsic dimension does
   its own batching, so that one neighbour search per batch serves TwoNN, GRIDE and the MLE).
-- ``"attention"``, ``"qk"``: one block's attention probabilities or queries and keys, per head,
-  on whole windows (`measure.measure_attention`).
+- ``"attention"``, ``"qk"``: one block's attention probabilities or queries and keys, on whole
+  windows (`measure.measure_attention`). Per head (``per_head=True``): ``fn(Q, K, causal=,
+  valid=)`` returns a result with one value per head for each output (`qk_alignment`). Per
+  layer: ``fn(Q, K, valid=)`` returns one float, the row of the entry's own name (head -1).
 - ``"pair"``: two paired state sets, ``fn(X, Y) -> float`` (CKA, mutual k-NN): between every
   pair of layers at a probe step, between a step and the final one, between two runs.
 
@@ -185,6 +187,10 @@ _QK_OUTPUTS = (
     Output("score_std", "Attention score std", ()),
     Output("score_max_abs", "Attention score max |s|", ()),
 )
+_QK_CONCAT_OUTPUTS = (
+    Output("qk_cosine_concat", "Q\u0304/K\u0304 cosine, heads concatenated",
+           ("profile", "vs_step"), True, wandb=("profile",)),
+)
 
 BUILTIN: dict[str, Metric] = {
     m.name: m
@@ -222,6 +228,7 @@ BUILTIN: dict[str, Metric] = {
         Metric("attention", "attention", metrics.attention_entropy, _ATTENTION_OUTPUTS,
                per_head=True, switch="attention"),
         Metric("qk_alignment", "qk", metrics.qk_alignment, _QK_OUTPUTS, per_head=True),
+        Metric("qk_cosine_concat", "qk", metrics.qk_cosine_concat, _QK_CONCAT_OUTPUTS),
         Metric("distributions", "states", _distributions,
                (Output("kurtosis", "Excess kurtosis", (), True),
                 Output("n_modes", "Number of modes", ()),
@@ -368,7 +375,7 @@ class Selection:
 
     states: list[Metric] = field(default_factory=list)
     attention: Metric | None = None
-    qk: Metric | None = None
+    qk: list[Metric] = field(default_factory=list)
     pairs: list[Metric] = field(default_factory=list)
 
 
@@ -383,7 +390,7 @@ def select(settings) -> Selection:
         elif entry.reads == "attention":
             out.attention = entry
         elif entry.reads == "qk":
-            out.qk = entry
+            out.qk.append(entry)
         else:
             out.pairs.append(entry)
     return out

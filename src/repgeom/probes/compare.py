@@ -26,7 +26,9 @@ def compare(
     matrix = metrics.token_cosine_matrix(torch.cat([A[-1], B[-1]]))[:n, n:].numpy()
     folder = output_dir / "compare"
     folder.mkdir(parents=True, exist_ok=True)
-    suffix = f"_step{subject.step}" if several else ""
+    suffix = (f"_step{subject.step}" if several else "") + (
+        f"_{subject.stack}" if subject.stack else ""
+    )
     frame = pd.DataFrame(
         {
             "layer": range(len(pooled)),

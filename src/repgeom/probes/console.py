@@ -20,6 +20,17 @@ def console():
 
 
 def print_tables(frame: pd.DataFrame, subjects: list) -> None:
+    """Per model (the two stacks of an encoder-decoder model are two): the per-layer table of
+    its last probe and, for several probes, the trend of the layer means over steps."""
+    models = list(dict.fromkeys(s.model for s in subjects))
+    for model in models:
+        rows = frame
+        if len(models) > 1 and "model" in frame.columns:
+            rows = frame.loc[frame["model"] == model]
+        _print_model(rows, [s for s in subjects if s.model == model])
+
+
+def _print_model(frame: pd.DataFrame, subjects: list) -> None:
     from rich.table import Table
 
     out_console = console()
@@ -50,6 +61,43 @@ def print_tables(frame: pd.DataFrame, subjects: list) -> None:
         for step, values in wide.iterrows():
             trend.add_row(str(step), labels.get(step, ""), *[_fmt(values.get(m)) for m in shown])
         out_console.print(trend)
+
+
+def print_drift_cosine(correlation: pd.DataFrame) -> None:
+    """Godey et al. 2024, §3.3 (Fig. 5) and appendix A (Fig. 16): Spearman and Pearson
+    correlation of the drift norm and the mean cosine across blocks 1..L, one row per step and
+    model (`repgeom.analyses.godey.drift_cosine_correlation`). Nothing when not measured."""
+    from rich.table import Table
+
+    if correlation is None or correlation.empty:
+        return
+    out = Table(title="drift norm vs mean cosine, blocks 1..L (Godey 2024 §3.3)")
+    ids = ["step"] + [c for c in ("model", "revision") if c in correlation.columns
+                      and correlation[c].nunique(dropna=False) > 1]
+    for column in (*ids, "blocks", "Spearman rho", "p", "Pearson r", "p"):
+        out.add_column(column, justify="left" if column in ("model", "revision") else "right")
+    for row in correlation.itertuples(index=False):
+        out.add_row(
+            *[str(getattr(row, c)) for c in ids], str(row.n_layers),
+            _fmt(row.spearman_rho), _fmt(row.spearman_p),
+            _fmt(row.pearson_r), _fmt(row.pearson_p),
+        )
+    console().print(out)
+
+
+def print_family_shares(shares: pd.DataFrame) -> None:
+    """Per layer, the share of label groups each family group wins by log-likelihood
+    (`repgeom.analyses.distributions.family_shares`)."""
+    from rich.table import Table
+
+    won = shares.query("criterion == 'loglik' and level == 'group'")
+    wide = won.pivot_table(index=["layer", "layer_name"], columns="family", values="share")
+    out = Table(title=f"share of {int(won['n_groups'].iloc[0])} label groups won (log-likelihood)")
+    for column in ("layer", *wide.columns):
+        out.add_column(str(column), justify="right")
+    for (_, name), row in wide.iterrows():
+        out.add_row(str(name), *[f"{v:.2f}" for v in row])
+    console().print(out)
 
 
 def print_compare(subject, pooled: pd.DataFrame) -> None:

@@ -39,6 +39,10 @@
   opt             ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
   llama,          ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
   mistral
+  t5 (ByT5)       ``SelfAttention.q/.k``         the two Linear outputs, times sqrt(D): T5 does
+                                                 not scale its scores (``scaling = 1``); its
+                                                 relative position bias, added to the scores, is
+                                                 not part of Q K^T (cross-attention not hooked)
   ==============  =============================  ==============================================
 
   The rotary cos/sin are read from the attention module's ``position_embeddings`` argument (a
@@ -47,10 +51,23 @@
   the model's. Any other family still gets hidden states and attention; its queries and keys are
   left empty with one warning per loaded model.
 
-Encoder or decoder is read from the config (``is_encoder_decoder``, ``is_decoder``, the family
-name, then the architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when the config
-says nothing, one tiny forward pass decides: a decoder's early positions do not change when a
-later token does.
+Encoder or decoder is read from the config (``is_decoder``, the family name, then the
+architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when the config says nothing,
+one tiny forward pass decides: a decoder's early positions do not change when a later token does.
+
+Encoder-decoder models (``is_encoder_decoder``: T5, ByT5) are probed as two models, one per
+stack (``HFModel.stack``), each with its own embedding, blocks and final norm (T5's
+``final_layer_norm`` in both stacks, measured as the layer ``final_norm`` as above):
+
+- the encoder: ``model.encoder`` alone on the text's windows, bidirectional;
+- the decoder: the whole model with the same window as ``input_ids`` and as
+  ``decoder_input_ids`` (not shifted right behind a start token), so the decoder reads the text
+  causally while its cross-attention reads the encoder's states of that same window. This keeps
+  the two stacks' rows on the same tokens and positions (the same probe set, special tokens and
+  padding masks), and position t of the decoder holds token t as input, as in a decoder-only
+  model. It is a reconstruction setting, not T5's span-corruption pre-training task: the
+  decoder can read the whole window through cross-attention, so it is causal in its own
+  self-attention only.
 """
 
 from __future__ import annotations
@@ -87,11 +104,15 @@ class HFModel:
     family : str
         ``config.model_type`` (``"gpt2"``, ``"bert"``, ``"gpt_neox"``, ...).
     is_decoder : bool
-        True for causal (decoder-only) models, False for bidirectional encoders.
+        True for causal (decoder-only) models and the decoder stack of an encoder-decoder model,
+        False for bidirectional encoders and the encoder stack.
     name : str
         What was passed to `load_hf_model` (hub name or local folder).
     revision : str or None
         Hub revision (branch, tag or commit), None for the default.
+    stack : {"encoder", "decoder"} or None
+        Which stack of an encoder-decoder model (T5, ByT5) is probed; None for a model with
+        one stack.
     """
 
     model: Any
@@ -100,6 +121,7 @@ class HFModel:
     is_decoder: bool
     name: str
     revision: str | None = None
+    stack: str | None = None
     _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
     _warned_layout: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -112,6 +134,13 @@ class HFModel:
     def kind(self) -> str:
         """``"decoder"`` or ``"encoder"``, for tables and messages."""
         return "decoder" if self.is_decoder else "encoder"
+
+    @property
+    def blocks_owner(self) -> nn.Module:
+        """The module whose blocks are probed: the base model, or the chosen stack of an
+        encoder-decoder model (``model.encoder`` / ``model.decoder``, a full model of its own
+        with its config, blocks and final norm)."""
+        return self.model if self.stack is None else getattr(self.model, self.stack)
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,12 +160,119 @@ def _looks_like_path(name: str) -> bool:
     return "/" in name and os.path.isdir(name.split("/")[0])
 
 
+# Files one of which every saved Hugging Face tokenizer writes (fast: tokenizer.json; slow:
+# a vocabulary file; sentencepiece: *.model).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                    "spiece.model", "tokenizer.model", "sentencepiece.bpe.model", "merges.txt")
+
+STACKS = ("encoder", "decoder")
+"""The two stacks of an encoder-decoder model, probed as two models in this order."""
+
+
+class TokenizerMissingError(ValueError):
+    """A model folder holds no tokenizer and none was given."""
+
+
+def load_tokenizer_or_explain(
+    folder: str | os.PathLike, tokenizer: Any = None, *, revision: str | None = None
+) -> Any:
+    """The tokenizer for a model folder or hub name, or a clear error when there is none.
+
+    A folder written by ``model.save_pretrained`` alone has no tokenizer files, and
+    ``AutoTokenizer.from_pretrained`` then still "succeeds" for some families with an empty
+    vocabulary (every character becomes ``[UNK]``, or nothing at all for GPT-2's byte BPE: the
+    probe would later fail with "the text is 0 tokens long"). Here such a folder raises at once,
+    naming the fix. `load_hf_model` (``probe.py hf=... tokenizer=...``) and the analyses'
+    subjects (`repgeom.analyses.subjects`) load tokenizers through this one function.
+
+    Parameters
+    ----------
+    folder : str or path
+        A local model folder or a hub name.
+    tokenizer : str, path or tokenizer object, optional
+        Override: a hub name or folder to load the tokenizer from, or a loaded tokenizer.
+    revision : str, optional
+        Hub revision of `folder`'s own tokenizer; not applied to an override, which names its
+        own source.
+
+    Returns
+    -------
+    transformers.PreTrainedTokenizerBase
+
+    Raises
+    ------
+    TokenizerMissingError (a ValueError)
+        "<folder> has no tokenizer; pass tokenizer=<name or folder>", or the tokenizer loaded
+        has no vocabulary beyond its special tokens.
+    """
+    from transformers import AutoTokenizer
+
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    source = os.fspath(tokenizer if tokenizer is not None else folder)
+    if os.path.isdir(source) and not any(
+        os.path.isfile(os.path.join(source, f)) for f in _TOKENIZER_FILES
+    ):
+        if tokenizer is None:
+            raise TokenizerMissingError(
+                f"{folder} has no tokenizer; pass tokenizer=<name or folder> (for example the "
+                "hub name of the model it was trained from, or a folder written by "
+                "tokenizer.save_pretrained)"
+            )
+        raise TokenizerMissingError(f"tokenizer={source} is a folder without tokenizer files")
+    tok = AutoTokenizer.from_pretrained(source, revision=revision if tokenizer is None else None)
+    n_special = len(set(getattr(tok, "all_special_ids", [])))
+    if len(tok) <= n_special:
+        raise TokenizerMissingError(
+            f"{source}: the tokenizer has no vocabulary beyond its {n_special} special tokens; "
+            "pass tokenizer=<name or folder>"
+        )
+    return tok
+
+
+def _read_config(name: str, revision: str | None) -> Any:
+    """The model's ``AutoConfig``, after checking that a local name is a model folder."""
+    from transformers import AutoConfig
+
+    local = os.path.exists(name)
+    if not local and _looks_like_path(name):
+        raise FileNotFoundError(
+            f"hf={name!r}: no such local folder ({os.path.abspath(name)}); "
+            "give a folder written by save_pretrained or a hub name like 'gpt2'"
+        )
+    if local and not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(
+            f"hf={name!r} is not a Hugging Face model folder (no config.json in it); "
+            "for a repgeom checkpoint use ckpt= instead"
+        )
+    try:
+        return AutoConfig.from_pretrained(name, revision=revision)
+    except OSError as e:
+        raise OSError(
+            f"could not load hf={name!r} (revision={revision!r}) from the Hugging Face hub: {e}"
+        ) from e
+
+
+def _expand(name: str | os.PathLike) -> str:
+    name = os.fspath(name)
+    return os.path.expanduser(name) if name.startswith("~") else name
+
+
+def model_stacks(name_or_path: str | os.PathLike, *, revision: str | None = None) -> tuple:
+    """``("encoder", "decoder")`` for an encoder-decoder model (T5, ByT5), ``(None,)`` for a
+    model with one stack: what `load_hf_model`'s ``stack`` takes, read from the config alone."""
+    config = _read_config(_expand(name_or_path), revision)
+    return STACKS if getattr(config, "is_encoder_decoder", False) else (None,)
+
+
 def load_hf_model(
     name_or_path: str | os.PathLike,
     *,
     revision: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
+    tokenizer: Any = None,
+    stack: str | None = None,
 ) -> HFModel:
     """Load a Hugging Face model and its tokenizer for probing.
 
@@ -150,6 +286,12 @@ def load_hf_model(
     device : str or torch.device
     dtype : torch.dtype or str, optional
         Weights dtype; None keeps the transformers default.
+    tokenizer : str, path or tokenizer object, optional
+        Where the tokenizer comes from when the model's folder has none (a folder written by
+        ``model.save_pretrained`` alone): a hub name or folder (`load_tokenizer_or_explain`).
+    stack : {"encoder", "decoder"}, optional
+        Required for an encoder-decoder model (`model_stacks`), which is probed as two models:
+        see `hf_capture` for how each stack is run. None for every other model.
 
     Returns
     -------
@@ -160,47 +302,42 @@ def load_hf_model(
     FileNotFoundError
         A local path that does not exist.
     ValueError
-        A folder without ``config.json``, or an encoder-decoder model (T5, BART): the probes
-        take one stack of layers.
+        A folder without ``config.json``; a folder without a tokenizer and no `tokenizer`
+        (`TokenizerMissingError`); a tokenizer with more tokens than the model's embedding;
+        `stack` missing for an encoder-decoder model or given for another.
     OSError
         The hub could not provide the model (offline, unknown name or revision).
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
-    name = os.fspath(name_or_path)
-    if name.startswith("~"):
-        name = os.path.expanduser(name)
-    local = os.path.exists(name)
-    if not local and _looks_like_path(name):
-        raise FileNotFoundError(
-            f"hf={name!r}: no such local folder ({os.path.abspath(name)}); "
-            "give a folder written by save_pretrained or a hub name like 'gpt2'"
-        )
-    if local and not os.path.isfile(os.path.join(name, "config.json")):
+    name = _expand(name_or_path)
+    config = _read_config(name, revision)
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    if encoder_decoder and stack not in STACKS:
         raise ValueError(
-            f"hf={name!r} is not a Hugging Face model folder (no config.json in it); "
-            "for a repgeom checkpoint use ckpt= instead"
+            f"hf={name!r} is an encoder-decoder model ({config.model_type}); pass "
+            f"stack='encoder' or stack='decoder' (got {stack!r}): each stack is probed as a model"
         )
-    try:
-        config = AutoConfig.from_pretrained(name, revision=revision)
-    except OSError as e:
-        raise OSError(
-            f"could not load hf={name!r} (revision={revision!r}) from the Hugging Face hub: {e}"
-        ) from e
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"hf={name!r} is an encoder-decoder model ({config.model_type}); the probes take "
-            "decoder-only or encoder-only models"
-        )
+    if not encoder_decoder and stack is not None:
+        raise ValueError(f"stack={stack!r}: hf={name!r} has one stack of layers; pass stack=None")
+    tok = load_tokenizer_or_explain(name, tokenizer, revision=revision)
     kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
     model = AutoModel.from_pretrained(name, **kwargs).to(device).eval()
-    is_decoder = _is_decoder_from_config(model.config)
-    if is_decoder is None:
-        is_decoder = _is_decoder_by_experiment(model)
-    return HFModel(model, tokenizer, config.model_type, is_decoder, name, revision)
+    rows = model.get_input_embeddings().num_embeddings
+    if tokenizer is not None and len(tok) > rows:
+        raise ValueError(
+            f"tokenizer={tokenizer!r} has {len(tok)} tokens but {name}'s embedding has {rows} "
+            "rows; pass the tokenizer the model was trained with"
+        )
+    if encoder_decoder:
+        is_decoder = stack == "decoder"
+    else:
+        is_decoder = _is_decoder_from_config(model.config)
+        if is_decoder is None:
+            is_decoder = _is_decoder_by_experiment(model)
+    return HFModel(model, tok, config.model_type, is_decoder, name, revision, stack)
 
 
 def _is_decoder_from_config(config: Any) -> bool | None:
@@ -351,12 +488,18 @@ def _qk_proj(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return _heads(out["q_proj"], attn.head_dim), _heads(out["k_proj"], attn.head_dim)
 
 
+def _qk_t5(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    D = attn.key_value_proj_dim
+    return _heads(out["q"], D), _heads(out["k"], D)
+
+
 @dataclass(frozen=True)
 class _QKFamily:
     attention: tuple[str, ...]  # class names of the self-attention modules, one per layer
     projections: tuple[str, ...]  # their submodules whose outputs are hooked
     split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
     rotary: bool = False
+    cross: tuple[str, ...] = ()  # attribute names of same-class cross-attention modules, skipped
 
 
 _QK_FAMILIES: dict[str, _QKFamily] = {
@@ -368,6 +511,7 @@ _QK_FAMILIES: dict[str, _QKFamily] = {
     "opt": _QKFamily(("OPTAttention",), ("q_proj", "k_proj"), _qk_proj),
     "llama": _QKFamily(("LlamaAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
     "mistral": _QKFamily(("MistralAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
+    "t5": _QKFamily(("T5Attention",), ("q", "k"), _qk_t5, cross=("EncDecAttention",)),
 }
 
 
@@ -378,9 +522,10 @@ class _QKRecorder:
         self.spec = _QK_FAMILIES[family]
         self.layers = [
             m
-            for m in model.modules()
+            for name, m in model.named_modules()
             if type(m).__name__ in self.spec.attention
             and not getattr(m, "is_cross_attention", False)
+            and name.rpartition(".")[2] not in self.spec.cross
         ]
         n_layer = model.config.num_hidden_layers
         if len(self.layers) != n_layer:
@@ -462,17 +607,21 @@ def _rotary_function(attn: nn.Module) -> Callable:
 def block_stack(model: nn.Module) -> nn.ModuleList:
     """The model's stack of blocks: the ``nn.ModuleList`` with ``num_hidden_layers`` entries.
 
+    Lists inside another such list are sublayers of a block, not the stack (a T5 block's
+    ``layer`` list has 2 or 3 entries, as many as a tiny T5 has blocks).
+
     Raises
     ------
     RuntimeError
         No such list, or more than one (the layout is not one repgeom knows how to read).
     """
     n_layer = model.config.num_hidden_layers
-    stacks = [
+    lists = [
         name
         for name, m in model.named_modules()
         if isinstance(m, nn.ModuleList) and len(m) == n_layer
     ]
+    stacks = [name for name in lists if not any(name.startswith(f"{o}.") for o in lists)]
     if len(stacks) != 1:
         raise RuntimeError(
             f"{type(model).__name__}: expected one nn.ModuleList of {n_layer} blocks, found "
@@ -584,6 +733,10 @@ def hf_capture(
 ) -> Capture:
     """Hidden states, queries, keys and attention of a Hugging Face model on a batch.
 
+    For one stack of an encoder-decoder model (``hf.stack``) everything is that stack's: the
+    encoder run alone, or the decoder fed the same ids (module docstring), with its
+    self-attention only.
+
     Parameters
     ----------
     hf : HFModel
@@ -602,7 +755,7 @@ def hf_capture(
         On the model's device, in its dtype. ``hidden`` is the residual stream before the final
         norm, ``final_norm`` that norm's output (None for post-LN families); see the module
         docstring. ``queries``/``keys`` are empty for families other than gpt2, bert, roberta,
-        xlm-roberta-xl, gpt_neox, opt, llama and mistral (one warning per model).
+        xlm-roberta-xl, gpt_neox, opt, llama, mistral and t5 (one warning per model).
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
@@ -622,7 +775,7 @@ def hf_capture(
     input_ids = input_ids.to(device)
     attention_mask = None if attention_mask is None else attention_mask.to(device)
 
-    recorder = _QKRecorder(model, hf.family) if hf.has_qk else None
+    recorder = _QKRecorder(hf.blocks_owner, hf.family) if hf.has_qk else None
     if recorder is None and not hf._warned_qk:
         warnings.warn(
             f"{hf.name}: model family {hf.family!r} has no query/key hooks in repgeom "
@@ -639,20 +792,20 @@ def hf_capture(
         with torch.no_grad(), residual or contextlib.nullcontext():
             if recorder is not None:
                 with recorder:
-                    out = _forward(model, input_ids, attention_mask, attention)
+                    states, attentions = _forward(hf, input_ids, attention_mask, attention)
                 queries, keys = recorder.collect()
             else:
-                out = _forward(model, input_ids, attention_mask, attention)
+                states, attentions = _forward(hf, input_ids, attention_mask, attention)
                 queries, keys = [], []
     finally:
         model.train(was_training)
     if residual is None:
-        hidden, final_norm = list(out.hidden_states), None
+        hidden, final_norm = list(states), None
     else:
         # Hugging Face's hidden_states: the embedding output and each block's input; its last
         # entry is the final norm's output in pre-LN models, so it becomes the last block's.
         last_block, final_norm = residual.collect()
-        hidden = [*out.hidden_states[:-1], last_block]
+        hidden = [*states[:-1], last_block]
 
     valid = torch.ones_like(input_ids, dtype=torch.bool)  # (B, T)
     if attention_mask is not None:
@@ -665,7 +818,7 @@ def hf_capture(
         final_norm=final_norm,
         queries=queries,
         keys=keys,
-        attention=list(out.attentions) if attention else [],
+        attention=list(attentions) if attention else [],
         causal=hf.is_decoder,
         valid=valid,
     )
@@ -675,7 +828,7 @@ def _residual_recorder(hf: HFModel) -> _ResidualRecorder | None:
     """The hooks reading the residual stream; None (one warning) for an unknown family whose
     blocks or final norm cannot be located, such as ALBERT's shared layer groups."""
     try:
-        return _ResidualRecorder(hf.model)
+        return _ResidualRecorder(hf.blocks_owner)
     except RuntimeError as error:
         if hf.family in DECODER_FAMILIES | ENCODER_FAMILIES | set(_QK_FAMILIES):
             raise
@@ -691,15 +844,30 @@ def _residual_recorder(hf: HFModel) -> _ResidualRecorder | None:
 
 
 def _forward(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, attention: bool
-) -> Any:
-    kwargs: dict[str, Any] = {}
+    hf: HFModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, attention: bool
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None]:
+    """One forward pass of the probed stack: (hidden states, self-attention probabilities).
+
+    For the stacks of an encoder-decoder model (`hf_capture`): the encoder alone on the text;
+    the decoder on the same text as ``decoder_input_ids`` (same mask), cross-attending to the
+    encoder's output of the same window. Its cross-attention probabilities are not returned.
+    """
+    model = hf.model
+    kwargs: dict[str, Any] = {"output_hidden_states": True, "output_attentions": attention}
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False  # a decoder would otherwise keep every layer's keys and values
-    return model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        output_hidden_states=True,
-        output_attentions=attention,
-        **kwargs,
-    )
+    if hf.stack == "encoder":
+        kwargs.pop("use_cache", None)
+        out = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return out.hidden_states, out.attentions
+    if hf.stack == "decoder":
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=input_ids,
+            decoder_attention_mask=attention_mask,
+            **kwargs,
+        )
+        return out.decoder_hidden_states, out.decoder_attentions
+    out = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    return out.hidden_states, out.attentions

@@ -248,7 +248,8 @@ def measure_attention(
     *,
     layer_names: list[str],
 ) -> ProbeOutput:
-    """Per-head attention entropy and query/key alignment of every block, on whole windows."""
+    """Per-head attention entropy and query/key alignment (per head, and per layer with the heads
+    concatenated) of every block, on whole windows."""
     selection = catalogue.select(settings) if selection is None else selection
     out = ProbeOutput(layer_names=layer_names)
     queries: list[list[torch.Tensor]] = []
@@ -269,7 +270,7 @@ def measure_attention(
             B, T = capture.hidden[0].shape[:2]
             valid = torch.ones(B, T, dtype=torch.bool)
         valids.append(valid.cpu())
-        if selection.qk is not None:
+        if selection.qk:
             for layer, (q, k) in enumerate(zip(capture.queries, capture.keys, strict=True)):
                 queries[layer].append(q)
                 keys[layer].append(k)
@@ -289,15 +290,14 @@ def measure_attention(
             for name, values in sums.means().items():
                 for head, value in enumerate(values):
                     out.add(index + 1, name, value, head=head)
-    if selection.qk is None:
+    if not selection.qk:
         return out
     valid_all = torch.cat(valids)
     for index, (q_parts, k_parts) in enumerate(zip(queries, keys, strict=True)):
-        with _skip_on_error(out, "qk_alignment", index + 1):
-            _measure_qk(
-                out, index + 1, selection.qk, torch.cat(q_parts), torch.cat(k_parts), causal,
-                valid_all,
-            )
+        Q, K = torch.cat(q_parts), torch.cat(k_parts)
+        for entry in selection.qk:
+            with _skip_on_error(out, entry.name, index + 1):
+                _measure_qk(out, index + 1, entry, Q, K, causal, valid_all)
     return out
 
 
@@ -406,6 +406,9 @@ def _measure_qk(
     causal: bool,
     valid: torch.Tensor,
 ) -> None:
+    if not entry.per_head:  # one value per layer (heads concatenated)
+        out.add(layer, entry.name, entry.fn(Q, K, valid=valid.to(Q.device)))
+        return
     result = entry.fn(Q, K, causal=causal, valid=valid.to(Q.device))
     for name in ("cosine", "dot", "score_mean", "score_std", "score_max_abs"):
         metric = f"qk_{name}" if name in ("cosine", "dot") else name

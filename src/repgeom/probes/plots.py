@@ -15,6 +15,8 @@ function                   what it shows
 `heatmap`                  layer x step
 `per_layer_vs_step`        one line per layer against step (attention entropy)
 `per_head_vs_step`         one panel per layer, one line per head (Q/K cosine)
+`survey_profile`           one line per model against relative depth (0 = embedding, 1 = last
+                           block), decoders solid, encoders dashed: a survey across models
 `profiles_side_by_side`    one panel per run, its final layer profile (causal vs bidirectional)
 `profile_bands`            one panel per group of seeds: mean profile, shaded 95% interval
 `metric_vs_step_bands`     layer mean against step per group of seeds, shaded 95% interval
@@ -55,7 +57,10 @@ from repgeom.probes.table import (
 )
 
 DPI = 120
-
+FINAL_NORM_GAP = 0.08
+"""`survey_profile` draws the final norm this far right of relative depth 1 (the last block)."""
+KIND_STYLE = {"decoder": "-", "encoder": "--"}
+"""`survey_profile`'s line style of each kind of model; a model of unknown kind is dotted."""
 
 
 def metric_label(metric: str) -> str:
@@ -138,6 +143,13 @@ def _step_colours(steps: Sequence[int]) -> tuple[list, mpl.cm.ScalarMappable]:
     return [cmap(i) for i in range(n)], mappable
 
 
+def group_colours(n: int) -> np.ndarray:
+    """One colour per line of a legend: tab10 up to 10 lines, else evenly spaced on viridis."""
+    return mpl.colormaps["tab10" if n <= 10 else "viridis"](
+        np.arange(n) if n <= 10 else np.linspace(0, 1, n)
+    )
+
+
 def _step_colorbar(fig: Figure, cax: Axes, steps: Sequence[int]) -> None:
     _, mappable = _step_colours(steps)
     bar = fig.colorbar(mappable, cax=cax)
@@ -202,18 +214,22 @@ def _layer_axis(ax: Axes, per_layer: pd.DataFrame) -> None:
     ax.grid(alpha=0.3)
 
 
-def _plot_profile(ax: Axes, group: pd.DataFrame, colour, label: str, **style) -> None:
+def _plot_profile(ax: Axes, group: pd.DataFrame, colour, label: str, *, x: str = "layer",
+                  **style) -> None:
     """One layer profile: the blocks joined by a line, the final norm's output (if any) as an
-    open marker on a dotted segment, so it never reads as one more block."""
+    open marker on a dotted segment, so it never reads as one more block.
+
+    `x` is the column of the horizontal position (``layer``, or a survey's relative depth);
+    `style` goes to the blocks' line (e.g. ``ls="--"``)."""
     group = group.sort_values("layer")
     final = group["layer_name"] == FINAL_NORM
-    ax.plot(group.loc[~final, "layer"], group.loc[~final, "value"], "-o", color=colour,
-            label=label, **{"ms": 3, "lw": 1.5, **style})
+    ax.plot(group.loc[~final, x], group.loc[~final, "value"], color=colour, label=label,
+            **{"marker": "o", "ls": "-", "ms": 3, "lw": 1.5, **style})
     if final.any():
         last_block = group.loc[~final].tail(1)
         joined = pd.concat([last_block, group.loc[final]])
-        ax.plot(joined["layer"], joined["value"], ":", color=colour, lw=1)
-        ax.plot(group.loc[final, "layer"], group.loc[final, "value"], "o", mfc="white",
+        ax.plot(joined[x], joined["value"], ":", color=colour, lw=1)
+        ax.plot(group.loc[final, x], group.loc[final, "value"], "o", mfc="white",
                 color=colour, ms=5)
 
 
@@ -256,9 +272,7 @@ def layer_profile(frame: pd.DataFrame, metric: str, *, by: str = "step") -> Figu
     else:
         per_layer = head_means(rows)
         order = per_layer.groupby(by, sort=False)["step"].min().sort_values(kind="stable")
-        colours = mpl.colormaps["tab10" if len(order) <= 10 else "viridis"](
-            np.arange(len(order)) if len(order) <= 10 else np.linspace(0, 1, len(order))
-        )
+        colours = group_colours(len(order))
         for colour, name in zip(colours, order.index, strict=True):
             group = per_layer.loc[per_layer[by] == name]
             group = group.loc[group["step"] == group["step"].max()]
@@ -455,6 +469,52 @@ def per_head_vs_step(
     fig.suptitle(f"{metric_label(metric)} per head during training")
     handles, labels = fig.axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", fontsize="small", title="head")
+    return fig
+
+
+def _short_name(model: str) -> str:
+    """A legend's name of a model: a hub name as it is, a local folder by its last two parts."""
+    path = Path(model)
+    return "/".join(path.parts[-2:]) if path.is_absolute() else model
+
+
+def survey_profile(frame: pd.DataFrame, metric: str) -> Figure:
+    """One line per model: `metric` against relative depth (0 = embedding, 1 = last block).
+
+    Decoders are solid, encoders dashed (`KIND_STYLE`); the final norm's output is an open marker
+    at ``1 + FINAL_NORM_GAP``. The legend names each model (a local folder by its last two path
+parts) and its kind, in table order.
+
+    Parameters
+    ----------
+    frame : DataFrame
+        `repgeom.probes.survey.survey_table`'s rows (columns ``model``, ``kind``, ``depth``,
+        ``layer_name``, ``metric``, ``value``).
+    """
+    missing = {"model", "kind", "depth"} - set(frame.columns)
+    if missing:
+        raise ValueError(f"frame lacks column(s) {sorted(missing)}: build it with "
+                         "repgeom.probes.survey.survey_table(folders)")
+    rows = _select(frame, metric).copy()
+    rows["x"] = rows["depth"].fillna(1 + FINAL_NORM_GAP)
+    models = list(pd.unique(rows["model"]))
+    fig, ax, _ = _single_axes(8.5, 4.8, right=3.0)
+    for colour, model in zip(group_colours(len(models)), models, strict=True):
+        group = rows.loc[rows["model"] == model]
+        kind = str(group["kind"].iloc[0])
+        _plot_profile(ax, group, colour, f"{_short_name(model)} ({kind})", x="x",
+                      ls=KIND_STYLE.get(kind, ":"))
+    ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
+    labels = ["0", "0.25", "0.5", "0.75", "1"]
+    if (rows["layer_name"] == FINAL_NORM).any():
+        ticks.append(1 + FINAL_NORM_GAP)
+        labels.append("final\nnorm")
+    ax.set_xticks(ticks, labels)
+    ax.set_xlabel("relative depth (0 = embedding, 1 = last block)")
+    ax.set_ylabel(metric_label(metric))
+    ax.set_title(f"{metric_label(metric)} across models (solid: decoder, dashed: encoder)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
 
 
@@ -819,7 +879,9 @@ def save_figures(
       standard and the user's state metrics);
     - ``vs_step_<metric>.png``: `metric_vs_step`, where the entry asks (twonn, anisotropy);
     - ``heatmap_<metric>.png``: `heatmap`, for every metric;
-    - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies);
+    - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies), and
+      for revisions of one model (``hf_revisions``) also for every ``vs_step`` metric: one
+      line per layer against the revision's step;
     - ``per_head_<metric>.png``: `per_head_vs_step`, where asked (qk_cosine);
     - ``similarity_<metric>.png``: `layer_similarity`, a layer x layer map of each pairwise
       metric (CKA, mutual k-NN) at the last step, and ``vs_final_<metric>.png``:
@@ -856,7 +918,8 @@ def save_figures(
             jobs.append((f"vs_step_{metric}", partial(metric_vs_step, rows, metric)))
         if several_steps:
             jobs.append((f"heatmap_{metric}", partial(heatmap, rows, metric)))
-        if several_steps and "per_layer" in kinds:
+        # Revisions of one model: the layer mean hides the layers, so they get a line each too.
+        if several_steps and ("per_layer" in kinds or (by == "revision" and "vs_step" in kinds)):
             jobs.append((f"per_layer_{metric}", partial(per_layer_vs_step, rows, metric)))
         if several_steps and "per_head" in kinds:
             jobs.append((f"per_head_{metric}", partial(per_head_vs_step, rows, metric)))

@@ -7,6 +7,8 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
     python probe.py hf=gpt2                             # a hub name or a save_pretrained folder
     python probe.py hf=EleutherAI/pythia-160m hf_revisions=[step1000,step8000,step143000]
     python probe.py hf=gpt2 compare.text_a="..." compare.text_b="..."
+    python probe.py hf=my_model/ tokenizer=gpt2        # a folder saved without its tokenizer
+    python probe.py hf=google/byt5-small               # two models: <name>:encoder, :decoder
 
 Every number comes from `repgeom.probes.measure.measure`, the function the training probe
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.table`) through the
@@ -44,6 +46,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
 from repgeom.probes import catalogue, console, plots, similarity, sink, table
 from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
@@ -53,6 +56,7 @@ from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of pro
     training_probe,
 )
 from repgeom.probes.compare import compare
+from repgeom.probes.hf import STACKS, model_stacks
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -72,6 +76,7 @@ class ProbeRunResult:
     subjects: list[CheckpointTarget | HFTarget]
     plots: list[Path]
     compare: pd.DataFrame | None = None  # per-layer pooled cosine of the two texts
+    drift_cosine: pd.DataFrame | None = None  # Godey et al. 2024 §3.3, per step and model
     warnings: list[str] = field(default_factory=list)
     wandb_dir: Path | None = None
 
@@ -106,8 +111,9 @@ def check_config(cfg: DictConfig) -> str:
             f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt"
         )
     mode = given[0]
-    if cfg.get("hf_revisions") and mode != "hf":
-        raise ValueError(f"hf_revisions= needs hf=<name>; got {mode}=")
+    for key in ("hf_revisions", "tokenizer"):
+        if cfg.get(key) and mode != "hf":
+            raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
     compare = cfg.get("compare") or {}
     texts = [compare.get("text_a"), compare.get("text_b")]
     if any(t is not None for t in texts):
@@ -120,6 +126,23 @@ def check_config(cfg: DictConfig) -> str:
                 "compare takes ckpt= or hf=, not run=; pick one checkpoint, e.g. "
                 "ckpt=<run>/checkpoints/last.ckpt"
             )
+    labels = cfg.get("labels") or {}
+    if labels.get("csv"):
+        if mode == "run" or cfg.get("hf_revisions"):
+            raise ValueError(
+                "labels.csv fits the distributions of one model: give ckpt=<file.ckpt> or "
+                f"hf=<name> without hf_revisions (got {mode}=)"
+            )
+        if not Path(str(labels.csv)).expanduser().is_file():
+            raise FileNotFoundError(
+                f"labels.csv={labels.csv} does not exist; give a CSV with a 'text' column and "
+                "label columns (e.g. data/examples/subject_attribute.csv)"
+            )
+    if cfg.get("qk_projection") and mode != "run":
+        raise ValueError(
+            f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
+            "or leave qk_projection=false"
+        )
     for key in ("n_states", "batch_size", "window"):
         value = cfg.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -168,8 +191,10 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     -------
     ProbeRunResult
         The table (``<output_dir>/probes/probes.{parquet,csv}``), figure paths
-        (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", and in
-        compare mode the per-layer pooled cosine (``<output_dir>/compare/pooled_cosine.csv``).
+        (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", the
+        drift-norm/mean-cosine correlation across blocks per step (Godey et al. 2024, §3.3;
+        ``<output_dir>/probes/drift_cosine.csv``), and in compare mode the per-layer pooled
+        cosine (``<output_dir>/compare/pooled_cosine.csv``).
     """
     quiet_console()
     mode = check_config(cfg)
@@ -200,27 +225,36 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         all_warnings += output.warnings
         if output.states:  # for the comparison with the last subject, or with another run
             similarity.save_states(
-                table.probe_dir(output_dir), subject.step, output.states, output.layer_names
+                _stack_dir(table.probe_dir(output_dir), subject.stack),
+                subject.step,
+                output.states,
+                output.layer_names,
             )
         rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         frame = sink.write_step(output_dir, rows)
         seconds = {"probe/seconds_total": time.perf_counter() - started}
-        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds)
+        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds,
+                         prefix=_wandb_prefix(subject.stack))
         pairs = catalogue.select(output.settings).pairs if output.settings else []
         del loaded
-    if not comparing and len(subjects) > 1 and pairs:
+    # An encoder-decoder model is two models (`HFTarget.stack`): each is compared with itself.
+    stacks = {s.stack: s.model for s in subjects}
+    for stack in stacks:
+        members = [s for s in subjects if s.stack == stack]
+        if comparing or len(members) < 2 or not pairs:
+            continue
         rows = similarity.vs_final_rows(
-            table.probe_dir(output_dir),
+            _stack_dir(table.probe_dir(output_dir), stack),
             pairs,
             batch_size=output.settings.state_batch_size,
             seed=output.settings.seed,
         )
-        by_step = {s.step: s.id_columns() for s in subjects}
+        by_step = {s.step: s.id_columns() for s in members}
         rows = [{**row, **by_step.get(row["step"], {})} for row in rows]
         if rows:
             frame = sink.write_step(output_dir, rows)
             for step, part in table.rows_to_frame(rows).groupby("step"):
-                sink.log_scalars(loggers, int(step), part, {})
+                sink.log_scalars(loggers, int(step), part, {}, prefix=_wandb_prefix(stack))
 
     if comparing:
         result = ProbeRunResult(
@@ -229,9 +263,24 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     else:
         wanted = cfg.get("plot_metrics")
         wanted = None if wanted is None else [str(m) for m in wanted]
-        figures = plots.save_figures(frame, table.plot_dir(output_dir), metrics=wanted)
+        figures = []
+        for stack, model in stacks.items():  # `save_figures` draws one model at a time
+            model_rows = frame if stack is None else frame.loc[frame["model"] == model]
+            figures += plots.save_figures(
+                model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
+            )
+        if cfg.get("qk_projection"):
+            from repgeom.analyses import qk_projection
+
+            figures += qk_projection.write(cfg.run, output_dir / "qk_projection",
+                                           windows=cfg.get("attention_windows"), device=device)[1]
+        if (cfg.get("labels") or {}).get("csv"):
+            _fit_label_groups(cfg, output_dir / "distributions")
         console.print_tables(frame, subjects)
-        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings)
+        correlation = save_drift_cosine(table.single_set(frame), table.probe_dir(output_dir))
+        console.print_drift_cosine(correlation)
+        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
+                                drift_cosine=correlation)
     _write_info(result, cfg, mode)
     for run in loggers:
         _log_figures(run, figures, max(s.step for s in subjects))
@@ -242,10 +291,39 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
     return result
 
 
+def _fit_label_groups(cfg: DictConfig, out: Path) -> dict[str, pd.DataFrame]:
+    """`repgeom.analyses.distributions` on the model of ``ckpt=``/``hf=``, one fit per group
+    of ``labels.csv`` (the post fits each subject:attribute pair), written to `out`."""
+    from repgeom.analyses import distributions
+    from repgeom.analyses.subjects import load_subject
+
+    subject = load_subject(hf=cfg.get("hf"), ckpt=cfg.get("ckpt"), tokenizer=cfg.get("tokenizer"))
+    samples = (cfg.get("settings") or {}).get("distribution_samples")
+    tables = distributions.run(
+        subject, pd.read_csv(Path(str(cfg.labels.csv)).expanduser()), out,
+        group_by=[str(c) for c in cfg.labels.get("group_by") or []],
+        n_samples=samples or ProbeSettings.distribution_samples,
+        seed=0 if cfg.get("seed") is None else int(cfg.seed),
+    )
+    console.print_family_shares(tables["shares"])
+    return tables
+
+
 # -- compare ----------------------------------------------------------------------------------
 
 
 # -- console, files and W&B -------------------------------------------------------------------
+
+
+def _wandb_prefix(stack: str | None) -> str:
+    """``probe``, or ``probe/<stack>`` for one stack of an encoder-decoder model."""
+    return "probe" if stack is None else f"probe/{stack}"
+
+
+def _stack_dir(folder: Path, stack: str | None) -> Path:
+    """Where one stack of an encoder-decoder model keeps its states and figures
+    (``probes/encoder/``, ``probes/plots/decoder/``); `folder` itself for other models."""
+    return folder if stack is None else folder / stack
 
 
 def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
@@ -253,9 +331,13 @@ def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
     if mode == "hf":
         revisions = [str(r) for r in (cfg.get("hf_revisions") or [])] or [None]
         steps = revision_steps(revisions) if revisions != [None] else [0]
+        tokenizer = cfg.get("tokenizer")
+        stacks = model_stacks(str(cfg.hf), revision=revisions[0])
         return [
-            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"))
+            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
+                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack)
             for revision, step in zip(revisions, steps, strict=True)
+            for stack in stacks
         ]
     if mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
@@ -332,6 +414,11 @@ def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) ->
 def _log_figures(run, paths: Iterable[Path], step: int) -> None:
     import wandb
 
-    images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
+    # A stack's figures are in plots/<stack>/: probe/plots/<stack>/<figure>.
+    images = {
+        f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
+        else f"probe/plots/{p.stem}": wandb.Image(str(p))
+        for p in paths
+    }
     if images:
         run.log({**images, "probe/step": step})

@@ -13,11 +13,24 @@ import pandas as pd
 from repgeom.probes import plots, table, wandb_charts
 
 
-def wandb_scalars(frame: pd.DataFrame) -> dict[str, float]:
+def wandb_scalars(frame: pd.DataFrame, *, prefix: str = "probe") -> dict[str, float]:
     """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
     means ``probe/<metric>/mean`` (`table.layer_means`); pairwise metrics as
     ``probe/<metric>/layer_<ii>/layer_<jj>`` (two layers), ``probe/<metric>_vs_final/layer_<ii>``
-    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs)."""
+    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs).
+
+    `prefix` replaces ``probe``: ``probe/encoder`` and ``probe/decoder`` keep the two stacks of
+    an encoder-decoder model, probed at the same step, apart.
+
+    >>> frame = pd.DataFrame({"step": [0], "layer": [1], "layer_name": ["block_1"], "head": [-1],
+    ...                       "metric": ["anisotropy"], "value": [0.5]})
+    >>> wandb_scalars(frame, prefix="probe/encoder")
+    {'probe/encoder/anisotropy/layer_01': 0.5, 'probe/encoder/anisotropy/mean': 0.5}
+    """
+    return {prefix + key.removeprefix("probe"): value for key, value in _scalars(frame).items()}
+
+
+def _scalars(frame: pd.DataFrame) -> dict[str, float]:
     scalars: dict[str, float] = {}
     pairs = table.pair_rows(frame)
     for row in table.single_set(frame).itertuples(index=False):
@@ -43,9 +56,17 @@ def write_step(run_dir: str | os.PathLike, rows: list[dict]) -> pd.DataFrame:
     return table.append_rows(table.probe_dir(run_dir), rows)
 
 
-def log_scalars(runs: Iterable, step: int, frame: pd.DataFrame, extra: Mapping[str, Any]) -> None:
-    """Log one probe step's scalars to every W&B run, on the ``probe/step`` axis."""
-    scalars = {"probe/step": step, **extra, **wandb_scalars(frame)}
+def log_scalars(
+    runs: Iterable,
+    step: int,
+    frame: pd.DataFrame,
+    extra: Mapping[str, Any],
+    *,
+    prefix: str = "probe",
+) -> None:
+    """Log one probe step's scalars (`wandb_scalars` with `prefix`) to every W&B run, on the
+    ``probe/step`` axis."""
+    scalars = {"probe/step": step, **extra, **wandb_scalars(frame, prefix=prefix)}
     for run in runs:
         wandb_charts.define_summaries(run, scalars)  # per-layer peak ID, final anisotropy
         run.log(scalars)

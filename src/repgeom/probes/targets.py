@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -127,6 +127,7 @@ class CheckpointTarget:
     model: str = ""  # the `model` column: the run folder's name
     kind: str = ""  # "decoder" or "encoder", known once loaded
     source: str = "ours"
+    stack: ClassVar[str | None] = None  # our models have one stack of layers (`HFTarget.stack`)
 
     def __post_init__(self) -> None:
         self.label = self.label or f"{self.path.stem} (step {self.step})"
@@ -235,7 +236,13 @@ class CheckpointTarget:
 
 @dataclass
 class HFTarget:
-    """A Hugging Face model (hub name or folder) at one revision."""
+    """A Hugging Face model (hub name or folder) at one revision, or one stack of it.
+
+    An encoder-decoder model (T5, ByT5) is two targets, ``stack="encoder"`` and
+    ``stack="decoder"`` (`repgeom.probes.hf.model_stacks`), whose ``model`` column is
+    ``<name>:encoder`` and ``<name>:decoder``. ``tokenizer`` is where the tokenizer comes from
+    when the model's folder has none (`repgeom.probes.hf.load_tokenizer_or_explain`).
+    """
 
     name: str
     revision: str | None
@@ -243,23 +250,30 @@ class HFTarget:
     dtype: str | None = None
     kind: str = ""
     source: str = "hf"
-
-    @property
-    def label(self) -> str:
-        return f"{self.name}@{self.revision}" if self.revision else self.name
+    tokenizer: str | None = None
+    stack: str | None = None
 
     @property
     def model(self) -> str:
-        return self.name
+        return f"{self.name}:{self.stack}" if self.stack else self.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}@{self.revision}" if self.revision else self.model
 
     def id_columns(self) -> dict[str, Any]:
-        return {"model": self.name, "revision": self.revision}
+        return {"model": self.model, "revision": self.revision}
 
     def load(self, device: torch.device):
         from repgeom.probes import hf as hf_module
 
         model = hf_module.load_hf_model(
-            self.name, revision=self.revision, device=device, dtype=self.dtype
+            self.name,
+            revision=self.revision,
+            device=device,
+            dtype=self.dtype,
+            tokenizer=self.tokenizer,
+            stack=self.stack,
         )
         self.kind = model.kind
         return model

@@ -1,0 +1,164 @@
+"""Tiny random Hugging Face models of every family repgeom reads, written with no download.
+
+`build_tiny_hf(family, folder)` writes a 2-layer model of that family with `save_pretrained` and
+a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
+`PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
+for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral and OPT (whose BOS is
+"</s>"), EOS last for T5, nothing for GPT-2 and GPT-NeoX. The probes' fixtures
+(tests/probes/conftest.py) and the analyses' tests build their models with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz .,;:'\n")
+SPECIALS = ["<pad>", "<unk>", "<s>", "</s>", "[CLS]", "[SEP]", "<|endoftext|>"]
+VOCAB = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+
+TEXT = (
+    "the quick brown fox jumps over the lazy dog, and then it sleeps. "
+    "a character level tokenizer turns every letter into one token; "
+    "so this text is a few hundred tokens long, enough for several windows.\n"
+) * 2
+
+# family -> (config class, config kwargs, tokenizer special tokens, single-sequence template)
+_SMALL = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64
+)
+_BERTLIKE = dict(_SMALL, intermediate_size=64)
+_LLAMALIKE = dict(_SMALL, intermediate_size=64)
+_ROBERTALIKE = (
+    dict(_BERTLIKE, max_position_embeddings=66, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+    dict(bos_token="<s>", eos_token="</s>", cls_token="<s>", sep_token="</s>",
+         pad_token="<pad>", unk_token="<unk>"),
+    "<s> $A </s>",
+)
+"""Config, special tokens and template shared by RoBERTa and XLM-RoBERTa-XL."""
+FAMILIES = {
+    "gpt2": (
+        "GPT2Config",
+        dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=6, eos_token_id=6),
+        dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"),
+        None,
+    ),
+    # GPT-2 variant whose scores are not scaled by 1/sqrt(D) alone: Q must absorb 1/(layer+1).
+    "gpt2-scaled": (
+        "GPT2Config",
+        dict(
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            scale_attn_by_inverse_layer_idx=True,
+            bos_token_id=6,
+            eos_token_id=6,
+        ),
+        dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"),
+        None,
+    ),
+    "bert": (
+        "BertConfig",
+        dict(_BERTLIKE, pad_token_id=0),
+        dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>", unk_token="<unk>"),
+        "[CLS] $A [SEP]",
+    ),
+    # RoBERTa numbers positions from pad_token_id + 1, hence two extra positions.
+    "roberta": ("RobertaConfig", *_ROBERTALIKE),
+    # Pre-LN encoder: no embedding norm, a norm before each sublayer, a final encoder.LayerNorm.
+    "xlm-roberta-xl": ("XLMRobertaXLConfig", *_ROBERTALIKE),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        # rotary_pct < 1 as in Pythia (0.25): only part of each head's dims is rotated.
+        dict(_SMALL, intermediate_size=64, rotary_pct=0.5, bos_token_id=6, eos_token_id=6),
+        dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"),
+        None,
+    ),
+    "opt": (
+        "OPTConfig",
+        dict(
+            _SMALL,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            pad_token_id=0,
+            bos_token_id=3,
+            eos_token_id=3,
+        ),
+        dict(bos_token="</s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+        "</s> $A",
+    ),
+    # OPT-350m's layout: post-LN blocks and no final norm (do_layer_norm_before=False).
+    "opt-post": (
+        "OPTConfig",
+        dict(
+            _SMALL,
+            ffn_dim=64,
+            word_embed_proj_dim=32,
+            do_layer_norm_before=False,
+            pad_token_id=0,
+            bos_token_id=3,
+            eos_token_id=3,
+        ),
+        dict(bos_token="</s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+        "</s> $A",
+    ),
+    "llama": (
+        "LlamaConfig",
+        dict(_LLAMALIKE, num_key_value_heads=2, bos_token_id=2, eos_token_id=3),
+        dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+        "<s> $A",
+    ),
+    "mistral": (
+        "MistralConfig",
+        dict(_LLAMALIKE, num_key_value_heads=1, bos_token_id=2, eos_token_id=3),
+        dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+        "<s> $A",
+    ),
+    # Encoder-decoder, probed as two models; decoder deeper than encoder so that a layer taken
+    # from the wrong stack shows in the layer count.
+    "t5": (
+        "T5Config",
+        dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4,
+             pad_token_id=0, eos_token_id=3, decoder_start_token_id=0),
+        dict(eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+        "$A </s>",
+    ),
+    # A family without query/key hooks in repgeom.
+    "electra": (
+        "ElectraConfig",
+        dict(_BERTLIKE, embedding_size=32, pad_token_id=0),
+        dict(cls_token="[CLS]", sep_token="[SEP]", pad_token="<pad>", unk_token="<unk>"),
+        "[CLS] $A [SEP]",
+    ),
+}
+
+
+def build_tiny_hf(family: str, folder, *, tokenizer: bool = True) -> None:
+    """Write a tiny random `family` model and (unless not `tokenizer`) its tokenizer to `folder`.
+
+    Without the tokenizer the folder is what ``model.save_pretrained`` alone writes.
+    """
+    import transformers
+    from tokenizers import Tokenizer, models, processors
+    from transformers import AutoModel, PreTrainedTokenizerFast
+
+    config_cls, config_kwargs, special_tokens, template = FAMILIES[family]
+    config = getattr(transformers, config_cls)(vocab_size=len(VOCAB), **config_kwargs)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config)
+    # Transformers' init (std 0.02, zero biases) makes attention almost uniform, so a wrong query
+    # or key would hardly change it; large random weights and biases make every check sharp.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.save_pretrained(folder)
+    if not tokenizer:
+        return
+
+    backend = Tokenizer(models.BPE(vocab=VOCAB, merges=[], unk_token="<unk>"))  # one token per char
+    if template is not None:
+        used = sorted({t for t in template.split() if t in VOCAB})
+        backend.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[(t, VOCAB[t]) for t in used]
+        )
+    PreTrainedTokenizerFast(tokenizer_object=backend, **special_tokens).save_pretrained(folder)
