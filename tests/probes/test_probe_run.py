@@ -581,3 +581,12 @@ def test_labels_csv_is_refused_for_a_run_and_when_missing(tmp_path, tiny_hf_fold
     cfg = compose_probe(tmp_path, [f"run={tmp_path}", f"labels.csv={tmp_path / 'none.csv'}"])
     with pytest.raises(ValueError, match="labels.csv fits the distributions of one model"):
         runner.check_config(cfg)
+
+
+def test_model_name_labels_the_table(tmp_path, tiny_hf_folder, text_file) -> None:
+    cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}", f"text_file={text_file}",
+                                   "window=32", *SMALL, "plot_metrics=[]", "model_name=tiny-gpt2",
+                                   "settings.distributions=false"])
+    result = probe(cfg)
+    assert set(result.frame["model"]) == {"tiny-gpt2"}
+    assert set(result.drift_cosine["model"]) == {"tiny-gpt2"}

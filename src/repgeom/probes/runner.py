@@ -335,7 +335,8 @@ def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
         stacks = model_stacks(str(cfg.hf), revision=revisions[0])
         return [
             HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
-                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack)
+                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
+                     alias=str(cfg.get("model_name") or ""))
             for revision, step in zip(revisions, steps, strict=True)
             for stack in stacks
         ]
@@ -345,7 +346,8 @@ def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
         found = [(int(ckpt["global_step"]), path)]
     else:
         found = find_checkpoints(str(cfg.run))
-    return [CheckpointTarget(path, step) for step, path in found]
+    return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""))
+            for step, path in found]
 
 
 def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:

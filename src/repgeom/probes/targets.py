@@ -252,10 +252,12 @@ class HFTarget:
     source: str = "hf"
     tokenizer: str | None = None
     stack: str | None = None
+    alias: str = ""  # the `model` column when not `name` (probe.py's model_name=)
 
     @property
     def model(self) -> str:
-        return f"{self.name}:{self.stack}" if self.stack else self.name
+        shown = self.alias or self.name
+        return f"{shown}:{self.stack}" if self.stack else shown
 
     @property
     def label(self) -> str:
