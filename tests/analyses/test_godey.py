@@ -49,6 +49,30 @@ def test_planted_correlations():
     assert r.loc[0, "spearman_p"] < 0.05 and r.loc[1, "spearman_p"] > 0.05
 
 
+def test_spearman_p_is_exact_for_few_layers():
+    """Against a brute force over all orderings with scipy's own rho; and the case the t
+    approximation gets wrong: 4 monotone layers, scipy p = 0, exact p = 2/24."""
+    import itertools
+
+    from scipy import stats
+
+    from repgeom.analyses.godey import spearman_p
+
+    rng = np.random.default_rng(0)
+    for n in (3, 5, 7):
+        x, y = rng.normal(size=n), rng.normal(size=n)
+        y[1] = y[0]  # a tie
+        observed = abs(stats.spearmanr(x, y).statistic)
+        brute = np.mean([abs(stats.spearmanr(x[list(o)], y).statistic) >= observed - 1e-12
+                         for o in itertools.permutations(range(n))])
+        assert spearman_p(x, y) == pytest.approx(brute, abs=1e-12)
+    four = np.arange(4.0)
+    assert stats.spearmanr(four, four).pvalue < 0.05
+    assert spearman_p(four, four) == pytest.approx(2 / 24)
+    many = rng.normal(size=12)
+    assert spearman_p(many, many**3) == stats.spearmanr(many, many**3).pvalue
+
+
 def test_groups_by_model_and_handles_too_few_layers():
     t = pd.concat([table([1.0, 2, 3], [1.0, 2, 3], model="a"),
                    table([1.0, 2, 3], [3.0, 2, 1], model="b"),
