@@ -344,7 +344,8 @@ def test_qk_cosine_concat_reaches_the_table_console_wandb_and_figures(
     assert "probe/qk_cosine_concat/layer_01/head_00" not in scalars
     paths = plots.save_figures(frame, tmp_path, metrics=["qk_cosine_concat"])
     assert [p.name for p in paths] == ["profile_qk_cosine_concat.png"]
-    subject = type("Subject", (), {"step": 0, "label": "tiny", "kind": "decoder"})()
+    subject = type("Subject", (), {"step": 0, "label": "tiny", "kind": "decoder",
+                                   "model": "tiny"})()
     monkeypatch.setenv("COLUMNS", "250")  # wide enough for every column name unbroken
     console.print_tables(frame, [subject])
     printed = capsys.readouterr().out
