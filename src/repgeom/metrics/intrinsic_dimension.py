@@ -229,7 +229,7 @@ def gride(
     True
     """
     X = check_matrix(X, "X", min_rows=3)
-    max_order = _check_max_order(max_order)
+    max_order = check_max_order(max_order)
     batch_size = X.shape[0] if batch_size is None else check_int(
         batch_size, "batch_size", minimum=3)
     seed = check_int(seed, "seed", minimum=None)
@@ -428,7 +428,7 @@ def intrinsic_dimension(
     X = check_matrix(X, "X", min_rows=3)
     discard_fraction = check_fraction(discard_fraction, "discard_fraction", include_low=False)
     batch_size = check_int(batch_size, "batch_size", minimum=3)
-    max_order = _check_max_order(max_order)
+    max_order = check_max_order(max_order)
     threshold = check_fraction(near_duplicate_threshold, "near_duplicate_threshold",
                                include_low=False)
     mle_k = check_int(mle_k, "mle_k", minimum=2)
@@ -447,10 +447,11 @@ def intrinsic_dimension(
 # checks
 
 
-def _check_max_order(max_order) -> int:
-    max_order = check_int(max_order, "max_order", minimum=2)
+def check_max_order(max_order, name: str = "max_order") -> int:
+    """GRIDE's largest order: an int >= 2 and a power of two (orders 2, 4, ..., max_order)."""
+    max_order = check_int(max_order, name, minimum=2)
     if max_order & (max_order - 1):
-        raise ValueError(f"max_order must be a power of two (2, 4, ..., 64), got {max_order}")
+        raise ValueError(f"{name} must be a power of two (2, 4, ..., 64), got {max_order}")
     return max_order
 
 

@@ -32,6 +32,7 @@ import torch
 
 from repgeom import metrics
 from repgeom.metrics._validation import check_fraction, check_int
+from repgeom.metrics.intrinsic_dimension import check_max_order
 from repgeom.models.capture import Capture
 from repgeom.probes import catalogue
 
@@ -85,8 +86,8 @@ class ProbeSettings:
         for name in ("discard_fraction", "near_duplicate_threshold", "cosine_baseline_quantile"):
             setattr(self, name, check_fraction(getattr(self, name), f"probe setting {name}",
                                                include_low=False))
-        for name, minimum in (("state_batch_size", 3), ("max_order", 2),
-                              ("distribution_samples", 10), ("seed", None)):
+        for name, minimum in (("state_batch_size", 3), ("distribution_samples", 10),
+                              ("seed", None)):
             check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
         if isinstance(self.metrics, str):
             raise ValueError(
@@ -94,11 +95,7 @@ class ProbeSettings:
             )
         self.metrics = tuple(str(m) for m in self.metrics)
         catalogue.check_names(self.metrics)
-        if self.max_order & (self.max_order - 1):
-            raise ValueError(
-                f"probe setting max_order must be a power of two (2, 4, ..., 64), "
-                f"got {self.max_order}"
-            )
+        check_max_order(self.max_order, "probe setting max_order")
 
 
 @dataclass
