@@ -334,38 +334,13 @@ def _check_indices(values: Sequence[int] | None, name: str, low: int, high: int,
 def _probe_windows(path: Path, vocab, block_size: int, windows: int | None) -> torch.Tensor:
     """The first `windows` windows (default: the training probe's ``attention_windows``) of the
     training probe's probe set, rebuilt as ``probe.py ckpt=`` does (`CheckpointTarget`)."""
-    from repgeom.probes.checkpoints import (
-        datamodule_for,
-        read_checkpoint,
-        run_dir_of,
-        training_probe,
-    )
-    from repgeom.probes.sampling import (
-        DEFAULT_ATTENTION_WINDOWS,
-        DEFAULT_N_STATES,
-        DEFAULT_POSITIONS_PER_WINDOW,
-        probe_set,
-    )
+    from repgeom.probes.checkpoints import read_checkpoint, run_dir_of, training_probe
+    from repgeom.probes.targets import checkpoint_probe_set, probe_set_options
 
     ckpt = read_checkpoint(path)
-    run_dir = run_dir_of(path)
-    trained = training_probe(ckpt, run_dir)
-    seed = trained.seed if trained.seed is not None else ckpt["hyper_parameters"].get("seed", 0)
-    recorded = trained.origin != "none"
-    datamodule = datamodule_for(ckpt, run_dir, block_size, trained.batch_size or 16)
-    if datamodule.vocab != vocab:
-        raise ValueError(
-            f"{path}: the checkpoint's vocabulary differs from its data's; was the data changed?"
-        )
-    probes = probe_set(
-        datamodule,
-        n_states=trained.n_states or DEFAULT_N_STATES,
-        positions_per_window=trained.positions_per_window if recorded
-        else DEFAULT_POSITIONS_PER_WINDOW,
-        attention_windows=windows or trained.attention_windows or DEFAULT_ATTENTION_WINDOWS,
-        block_size=block_size,
-        seed=int(seed),
-    )
+    trained = training_probe(ckpt, run_dir_of(path))
+    options = probe_set_options({"attention_windows": windows}, trained, ckpt)
+    probes = checkpoint_probe_set(path, ckpt, vocab, block_size, **options)
     return probes.windows[: probes.attention_windows]
 
 

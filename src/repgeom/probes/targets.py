@@ -10,7 +10,7 @@ probe set, captures and `measure`), ``text_states(loaded, text)`` (compare mode)
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -143,28 +143,17 @@ class CheckpointTarget:
 
     def probe(self, cfg: DictConfig, loaded: Any) -> ProbeOutput:
         """`probe_gpt` on the training probe's probe set (or `cfg.text_file`'s windows)."""
-        seed_cfg = cfg.get("seed")
         ckpt = read_checkpoint(self.path)
         run_dir = run_dir_of(self.path)
         trained = training_probe(ckpt, run_dir)
         model = loaded.model
         block_size = model.config.block_size
-        seed = int(
-            seed_cfg
-            if seed_cfg is not None
-            else trained.seed
-            if trained.seed is not None
-            else ckpt["hyper_parameters"].get("seed", 0)
-        )
+        options = probe_set_options(cfg, trained, ckpt)
+        seed, n_states = options["seed"], options["n_states"]
+        per_window = options["positions_per_window"]
+        attention_windows, batch_size = options["attention_windows"], options["batch_size"]
         settings = probe_settings(cfg, trained.settings, seed)
         recorded = trained.origin != "none"
-        n_states = int(cfg.n_states or trained.n_states or DEFAULT_N_STATES)
-        per_window = _positions_per_window(cfg, trained.positions_per_window if recorded else None,
-                                           default=not recorded)
-        attention_windows = int(
-            cfg.get("attention_windows") or trained.attention_windows or DEFAULT_ATTENTION_WINDOWS
-        )
-        batch_size = int(cfg.batch_size or trained.batch_size or 16)
         window = cfg.get("window")
         if window is not None and window != block_size:
             raise ValueError(
@@ -178,20 +167,8 @@ class CheckpointTarget:
                 "training probe)"
             )
         if cfg.get("text_file") is None:
-            datamodule = datamodule_for(ckpt, run_dir, block_size, batch_size)
-            if datamodule.vocab != loaded.vocab:
-                raise ValueError(
-                    f"{self.path}: the checkpoint's vocabulary ({loaded.vocab}) differs from its "
-                    f"data's ({datamodule.vocab}); was the data changed?"
-                )
-            probes = probe_set(
-                datamodule,
-                n_states=n_states,
-                positions_per_window=per_window,
-                attention_windows=attention_windows,
-                block_size=block_size,
-                seed=seed,
-            )
+            probes = checkpoint_probe_set(self.path, ckpt, loaded.vocab, block_size,
+                                          **options)
         else:
             all_windows = byte_windows(loaded.vocab, read_text(cfg.text_file), window=block_size)
             wanted, per_window = fit_to_text(n_states, per_window, len(all_windows), block_size)
@@ -339,6 +316,49 @@ class HFTarget:
             raise ValueError(f"the text {text!r} has no tokens left after removing special tokens")
         states = [h[0][keep.to(h.device)].float().cpu() for h in capture.hidden]
         return states, tokens
+
+
+def probe_set_options(cfg: Mapping[str, Any], trained, ckpt: dict) -> dict[str, Any]:
+    """The probe set's options for a checkpoint: `cfg`'s (probe.py's command line), else the
+    training probe's (`trained`, from `training_probe`), else the defaults of
+    `repgeom.probes.sampling`; the seed falls back to the run's training seed."""
+    recorded = trained.origin != "none"
+    seed = cfg.get("seed")
+    if seed is None:
+        seed = trained.seed
+    if seed is None:
+        seed = ckpt["hyper_parameters"].get("seed", 0)
+    return {
+        "seed": int(seed),
+        "n_states": int(cfg.get("n_states") or trained.n_states or DEFAULT_N_STATES),
+        "positions_per_window": _positions_per_window(
+            cfg, trained.positions_per_window if recorded else None, default=not recorded),
+        "attention_windows": int(
+            cfg.get("attention_windows") or trained.attention_windows or DEFAULT_ATTENTION_WINDOWS
+        ),
+        "batch_size": int(cfg.get("batch_size") or trained.batch_size or 16),
+    }
+
+
+def checkpoint_probe_set(path: Path, ckpt: dict, vocab, block_size: int, *, seed: int,
+                         n_states: int, positions_per_window: int | None,
+                         attention_windows: int, batch_size: int) -> ProbeSet:
+    """The probe set drawn from the validation data of checkpoint `path` (read as `ckpt`), as
+    the training probe drew it given its options (`probe_set_options`)."""
+    datamodule = datamodule_for(ckpt, run_dir_of(path), block_size, batch_size)
+    if datamodule.vocab != vocab:
+        raise ValueError(
+            f"{path}: the checkpoint's vocabulary ({vocab}) differs from its data's "
+            f"({datamodule.vocab}); was the data changed?"
+        )
+    return probe_set(
+        datamodule,
+        n_states=n_states,
+        positions_per_window=positions_per_window,
+        attention_windows=attention_windows,
+        block_size=block_size,
+        seed=seed,
+    )
 
 
 def _positions_per_window(cfg: DictConfig, trained: int | None, *, default: bool) -> int | None:
