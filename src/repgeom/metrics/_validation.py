@@ -59,6 +59,19 @@ def check_matrix(x, name: str, *, min_rows: int = 2, min_cols: int = 1) -> torch
     return t
 
 
+def check_paired(X, Y, *, min_rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """`check_matrix` of both, and the same number of rows: row ``i`` of each from the same
+    token (two layers, checkpoints or models of the same inputs)."""
+    X = check_matrix(X, "X", min_rows=min_rows)
+    Y = check_matrix(Y, "Y", min_rows=min_rows)
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(
+            f"X and Y must have the same number of rows (paired inputs), got {X.shape[0]} and "
+            f"{Y.shape[0]}; select the same tokens from both"
+        )
+    return X, Y
+
+
 def check_int(value, name: str, *, minimum: int | None = 1) -> int:
     """An integer (not a bool) of at least `minimum` (any integer when `minimum` is None)."""
     need = "an integer" if minimum is None else f"an integer >= {minimum}"

@@ -9,21 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_int, check_matrix
+from ._validation import check_int, check_paired
 from .neighbors import _nearest_neighbors
 
 __all__ = ["linear_cka", "mutual_knn"]
-
-
-def _check_pair(X, Y, *, min_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    X = check_matrix(X, "X", min_rows=min_rows)
-    Y = check_matrix(Y, "Y", min_rows=min_rows)
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(
-            f"X and Y must have the same number of rows (paired inputs), got {X.shape[0]} and "
-            f"{Y.shape[0]}; select the same tokens from both"
-        )
-    return X, Y
 
 
 def linear_cka(X, Y) -> float:
@@ -72,7 +61,7 @@ def linear_cka(X, Y) -> float:
     >>> round(linear_cka(X, 3.0 * X @ Q + 1.0), 6)  # rotated, scaled, shifted: same geometry
     1.0
     """
-    X, Y = _check_pair(X, Y, min_rows=2)
+    X, Y = check_paired(X, Y)
     return _linear_cka(X, Y)
 
 
@@ -148,7 +137,7 @@ def mutual_knn(X, Y, *, k: int = 10) -> float:
     >>> mutual_knn(X, 2.0 * X)
     1.0
     """
-    X, Y = _check_pair(X, Y, min_rows=2)
+    X, Y = check_paired(X, Y)
     k = check_int(k, "k")
     if k > X.shape[0] - 1:
         raise ValueError(f"k must be at most n - 1 = {X.shape[0] - 1} (X has {X.shape[0]} rows)")

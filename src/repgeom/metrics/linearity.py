@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_matrix
+from ._validation import check_paired
 
 __all__ = ["linearity"]
 
@@ -46,13 +46,7 @@ def linearity(X, Y) -> float:
     >>> round(linearity(X, X @ A + 3.0), 6)
     1.0
     """
-    X = check_matrix(X, "X", min_rows=2)
-    Y = check_matrix(Y, "Y", min_rows=2)
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(
-            f"X and Y must have the same number of rows (paired inputs), got {X.shape[0]} and "
-            f"{Y.shape[0]}"
-        )
+    X, Y = check_paired(X, Y)
     return _linearity(X, Y)
 
 
