@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from repgeom.analyses.subjects import CheckpointSubject, HFSubject, load_subject, pool
-from repgeom.probes.hf import TokenizerMissingError, load_tokenizer_or_explain
+from repgeom.models.hf import TokenizerMissingError, load_tokenizer_or_explain
 
 TEXT = "Cats sleep a lot."
 
@@ -36,7 +36,7 @@ def test_tokenizer_override_gives_the_same_states(tiny_hf_dir):
 
 
 def test_hf_states_are_hf_capture(tiny_hf_dir):
-    from repgeom.probes.hf import hf_capture
+    from repgeom.models.hf import hf_capture
 
     s = HFSubject(tiny_hf_dir / "model_and_tokenizer")
     enc = s.hf.tokenizer(TEXT, return_tensors="pt")

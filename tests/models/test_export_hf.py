@@ -21,8 +21,8 @@ from hydra_configs import compose_train
 from repgeom.data import enwik8
 from repgeom.data.vocab import Vocab
 from repgeom.models.export_hf import build_tokenizer, bytes_to_unicode, export_hf, main
+from repgeom.models.hf import hf_capture, load_hf_model
 from repgeom.models.lightning_module import CharLM
-from repgeom.probes.hf import hf_capture, load_hf_model
 from repgeom.train import train
 
 # (model, masking) -> the class the export must write (module docstring of export_hf).

@@ -37,7 +37,7 @@ def tiny_hf_folder(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_hf_folder):
     """`tiny_hf(family)` -> `HFModel` loaded from its saved folder through `load_hf_model`."""
-    from repgeom.probes.hf import load_hf_model
+    from repgeom.models.hf import load_hf_model
 
     loaded: dict = {}
 

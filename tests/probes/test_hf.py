@@ -14,14 +14,9 @@ import warnings
 import pytest
 import torch
 
-from repgeom.probes.hf import (
-    _is_decoder_by_experiment,
-    _is_decoder_from_config,
-    _looks_like_path,
-    hf_capture,
-    load_hf_model,
-    tokenize_windows,
-)
+from repgeom.models.hf import hf_capture, load_hf_model, tokenize_windows
+from repgeom.models.hf.families import is_decoder_by_experiment, is_decoder_from_config
+from repgeom.models.hf.loading import looks_like_path
 
 QK_FAMILIES = ["gpt2", "gpt2-scaled", "bert", "roberta", "xlm-roberta-xl", "gpt_neox", "opt",
                "llama", "mistral"]  # fmt: skip
@@ -52,17 +47,17 @@ def test_encoder_or_decoder_from_config(tiny_hf, family):
 def test_bert_configured_as_decoder_is_a_decoder():
     from transformers import BertConfig
 
-    assert _is_decoder_from_config(BertConfig(is_decoder=True)) is True
-    assert _is_decoder_from_config(BertConfig()) is False
+    assert is_decoder_from_config(BertConfig(is_decoder=True)) is True
+    assert is_decoder_from_config(BertConfig()) is False
 
 
 def test_experiment_tells_causal_from_bidirectional(tiny_hf):
     # ELECTRA's config ("ElectraModel", model_type not in our lists) says nothing: the
     # experiment decides, and must agree with the known families.
-    assert _is_decoder_from_config(tiny_hf("electra").model.config) is None
-    assert _is_decoder_by_experiment(tiny_hf("gpt2").model) is True
-    assert _is_decoder_by_experiment(tiny_hf("llama").model) is True
-    assert _is_decoder_by_experiment(tiny_hf("bert").model) is False
+    assert is_decoder_from_config(tiny_hf("electra").model.config) is None
+    assert is_decoder_by_experiment(tiny_hf("gpt2").model) is True
+    assert is_decoder_by_experiment(tiny_hf("llama").model) is True
+    assert is_decoder_by_experiment(tiny_hf("bert").model) is False
 
 
 @pytest.mark.parametrize("family", QK_FAMILIES)
@@ -151,7 +146,7 @@ def test_hidden_is_the_residual_stream_and_final_norm_its_norm(tiny_hf, family, 
 def test_final_norm_rule_refuses_two_candidates(tiny_hf_folder):
     from transformers import AutoModel
 
-    from repgeom.probes.hf import final_norm_module
+    from repgeom.models.hf import final_norm_module
 
     model = AutoModel.from_pretrained(tiny_hf_folder("gpt2"))
     assert final_norm_module(model) is model.ln_f
@@ -166,7 +161,7 @@ def test_unknown_layout_keeps_hugging_face_hidden_states_and_warns(tiny_hf, tiny
     An unknown family still gets its hidden states (post-LN ALBERT's are the residual stream)."""
     from transformers import AlbertConfig, AlbertModel
 
-    from repgeom.probes.hf import HFModel
+    from repgeom.models.hf import HFModel
 
     bert = tiny_hf("bert")
     config = AlbertConfig(
@@ -477,9 +472,9 @@ def test_paths_told_from_hub_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
     for hub_name in ["gpt2", "EleutherAI/pythia-160m", "facebook/opt-125m"]:
-        assert not _looks_like_path(hub_name)
+        assert not looks_like_path(hub_name)
     for path in ["./gpt2", "../models/x", "/abs/model", "~/model", "a/b/c", "outputs/run", "x/"]:
-        assert _looks_like_path(path)
+        assert looks_like_path(path)
 
 
 @pytest.mark.parametrize("relative", [True, False])
@@ -508,7 +503,7 @@ def test_folder_without_config_is_a_clear_error(tmp_path):
 
 
 def test_folder_without_tokenizer_names_the_fix(tiny_hf_folder, tiny_hf, tiny_text):
-    from repgeom.probes.hf import TokenizerMissingError
+    from repgeom.models.hf import TokenizerMissingError
 
     bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf("gpt2") (seed 0)
     # Before: "the text is 0 tokens long" at the first window; now the load says what is missing.
@@ -545,7 +540,7 @@ def t5_stacks(tiny_hf_folder):
 
 
 def test_t5_is_two_models(tiny_hf_folder, t5_stacks):
-    from repgeom.probes.hf import model_stacks
+    from repgeom.models.hf import model_stacks
 
     folder = tiny_hf_folder("t5")
     assert model_stacks(folder) == ("encoder", "decoder")

@@ -13,7 +13,7 @@
 - ``subjects``: models (Hugging Face or our checkpoints) as one interface; tokenizer checks.
 - ``example_data``: a small templated subject x attribute data set.
 
-They read models through `repgeom.probes.hf` and `CharLM` (``qk_projection``: a run's
+They read models through `repgeom.models.hf` and `CharLM` (``qk_projection``: a run's
 checkpoints and the training probe's windows, `repgeom.probes.checkpoints`), and never touch the
 probe pipeline.
 """

@@ -8,7 +8,7 @@ norm), and, for models that have one, a last layer ``final_norm``. Layer names f
 
 Special tokens (CLS, SEP, BOS, ...) are left out, as in the probes (`hf_capture`'s ``valid``).
 
-This module reads models only through `repgeom.probes.hf` (loading, capture) and
+This module reads models only through `repgeom.models.hf` (loading, capture) and
 `CharLM.load_from_checkpoint`; it does not touch the probe pipeline.
 """
 
@@ -69,20 +69,20 @@ def _layer_names(n_blocks: int, final_norm: bool) -> list[str]:
 
 
 class HFSubject(Subject):
-    """A Hugging Face model, loaded with `repgeom.probes.hf.load_hf_model`.
+    """A Hugging Face model, loaded with `repgeom.models.hf.load_hf_model`.
 
     Parameters
     ----------
     name_or_folder : str or path
     tokenizer : str, path or tokenizer, optional
         Override for folders without a tokenizer
-        (`repgeom.probes.hf.load_tokenizer_or_explain`).
+        (`repgeom.models.hf.load_tokenizer_or_explain`).
     max_tokens : int
         Texts are cut to this many tokens (special tokens included).
     """
 
     def __init__(self, name_or_folder, *, tokenizer=None, max_tokens: int = 512) -> None:
-        from repgeom.probes.hf import load_hf_model
+        from repgeom.models.hf import load_hf_model
 
         self.hf = load_hf_model(name_or_folder, tokenizer=tokenizer)
         self.name = str(name_or_folder)
@@ -97,7 +97,7 @@ class HFSubject(Subject):
 
     @torch.no_grad()
     def _capture(self, text: str):
-        from repgeom.probes.hf import hf_capture
+        from repgeom.models.hf import hf_capture
 
         enc = self._encode(text)
         if enc["input_ids"].shape[1] == 0:
@@ -115,12 +115,12 @@ class HFSubject(Subject):
 
     @torch.no_grad()
     def queries_keys(self, text: str) -> AttentionInputs:
-        from repgeom.probes.hf import hf_capture
+        from repgeom.models.hf import hf_capture
 
         if not self.hf.has_qk:
             raise ValueError(
                 f"{self.name}: repgeom cannot read the queries and keys of model family "
-                f"{self.hf.family!r} (repgeom.probes.hf lists the families it hooks); use a model "
+                f"{self.hf.family!r} (repgeom.models.hf lists the families it hooks); use a model "
                 "of a supported family"
             )
         enc = self._encode(text)
@@ -133,7 +133,7 @@ class HFSubject(Subject):
 
     def tokens(self, text: str) -> list[str]:
         ids = self._encode(text)["input_ids"][0].tolist()
-        from repgeom.probes.hf import special_token_ids
+        from repgeom.models.hf import special_token_ids
 
         special = set(special_token_ids(self.hf.tokenizer))
         return self.hf.tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])

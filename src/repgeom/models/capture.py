@@ -1,6 +1,6 @@
 """What a model hands to the probes: hidden states, queries, keys and attention per layer.
 
-Our own model (`repgeom.models.gpt`) and Hugging Face models (`repgeom.probes.hf`) both fill this
+Our own model (`repgeom.models.gpt`) and Hugging Face models (`repgeom.models.hf`) both fill this
 structure, so every probe reads one format whatever the model was.
 """
 

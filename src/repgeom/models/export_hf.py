@@ -51,7 +51,7 @@ CLS or SEP, and ``split_special_tokens=True`` makes a literal "[MASK]" in the te
 as `Vocab.encode` has it, rather than the mask token.
 
 Layer convention: ``output_hidden_states`` of GPT-2 and XLM-RoBERTa-XL ends *after* the final
-norm; repgeom's probes (`repgeom.probes.hf.hf_capture`) read the residual stream before it and
+norm; repgeom's probes (`repgeom.models.hf.hf_capture`) read the residual stream before it and
 report the final norm as its own layer, exactly as for the checkpoint.
 """
 

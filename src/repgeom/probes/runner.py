@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
+from repgeom.models.hf import STACKS, model_stacks
 from repgeom.probes import catalogue, console, plots, similarity, sink, table
 from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
     CheckpointFormatError,
@@ -56,7 +57,6 @@ from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of pro
     training_probe,
 )
 from repgeom.probes.compare import compare
-from repgeom.probes.hf import STACKS, model_stacks
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401

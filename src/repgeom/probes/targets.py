@@ -216,9 +216,9 @@ class HFTarget:
     """A Hugging Face model (hub name or folder) at one revision, or one stack of it.
 
     An encoder-decoder model (T5, ByT5) is two targets, ``stack="encoder"`` and
-    ``stack="decoder"`` (`repgeom.probes.hf.model_stacks`), whose ``model`` column is
+    ``stack="decoder"`` (`repgeom.models.hf.model_stacks`), whose ``model`` column is
     ``<name>:encoder`` and ``<name>:decoder``. ``tokenizer`` is where the tokenizer comes from
-    when the model's folder has none (`repgeom.probes.hf.load_tokenizer_or_explain`).
+    when the model's folder has none (`repgeom.models.hf.load_tokenizer_or_explain`).
     """
 
     name: str
@@ -244,7 +244,7 @@ class HFTarget:
         return {"model": self.model, "revision": self.revision}
 
     def load(self, device: torch.device):
-        from repgeom.probes import hf as hf_module
+        from repgeom.models import hf as hf_module
 
         model = hf_module.load_hf_model(
             self.name,
@@ -267,7 +267,7 @@ class HFTarget:
             f"Probing {self.label} ({self.kind}, {loaded.family}): {probes.n_states} "
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
-        from repgeom.probes.hf import hf_capture
+        from repgeom.models.hf import hf_capture
 
         batch_size = int(cfg.batch_size or 16)
 
@@ -301,7 +301,7 @@ class HFTarget:
         states : list of (T, C) float tensors, layer 0 (embedding) .. L
         tokens : list of str, length T
         """
-        from repgeom.probes.hf import hf_capture
+        from repgeom.models.hf import hf_capture
 
         ids = torch.tensor([loaded.tokenizer(text)["input_ids"]])  # (1, T), specials included
         max_positions = getattr(loaded.model.config, "max_position_embeddings", None)
@@ -388,7 +388,7 @@ def _note_short(n_got: int, n_states: int) -> None:
 def _hf_probe_set(cfg: DictConfig, hf, seed: int) -> tuple[ProbeSet, torch.Tensor]:
     """The probe set of a Hugging Face model's text and the windows' attention mask: random
     positions among each window's tokens (special tokens left out unless include_special)."""
-    from repgeom.probes.hf import special_token_ids, tokenize_windows
+    from repgeom.models.hf import special_token_ids, tokenize_windows
 
     text = read_text(cfg.text_file) if cfg.get("text_file") else default_text(cfg.text_source)
     window = cfg.get("window")

@@ -1,0 +1,110 @@
+"""Hugging Face models read like our GPT: load one, cut text into windows, capture its states.
+
+One job per module: `loading` (`load_hf_model`, `HFModel`, tokenizers), `families` (encoder or
+decoder), `windows` (text to token windows), `qk` (per-family query/key hooks), `residual`
+(block stack and final norm hooks), `stacks` (the two stacks of T5/ByT5), `capture`
+(`hf_capture`).
+
+
+`hf_capture` fills the same `Capture` as our own `GPT.capture()`, so every probe reads one format:
+
+- hidden states: the residual stream, as `GPT.capture()` returns it: the embedding output at
+  index 0 and the output of every block, *before* any final norm. Hugging Face's
+  `output_hidden_states` gives the embedding output and the input of every block, but for
+  pre-LN models (GPT-2, GPT-NeoX, OPT, Llama, Mistral, XLM-RoBERTa-XL) its last entry is the
+  final norm's output; so the last entry is replaced by the last block's output, read with a
+  forward hook on that block.
+- final norm: the output of the norm the base model applies after its stack of blocks
+  (``Capture.final_norm``, probed as its own layer ``final_norm``). The rule that finds it: the
+  stack of blocks is the ``nn.ModuleList`` with ``num_hidden_layers`` entries; the final norm is
+  the normalisation module (a ``LayerNorm``/``RMSNorm``, by class name) that is a direct child
+  of the stack's parent or of the base model itself, outside the embeddings: GPT-2 ``ln_f``,
+  GPT-NeoX ``final_layer_norm``, OPT ``decoder.final_layer_norm`` (absent for post-LN OPT
+  configs), Llama/Mistral ``norm``, XLM-RoBERTa-XL ``encoder.LayerNorm``. BERT, RoBERTa and
+  ELECTRA (post-LN) have none. A hook checks on every pass that the module's input is the last
+  block's output, so a family laid out differently fails loudly instead of being mismeasured.
+- attention probabilities: `output_attentions`; the model is loaded with eager attention, the only
+  implementation that materialises them.
+- queries and keys: forward hooks on the attention projections of the families below, split into
+  heads, rotated by the model's own rotary function where the family uses one, and with
+  grouped-query key heads repeated to the number of query heads. A "query" is defined so that
+  ``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention: where a model scales
+  its scores by something other than 1/sqrt(D) (GPT-2's ``scale_attn_by_inverse_layer_idx``),
+  the extra factor is folded into Q. OPT multiplies the output of ``q_proj`` by 1/sqrt(D) before
+  the product; our Q is the unscaled ``q_proj`` output, as for every other family.
+
+  ==============  =============================  ==============================================
+  family          hooked modules                 queries and keys
+  ==============  =============================  ==============================================
+  gpt2            ``attn.c_attn`` (Conv1D)       q, k, v = split of the fused output
+  bert,           ``attention.self.query/.key``  the two Linear outputs
+  roberta,
+  xlm-roberta-xl
+  gpt_neox        ``attention.query_key_value``  per head [q | k | v] interleaved, then rotary on
+                                                 the first ``rotary_pct`` of each head's dims
+  opt             ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
+  llama,          ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
+  mistral
+  t5 (ByT5)       ``SelfAttention.q/.k``         the two Linear outputs, times sqrt(D): T5 does
+                                                 not scale its scores (``scaling = 1``); its
+                                                 relative position bias, added to the scores, is
+                                                 not part of Q K^T (cross-attention not hooked)
+  ==============  =============================  ==============================================
+
+  The rotary cos/sin are read from the attention module's ``position_embeddings`` argument (a
+  forward pre-hook with ``with_kwargs=True``) and applied with ``apply_rotary_pos_emb`` from the
+  family's own modeling module, so partial rotary (Pythia) and scaled RoPE variants are exactly
+  the model's. Any other family still gets hidden states and attention; its queries and keys are
+  left empty with one warning per loaded model.
+
+Encoder or decoder is read from the config (``is_decoder``, the family name, then the
+architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when the config says nothing,
+one tiny forward pass decides: a decoder's early positions do not change when a later token does.
+
+Encoder-decoder models (``is_encoder_decoder``: T5, ByT5) are probed as two models, one per
+stack (``HFModel.stack``), each with its own embedding, blocks and final norm (T5's
+``final_layer_norm`` in both stacks, measured as the layer ``final_norm`` as above):
+
+- the encoder: ``model.encoder`` alone on the text's windows, bidirectional;
+- the decoder: the whole model with the same window as ``input_ids`` and as
+  ``decoder_input_ids`` (not shifted right behind a start token), so the decoder reads the text
+  causally while its cross-attention reads the encoder's states of that same window. This keeps
+  the two stacks' rows on the same tokens and positions (the same probe set, special tokens and
+  padding masks), and position t of the decoder holds token t as input, as in a decoder-only
+  model. It is a reconstruction setting, not T5's span-corruption pre-training task: the
+  decoder can read the whole window through cross-attention, so it is causal in its own
+  self-attention only.
+"""
+
+from __future__ import annotations
+
+from repgeom.models.hf.capture import hf_capture
+from repgeom.models.hf.families import DECODER_FAMILIES, ENCODER_FAMILIES
+from repgeom.models.hf.loading import (
+    HFModel,
+    TokenizerMissingError,
+    load_hf_model,
+    load_tokenizer_or_explain,
+    model_stacks,
+)
+from repgeom.models.hf.qk import QK_FAMILIES
+from repgeom.models.hf.residual import block_stack, final_norm_module
+from repgeom.models.hf.stacks import STACKS
+from repgeom.models.hf.windows import special_token_ids, tokenize_windows
+
+__all__ = [
+    "DECODER_FAMILIES",
+    "ENCODER_FAMILIES",
+    "QK_FAMILIES",
+    "STACKS",
+    "HFModel",
+    "TokenizerMissingError",
+    "block_stack",
+    "final_norm_module",
+    "hf_capture",
+    "load_hf_model",
+    "load_tokenizer_or_explain",
+    "model_stacks",
+    "special_token_ids",
+    "tokenize_windows",
+]

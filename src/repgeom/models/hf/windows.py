@@ -1,0 +1,102 @@
+"""Text to fixed windows of a Hugging Face tokenizer's ids, and which ids are special."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from repgeom.models.hf.loading import HFModel
+
+
+def tokenize_windows(
+    hf: HFModel, text: str, *, window: int, n_windows: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut `text` into fixed, non-overlapping windows of `window` tokens.
+
+    The text is tokenized once, without special tokens, and cut into chunks; each window then
+    gets the special tokens the tokenizer adds to a single sequence (CLS ... SEP for BERT, BOS
+    first for Llama, none for GPT-2), so every row is `window` tokens long in all.
+
+    Parameters
+    ----------
+    hf : HFModel
+    text : str
+    window : int
+        Tokens per row, special tokens included.
+    n_windows : int, optional
+        Number of windows, from the start of the text; None takes every full window.
+
+    Returns
+    -------
+    input_ids : (N, window) int64 tensor
+    attention_mask : (N, window) int64 tensor of ones (windows are never padded)
+
+    Raises
+    ------
+    ValueError
+        `window` too small for the special tokens or longer than the model's positions, or the
+        text too short for one window (or for `n_windows`).
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if n_windows is not None and (not isinstance(n_windows, int) or n_windows < 1):
+        raise ValueError(f"n_windows must be a positive integer or None, got {n_windows!r}")
+    max_positions = getattr(hf.model.config, "max_position_embeddings", None)
+    if max_positions is not None and window > max_positions:
+        raise ValueError(f"window={window} is longer than {hf.name}'s {max_positions} positions")
+    tok = hf.tokenizer
+    prefix, suffix = _special_template(tok, text)
+    n_special = len(prefix) + len(suffix)
+    content = window - n_special
+    if content < 1:
+        raise ValueError(
+            f"window={window} leaves no room for text after the {n_special} special tokens "
+            f"{tok.convert_ids_to_tokens(prefix + suffix)} that {hf.name} adds"
+        )
+    ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+    available = len(ids) // content
+    if available == 0:
+        raise ValueError(
+            f"the text is {len(ids)} tokens long ({len(text)} characters); one window of "
+            f"{window} tokens needs {content} text tokens"
+            + (f" plus {n_special} special tokens" if n_special else "")
+            + "; use a longer text or a smaller window"
+        )
+    if n_windows is not None and n_windows > available:
+        raise ValueError(
+            f"n_windows={n_windows} but the text ({len(ids)} tokens) holds only {available} "
+            f"windows of {window} tokens"
+        )
+    n = available if n_windows is None else n_windows
+    rows = [prefix + ids[i * content : (i + 1) * content] + suffix for i in range(n)]
+    input_ids = torch.tensor(rows, dtype=torch.long)  # (N, window)
+    return input_ids, torch.ones_like(input_ids)
+
+
+def _special_template(tok: Any, text: str) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer puts before and after one sequence, found by encoding a sample.
+
+    Works for every tokenizer backend (fast, sentencepiece, python), unlike
+    ``build_inputs_with_special_tokens`` which fast tokenizers no longer have in transformers 5.
+    """
+    sample = text[:32] or "a"
+    bare = tok(sample, add_special_tokens=False, verbose=False)["input_ids"]
+    full = tok(sample, add_special_tokens=True, verbose=False)["input_ids"]
+    for start in range(len(full) - len(bare) + 1):
+        if full[start : start + len(bare)] == bare:
+            return full[:start], full[start + len(bare) :]
+    raise RuntimeError(
+        "cannot tell which special tokens the tokenizer adds: the text encoded with special "
+        f"tokens ({full}) does not contain it encoded without ({bare})"
+    )
+
+
+def special_token_ids(tokenizer: Any) -> list[int]:
+    """Ids of BOS, EOS, CLS, SEP and PAD (not UNK or MASK, which stand for real text)."""
+    ids = {
+        getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "cls", "sep", "pad")
+    }
+    ids.discard(None)
+    ids.discard(getattr(tokenizer, "unk_token_id", None))  # some models pad with UNK
+    return sorted(ids)
