@@ -1,4 +1,9 @@
-"""Shared fixtures: the real Hydra config shrunk to CPU-sized runs, and global state reset."""
+"""Shared fixtures: global state reset, and tiny random Hugging Face models saved to disk.
+
+`tiny_hf(family)` loads a 2-layer model of that family written by `tiny_hf_models.build_tiny_hf`
+(its docstring lists the families and their tokenizers). Each folder is built once per test
+session.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
+from tiny_hf_models import TEXT, build_tiny_hf
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +39,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_text() -> str:
+    """A few hundred characters, all in the tiny tokenizers' vocabulary."""
+    return TEXT
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_folder(tmp_path_factory):
+    """`tiny_hf_folder(family)` -> path of a saved tiny model of that family (built once);
+    ``tokenizer=False``: the same model saved without its tokenizer."""
+    built: dict[tuple[str, bool], str] = {}
+
+    def make(family: str, *, tokenizer: bool = True) -> str:
+        if (family, tokenizer) not in built:
+            name = family.replace("-", "_") + ("" if tokenizer else "_model_only")
+            folder = tmp_path_factory.mktemp(name)
+            build_tiny_hf(family, folder, tokenizer=tokenizer)
+            built[family, tokenizer] = str(folder)
+        return built[family, tokenizer]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_hf_folder):
+    """`tiny_hf(family)` -> `HFModel` loaded from its saved folder through `load_hf_model`."""
+    from repgeom.models.hf import load_hf_model
+
+    loaded: dict = {}
+
+    def make(family: str):
+        if family not in loaded:
+            loaded[family] = load_hf_model(tiny_hf_folder(family))
+        return loaded[family]
+
+    return make
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
