@@ -14,6 +14,6 @@
 - ``example_data``: a small templated subject x attribute data set.
 
 They read models through `repgeom.models.hf` and `CharLM` (``qk_projection``: a run's
-checkpoints and the training probe's windows, `repgeom.probes.checkpoints`), and never touch the
+checkpoints and the training probe's windows, `repgeom.models.checkpoints`), and never touch the
 probe pipeline.
 """

@@ -266,8 +266,7 @@ def qk_trajectory(
     ValueError
         A layer or head the model does not have; windows or points below 1.
     """
-    from repgeom.probes.checkpoints import find_checkpoints, load_charlm
-    from repgeom.probes.runner import resolve_device
+    from repgeom.models.checkpoints import find_checkpoints, load_charlm, resolve_device
     from repgeom.probes.targets import gpt_captures
 
     for name, value in (("windows", windows), ("points", points)):
@@ -334,7 +333,8 @@ def _check_indices(values: Sequence[int] | None, name: str, low: int, high: int,
 def _probe_windows(path: Path, vocab, block_size: int, windows: int | None) -> torch.Tensor:
     """The first `windows` windows (default: the training probe's ``attention_windows``) of the
     training probe's probe set, rebuilt as ``probe.py ckpt=`` does (`CheckpointTarget`)."""
-    from repgeom.probes.checkpoints import read_checkpoint, run_dir_of, training_probe
+    from repgeom.models.checkpoints import read_checkpoint, run_dir_of
+    from repgeom.probes.spec import training_probe
     from repgeom.probes.targets import checkpoint_probe_set, probe_set_options
 
     ckpt = read_checkpoint(path)

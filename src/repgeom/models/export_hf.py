@@ -345,8 +345,8 @@ def export_hf(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     FileNotFoundError, repgeom.probes.runner.CheckpointFormatError
         A missing file or one that is not a repgeom checkpoint.
     """
+    from repgeom.models.checkpoints import read_checkpoint
     from repgeom.models.lightning_module import CharLM
-    from repgeom.probes.runner import read_checkpoint
 
     read_checkpoint(ckpt_path)  # a clear error for a missing or foreign file
     module = CharLM.load_from_checkpoint(ckpt_path, map_location="cpu", weights_only=True)

@@ -43,21 +43,21 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
-import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
-from repgeom.models.hf import STACKS, model_stacks
-from repgeom.probes import catalogue, console, plots, similarity, sink, table
-from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
+from repgeom.models.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
     CheckpointFormatError,
     find_checkpoints,
     read_checkpoint,
-    training_probe,
+    resolve_device,
 )
+from repgeom.models.hf import STACKS, model_stacks
+from repgeom.probes import catalogue, console, plots, similarity, sink, table
 from repgeom.probes.compare import compare
 from repgeom.probes.measure import ProbeSettings
+from repgeom.probes.spec import training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
 
@@ -154,13 +154,6 @@ def check_config(cfg: DictConfig) -> str:
             f"{[f.name for f in fields(ProbeSettings)]}"
         )
     return mode
-
-
-def resolve_device(device: str | None) -> torch.device:
-    """``"auto"`` (or null): CUDA when available, else CPU."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def revision_steps(revisions: Sequence[str]) -> list[int]:

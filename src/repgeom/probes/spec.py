@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from repgeom.models.checkpoints import run_config
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.sampling import (
     DEFAULT_ATTENTION_WINDOWS,
@@ -86,6 +88,53 @@ class ProbeSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         given = {k: config[k] for k in known if k in config}
         return cls(**{**given, "seed": seed, "metrics": list(metrics), "settings": settings})
+
+
+@dataclass
+class TrainingProbe:
+    """How the training probe of a run built its probe set (None where unknown)."""
+
+    n_states: int | None = None
+    positions_per_window: int | None = None
+    attention_windows: int | None = None
+    batch_size: int | None = None
+    seed: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    origin: str = "none"
+
+
+def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
+    """The training probe's config: from the checkpoint, else the run folder's config."""
+    for key, state in (ckpt.get("callbacks") or {}).items():
+        if key.startswith("ProbeCallback") and isinstance(state, dict) and (
+            "spec" in state or "config" in state
+        ):
+            spec = ProbeSpec.from_checkpoint(state)
+            return TrainingProbe(
+                n_states=spec.n_states,
+                positions_per_window=spec.positions_per_window,
+                attention_windows=spec.attention_windows,
+                batch_size=spec.batch_size,
+                seed=spec.seed,
+                settings=asdict(spec.probe_settings()),
+                origin="checkpoint",
+            )
+    conf = run_config(run_dir) or {}
+    probe = conf.get("probe")
+    if isinstance(probe, dict) and probe.get("_target_", "").endswith("ProbeCallback"):
+        settings = dict(probe.get("settings") or {})
+        seed = probe.get("seed")
+        settings.setdefault("seed", seed)
+        return TrainingProbe(
+            n_states=probe.get("n_states"),
+            positions_per_window=probe.get("positions_per_window"),
+            attention_windows=probe.get("attention_windows"),
+            batch_size=probe.get("batch_size"),
+            seed=seed,
+            settings=settings,
+            origin=f"run config in {run_dir}",
+        )
+    return TrainingProbe()
 
 
 @dataclass

@@ -21,14 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from repgeom.data.datamodule import choose_windows
 from repgeom.models.capture import Capture
+from repgeom.models.checkpoints import datamodule_for, load_charlm, read_checkpoint, run_dir_of
 from repgeom.probes import catalogue
-from repgeom.probes.checkpoints import (
-    datamodule_for,
-    load_charlm,
-    read_checkpoint,
-    run_dir_of,
-    training_probe,
-)
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.sampling import (
     DEFAULT_ATTENTION_WINDOWS,
@@ -39,6 +33,7 @@ from repgeom.probes.sampling import (
     fit_to_text,
     probe_set,
 )
+from repgeom.probes.spec import training_probe
 from repgeom.probes.texts import byte_windows, default_text, read_text
 
 DEFAULT_HF_WINDOW = 256

@@ -1,19 +1,18 @@
-"""Our training checkpoints: reading and checking them, finding a run's, and the training
-probe's spec and data they carry (for probe.py to rebuild the training probe's exact probe set).
+"""Our training checkpoints: reading and checking them, finding a run's, the run's config and
+data they carry, loading the model, and the device to load it on.
+
+The training probe's options saved in a checkpoint are read by `repgeom.probes.spec`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from repgeom.data.datamodule import Enwik8DataModule
-from repgeom.probes.spec import ProbeSpec
 
 
 class CheckpointFormatError(ValueError):
@@ -128,53 +127,6 @@ def run_config(run_dir: Path) -> dict | None:
     return None
 
 
-@dataclass
-class TrainingProbe:
-    """How the training probe of a run built its probe set (None where unknown)."""
-
-    n_states: int | None = None
-    positions_per_window: int | None = None
-    attention_windows: int | None = None
-    batch_size: int | None = None
-    seed: int | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    origin: str = "none"
-
-
-def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
-    """The training probe's config: from the checkpoint, else the run folder's config."""
-    for key, state in (ckpt.get("callbacks") or {}).items():
-        if key.startswith("ProbeCallback") and isinstance(state, dict) and (
-            "spec" in state or "config" in state
-        ):
-            spec = ProbeSpec.from_checkpoint(state)
-            return TrainingProbe(
-                n_states=spec.n_states,
-                positions_per_window=spec.positions_per_window,
-                attention_windows=spec.attention_windows,
-                batch_size=spec.batch_size,
-                seed=spec.seed,
-                settings=asdict(spec.probe_settings()),
-                origin="checkpoint",
-            )
-    conf = run_config(run_dir) or {}
-    probe = conf.get("probe")
-    if isinstance(probe, dict) and probe.get("_target_", "").endswith("ProbeCallback"):
-        settings = dict(probe.get("settings") or {})
-        seed = probe.get("seed")
-        settings.setdefault("seed", seed)
-        return TrainingProbe(
-            n_states=probe.get("n_states"),
-            positions_per_window=probe.get("positions_per_window"),
-            attention_windows=probe.get("attention_windows"),
-            batch_size=probe.get("batch_size"),
-            seed=seed,
-            settings=settings,
-            origin=f"run config in {run_dir}",
-        )
-    return TrainingProbe()
-
-
 def datamodule_for(ckpt: dict, run_dir: Path, block_size: int, batch_size: int):
     """The datamodule of the checkpoint's data: source/clean from the checkpoint, path, cache and
     verify from the run config where there is one."""
@@ -195,7 +147,17 @@ def datamodule_for(ckpt: dict, run_dir: Path, block_size: int, batch_size: int):
     return datamodule
 
 
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"`` (or null): CUDA when available, else CPU."""
+    if isinstance(device, torch.device):
+        return device
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def load_charlm(path: Path, device: torch.device):
+    """The `CharLM` of checkpoint `path` on `device`, in eval mode."""
     from repgeom.models.lightning_module import CharLM
 
     return CharLM.load_from_checkpoint(path, map_location=device, weights_only=True).eval()
