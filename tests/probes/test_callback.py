@@ -11,10 +11,10 @@ from hydra_configs import compose_train
 from wandb_records import wandb_history
 
 from repgeom import metrics
+from repgeom.experiments.compare_runs import main as compare_runs
 from repgeom.models.capture import Capture
 from repgeom.probes import table
 from repgeom.probes.callback import ProbeCallback, probe_schedule
-from repgeom.probes.compare_runs import main as compare_runs
 from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings, measure
 from repgeom.train import read_csv_metrics, train
 

@@ -259,7 +259,8 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     """Training with a pairwise metric: layer x layer maps and each step against the final one
     in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
     through compare_runs, equal to linear_cka on the two runs' saved states."""
-    from repgeom.probes import compare_runs, similarity
+    from repgeom.experiments import compare_runs
+    from repgeom.probes import similarity
 
     runs = {}
     for masking, logger in (("causal", "wandb"), ("bidirectional", "csv")):
@@ -301,7 +302,7 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
 def test_the_offline_path_does_not_import_the_training_callback() -> None:
     import subprocess
 
-    code = ("import sys, repgeom.probes.runner, repgeom.probes.compare_runs; "
+    code = ("import sys, repgeom.probes.runner, repgeom.experiments.compare_runs; "
             "print('repgeom.probes.callback' in sys.modules, 'lightning' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[0] == "False"

@@ -1,4 +1,4 @@
-"""`python -m repgeom.probes.compare_runs`: two run folders in, one side-by-side PNG out."""
+"""`python -m repgeom.experiments.compare_runs`: two run folders in, one side-by-side PNG out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from repgeom.probes import compare_runs
+from repgeom.experiments import compare_runs
 from repgeom.probes.table import append_rows, probe_dir
 
 

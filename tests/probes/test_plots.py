@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from repgeom.experiments import figures
 from repgeom.probes import plots
 from repgeom.probes.table import rows_to_frame
 
@@ -156,7 +157,7 @@ def test_per_head_vs_step_one_panel_per_layer_one_line_per_head(frame):
 
 def test_profiles_side_by_side_shares_y_and_draws_the_last_step():
     frames = {"causal": make_table(), "bidirectional": make_table(steps=(0, 5), shift=0.5)}
-    fig = plots.profiles_side_by_side(frames, "anisotropy")
+    fig = figures.profiles_side_by_side(frames, "anisotropy")
     left, right = fig.axes
     assert left.get_shared_y_axes().joined(left, right)
     assert left.get_title() == f"causal (step {STEPS[-1]})"
@@ -166,12 +167,12 @@ def test_profiles_side_by_side_shares_y_and_draws_the_last_step():
         right.get_lines()[0].get_ydata(),
         np.exp(-((np.arange(N_LAYER + 1) - 2.0) ** 2)) * (1 + 5 / 300) + 0.5,
     )
-    at_zero = plots.profiles_side_by_side(frames, "anisotropy", step=0)
+    at_zero = figures.profiles_side_by_side(frames, "anisotropy", step=0)
     assert [ax.get_title() for ax in at_zero.axes] == ["causal (step 0)", "bidirectional (step 0)"]
     with pytest.raises(ValueError, match="run 'bidirectional': no step 8 .* steps: \\[0, 5\\]"):
-        plots.profiles_side_by_side(frames, "anisotropy", step=8)
+        figures.profiles_side_by_side(frames, "anisotropy", step=8)
     with pytest.raises(ValueError, match="run 'causal': metric 'nope' is not in the table"):
-        plots.profiles_side_by_side(frames, "nope")
+        figures.profiles_side_by_side(frames, "nope")
 
 
 def test_compare_texts():

@@ -386,11 +386,11 @@ def plot_projection(points: pd.DataFrame, means: pd.DataFrame, *, title: str = "
     """One head: left, the drawn queries (dots) and keys (crosses) of every step (Fig. 11);
     right, the mean query and mean key of each step joined by arrows (Fig. 12). Colour = step,
     by checkpoint order as in the probe figures (`repgeom.probes.plots`); + marks the origin."""
-    from repgeom.probes.plots import _new_figure, _step_colorbar, _step_colours
+    from repgeom.probes.plots import new_figure, step_colorbar, step_colours
 
     steps = sorted(means["step"].unique().tolist())
-    colours, _ = _step_colours(steps)
-    fig = _new_figure(10.5, 4.4)
+    colours, _ = step_colours(steps)
+    fig = new_figure(10.5, 4.4)
     left, right, cax = fig.subplots(1, 3, width_ratios=[1, 1, 0.05])
     style = {"query": dict(marker="o", s=6, alpha=0.5, linewidths=0),
              "key": dict(marker="x", s=8, alpha=0.5, linewidths=0.7)}
@@ -412,7 +412,7 @@ def plot_projection(points: pd.DataFrame, means: pd.DataFrame, *, title: str = "
         ax.set_ylabel("SVD component 2")
         ax.set_title(what, fontsize=9)
     right.legend(fontsize=8, loc="best")
-    _step_colorbar(fig, cax, steps)
+    step_colorbar(fig, cax, steps)
     if title:
         fig.suptitle(title, fontsize=10)
     return fig

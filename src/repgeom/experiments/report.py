@@ -22,7 +22,7 @@ named as Hydra's sweep names them, ``<masking>-seed<k>``, each with at least::
 and optionally ``csv/version_*/hparams.yaml`` (or ``hparams.yaml``), where the training run saved
 ``model.vocab_size``. Every verdict is counted per seed ("holds in 3 of 3 seeds") and decided on
 the mean over seeds with a tolerance: an effect counts when it exceeds both the probe's batch
-noise and the seed-to-seed spread (`repgeom.probes.seeds`). Profiles and verdicts read blocks
+noise and the seed-to-seed spread (`repgeom.experiments.seeds`). Profiles and verdicts read blocks
 1..L only, never the final norm's output (which is reported as its own number).
 """
 
@@ -43,8 +43,9 @@ import yaml
 from matplotlib.figure import Figure
 
 from repgeom.analyses.godey import drift_cosine_correlation
-from repgeom.probes import plots, seeds
-from repgeom.probes.seeds import Effect, Interval, t_interval
+from repgeom.experiments import seeds
+from repgeom.experiments.seeds import Effect, Interval, t_interval
+from repgeom.probes import plots
 from repgeom.probes.table import FINAL_NORM, read_table
 
 MASKINGS = ("causal", "bidirectional")
@@ -551,19 +552,19 @@ def shape_of_learning(
     n = {m: len(tables[m]) for m in MASKINGS}
     images = []
 
-    images.append(_save(plots.profile_bands(tables, "anisotropy"),
+    images.append(_save(figures.profile_bands(tables, "anisotropy"),
                         figures / "anisotropy_profiles.png"))
     for m in MASKINGS:
-        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "anisotropy"),
+        images.append(_save(figures.per_layer_vs_step_bands(tables[m], "anisotropy"),
                             figures / f"anisotropy_vs_step_{m}.png"))
     for metric in ("twonn", "gride_k16"):
         if all(metric in set(t["metric"]) for ts in tables.values() for t in ts):
-            images.append(_save(plots.metric_vs_step_bands(tables, metric),
+            images.append(_save(figures.metric_vs_step_bands(tables, metric),
                                 figures / f"{metric}_vs_step.png"))
     for m in MASKINGS:
-        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "attention_entropy"),
+        images.append(_save(figures.per_layer_vs_step_bands(tables[m], "attention_entropy"),
                             figures / f"attention_entropy_{m}.png"))
-        images.append(_save(plots.per_layer_vs_step_bands(tables[m], "qk_cosine"),
+        images.append(_save(figures.per_layer_vs_step_bands(tables[m], "qk_cosine"),
                             figures / f"qk_cosine_{m}.png"))
 
     threshold = facts["causal"]["near_duplicate_threshold"]

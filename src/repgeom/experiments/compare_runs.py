@@ -2,7 +2,7 @@
 
 The one command to lay a causal and a bidirectional run beside each other::
 
-    python -m repgeom.probes.compare_runs outputs/causal outputs/bidirectional \\
+    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \\
         --metric anisotropy --labels causal bidirectional --out compare.png
 
 Each RUN is a run folder (its table is ``<run>/probes/probes.parquet`` or ``.csv``), a ``probes``
@@ -10,13 +10,13 @@ folder, or a table file. Every panel shows one run's layer profile at its last p
 ``--step``), on a shared y axis.
 
 Several runs per label (seeds) are drawn as one panel: the mean profile over those runs and its
-95% t-interval, shaded (`repgeom.probes.seeds`). Repeat a label, or let each run's saved Hydra
+95% t-interval, shaded (`repgeom.experiments.seeds`). Repeat a label, or let each run's saved Hydra
 config name its group::
 
-    python -m repgeom.probes.compare_runs sweep/causal-seed{0,1,2} \\
+    python -m repgeom.experiments.compare_runs sweep/causal-seed{0,1,2} \\
         sweep/bidirectional-seed{0,1,2} \\
         --labels causal causal causal bidirectional bidirectional bidirectional
-    python -m repgeom.probes.compare_runs sweep/*-seed* --group-by masking
+    python -m repgeom.experiments.compare_runs sweep/*-seed* --group-by masking
 
 The runs of one label must have been probed at the same steps.
 
@@ -25,7 +25,7 @@ layer of run A and run B on the same windows, `repgeom.probes.similarity`), from
 probe saved (the training probe with a pairwise metric, ``probe.metrics=[all]``, or probe.py,
 whose default computes them)::
 
-    python -m repgeom.probes.compare_runs outputs/causal outputs/bidirectional \
+    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \
         --similarity linear_cka --labels causal bidirectional --out causal_vs_bidi.png
 
 writes the figure and the rows (``layer``, ``run_b``, ``value``, ``std``: mean and std over the
@@ -41,8 +41,9 @@ from pathlib import Path
 
 import yaml
 
+from repgeom.experiments.figures import profile_bands, profiles_side_by_side
 from repgeom.probes import catalogue, similarity
-from repgeom.probes.plots import DPI, layer_profile, profile_bands, profiles_side_by_side
+from repgeom.probes.plots import DPI, layer_profile
 from repgeom.probes.table import PROBE_DIR, read_table, rows_to_frame
 
 
@@ -103,7 +104,7 @@ def _step(text: str) -> int | str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m repgeom.probes.compare_runs",
+        prog="python -m repgeom.experiments.compare_runs",
         description="Layer profiles of several probed runs, side by side, in one PNG.",
     )
     parser.add_argument("runs", nargs="+", metavar="RUN",
