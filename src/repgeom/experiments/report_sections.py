@@ -1,0 +1,290 @@
+"""The report's sections: figures and findings of the sweep, its setup paragraph, Godey's
+drift/cosine test, the distributions, experiment 4, and hand-written pages.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from repgeom.analyses.godey import drift_cosine_correlation
+from repgeom.experiments import figures as bands
+from repgeom.experiments import seeds
+from repgeom.experiments.report_findings import (
+    Finding,
+    attention_findings,
+    id_findings,
+    profile_findings,
+)
+from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
+from repgeom.probes import plots
+from repgeom.probes.table import FINAL_NORM, read_table
+
+
+def save_figure(fig: Figure, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # bbox_inches="tight": nothing (a legend beside the axes, a long title) is cut at the edge.
+    fig.savefig(path, dpi=110, facecolor="white", bbox_inches="tight")
+    return path.as_posix()
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """A DataFrame as a GitHub markdown table (index first)."""
+    header = [frame.index.name or "", *map(str, frame.columns)]
+    rows = [
+        [str(i), *(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row)]
+        for i, row in zip(frame.index, frame.itertuples(index=False), strict=True)
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def drift_cosine(sweep: Path) -> pd.DataFrame:
+    """Drift norm against mean cosine across blocks 1..L at the last probe, per masking
+    (Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson).
+
+    Returns
+    -------
+    DataFrame indexed by masking: ``step`` (the last probe), ``blocks``, ``seeds``, the mean over
+    seeds of Spearman's rho and Pearson's r, and how many seeds have p < 0.05 for each
+    (``spearman p<0.05``, ``pearson p<0.05``). Maskings whose tables lack ``drift_norm`` or
+    ``mean_cosine`` are left out.
+    """
+    out = {}
+    found = find_runs(sweep)
+    for masking in [m for m in MASKINGS if m in found] + [m for m in found if m not in MASKINGS]:
+        runs = found[masking]
+        per_seed = []
+        for run in runs:
+            frame = read_table(run.path)
+            if not {"drift_norm", "mean_cosine"} <= set(frame["metric"]):
+                continue
+            corr = drift_cosine_correlation(frame)
+            per_seed.append(corr.loc[corr["step"] == corr["step"].max()].iloc[0])
+        if not per_seed:
+            continue
+        seeds_frame = pd.DataFrame(per_seed)
+        out[masking] = {
+            "step": int(seeds_frame["step"].max()),
+            "blocks": int(seeds_frame["n_layers"].min()),
+            "seeds": len(seeds_frame),
+            "spearman rho": float(seeds_frame["spearman_rho"].mean()),
+            "spearman p<0.05": int((seeds_frame["spearman_p"] < 0.05).sum()),
+            "pearson r": float(seeds_frame["pearson_r"].mean()),
+            "pearson p<0.05": int((seeds_frame["pearson_p"] < 0.05).sum()),
+        }
+    result = pd.DataFrame.from_dict(out, orient="index")
+    result.index.name = "masking"
+    return result
+
+
+def drift_cosine_lines(sweep: Path) -> list[str]:
+    """The paragraph and table of `drift_cosine` for Godey's section of the report."""
+    corr = drift_cosine(sweep)
+    if corr.empty:
+        return ["Drift norm against mean cosine: not measured (no `drift_norm` rows)."]
+    return [
+        "Drift norm ‖x̄‖ against mean cosine across blocks 1..L at the last probe "
+        "(Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson), the mean "
+        "over seeds and how many seeds reach p < 0.05. One point per block: Spearman's p is "
+        "exact over all orderings of up to 8 blocks (`repgeom.analyses.godey.spearman_p`), and "
+        "with 4 blocks it is at least 2/24 = 0.083 even at rho = 1, so only Pearson's test can "
+        "reach p < 0.05 here.",
+        "",
+        markdown_table(corr),
+    ]
+
+
+def shape_of_learning(
+    sweep: Path, figures: Path
+) -> tuple[list[str], dict[str, list[Finding]], dict]:
+    """Experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs (see the module doc).
+
+    Returns
+    -------
+    images : list of str
+        The figures written under `figures`.
+    findings : dict
+        ``profile``, ``id`` and ``attention``: the `Finding` of each check.
+    facts : dict
+        Per masking, what `run_facts` read from the configs.
+
+    Raises
+    ------
+    ValueError
+        When the seeds of a masking were probed at different steps.
+    """
+    runs = find_runs(sweep)
+    tables = {m: [read_table(r.path) for r in runs[m]] for m in MASKINGS}
+    names = {m: [r.path.name for r in runs[m]] for m in MASKINGS}
+    seeds.check_steps(tables, names)
+    facts = run_facts({m: runs[m] for m in MASKINGS})
+    n = {m: len(tables[m]) for m in MASKINGS}
+    images = []
+
+    images.append(save_figure(bands.profile_bands(tables, "anisotropy"),
+                        figures / "anisotropy_profiles.png"))
+    for m in MASKINGS:
+        images.append(save_figure(bands.per_layer_vs_step_bands(tables[m], "anisotropy"),
+                            figures / f"anisotropy_vs_step_{m}.png"))
+    for metric in ("twonn", "gride_k16"):
+        if all(metric in set(t["metric"]) for ts in tables.values() for t in ts):
+            images.append(save_figure(bands.metric_vs_step_bands(tables, metric),
+                                figures / f"{metric}_vs_step.png"))
+    for m in MASKINGS:
+        images.append(save_figure(bands.per_layer_vs_step_bands(tables[m], "attention_entropy"),
+                            figures / f"attention_entropy_{m}.png"))
+        images.append(save_figure(bands.per_layer_vs_step_bands(tables[m], "qk_cosine"),
+                            figures / f"qk_cosine_{m}.png"))
+
+    threshold = facts["causal"]["near_duplicate_threshold"]
+    findings = {
+        "profile": profile_findings(tables, n),
+        "id": id_findings(tables, names, threshold),
+        "attention": attention_findings(tables, n),
+    }
+    return images, findings, facts
+
+
+def setup_lines(facts: dict) -> list[str]:
+    """The paragraph that states the seeds, the vocabulary, the probe protocol and the statistics
+    of experiments 1-3, every number read from `facts` (`run_facts`)."""
+    counts = ", ".join(
+        f"{len(f['seeds'])} {m} (seeds {', '.join(map(str, f['seeds']))})" for m, f in facts.items()
+    )
+    sizes = sorted({v for f in facts.values() for v in f["vocab"]})
+    vocab = (
+        f"ours {', '.join(map(str, sizes))}, paper {PAPER_VOCAB}"
+        if sizes else f"ours not recorded in the run folders (no model.vocab_size in "
+        f".hydra/config.yaml or csv/version_*/hparams.yaml), paper {PAPER_VOCAB}"
+    )
+    f = facts["causal"]
+    text = "cleaned text (markup removed, as the paper's §2.1 does)" if f["clean"] else "raw text"
+    used = f["used"]
+    if used and f["state_batch"]:
+        fallback = ""
+        if f["positions"] and used["positions_per_window"] > f["positions"]:
+            fallback = (
+                f" (the configured {f['positions']} positions from each of "
+                f"{-(-f['n_states'] // f['positions'])} windows need more windows than the "
+                f"{used['n_windows']} the validation split holds, so every window was probed at "
+                f"{used['positions_per_window']} positions: a batch holds about "
+                f"{f['state_batch'] / used['n_windows']:.1f} states per window and TwoNN reads "
+                "up to about 10% low, benchmarks/README.md)"
+            )
+        protocol = (
+            f"{used['n_states']} hidden states per layer and probe, "
+            f"{used['positions_per_window']} random positions from each of {used['n_windows']} "
+            f"windows of {used['window']}{fallback}, shuffled into batches of "
+            f"{f['state_batch']}; every number is the mean over batches, with the std over "
+            "batches (Razzhigaev et al. 2023, §2.2); attention and Q/K metrics on "
+            f"{used['attention_windows']} whole windows"
+        )
+    elif f["n_states"] and f["positions"] and f["state_batch"]:
+        protocol = (
+            f"{f['n_states']} hidden states per layer and probe, {f['positions']} positions from "
+            f"each of {f['n_states'] // f['positions']} windows (decorrelated: no two states "
+            f"from one window beyond those {f['positions']}), in batches of {f['state_batch']}; "
+            "every number is the mean over batches, with the std over batches (Razzhigaev et "
+            "al. 2023, §2.2)"
+        )
+    else:
+        protocol = "probe settings not recorded in the runs' configs"
+    return [
+        f"Seeds per masking: {counts}. Data: {f['data']}, {text}; vocabulary {vocab} "
+        f"(characters of the full enwik8). Probe protocol: {protocol}.",
+        "",
+        "Statistics: a verdict is decided on the mean over seeds. Every effect (a difference "
+        "such as peak − end) is given as mean [95% interval over seeds], the interval being "
+        "mean ± t_{0.975, n−1} · s/√n (s the sample std of the n per-seed values; Welch's "
+        "interval for a causal − bidirectional difference). It counts only when its mean "
+        "exceeds the noise, the larger of (a) the batch noise — the table's std over batches, "
+        "combined in quadrature over the points the effect is made of, the std of a layer mean "
+        "taken as the root mean square of the per-layer stds (an overestimate whatever the "
+        "correlation between layers) — and (b) the interval's half-width. "
+        "\"Holds in k of n seeds\" counts the seeds in which the effect beats that seed's own "
+        "batch noise. Profiles and verdicts use blocks 1..L; the final norm's output is shown "
+        "in the figures as an open marker and reported as its own number, never as a block.",
+    ]
+
+
+def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
+    """Experiment 5: best-fitting family and number of modes per layer, from a probe.py run."""
+    frame = read_table(run)
+    frame = frame[frame["step"] == frame["step"].max()]
+
+    def best(prefix: str, largest: bool) -> pd.Series:
+        rows = frame[frame["metric"].str.startswith(prefix)].sort_values("value", ascending=largest)
+        return rows.groupby("layer").tail(1).set_index("layer")["metric"].str.removeprefix(prefix)
+
+    names = frame.drop_duplicates("layer").set_index("layer")["layer_name"]
+    per_layer = pd.DataFrame(
+        {
+            "name": names,
+            "best by log-likelihood": best("loglik_", largest=True),
+            "best by AIC": best("aic_", largest=False),
+            "kurtosis": frame[frame["metric"] == "kurtosis"].set_index("layer")["value"],
+            "modes": frame[frame["metric"] == "n_modes"].set_index("layer")["value"].astype(int),
+        }
+    ).sort_index()
+    images = [save_figure(plots.layer_profile(frame, "kurtosis"), figures / "kurtosis_profile.png")]
+    return images, per_layer
+
+
+def distribution_finding(per_layer: pd.DataFrame) -> Finding:
+    """The study's headline: hidden-state activations are not Gaussian."""
+    blocks = per_layer.loc[
+        (per_layer.index >= 1) & (per_layer["name"] != FINAL_NORM), "best by AIC"
+    ]
+    normal = [int(layer) for layer, family in blocks.items() if family == "normal"]
+    return Finding(
+        "activations inside the network are not Gaussian: another family fits them better",
+        "the normal law is not the AIC-best family in any block (the final norm's output, "
+        "listed in the table, is not a block)",
+        f"AIC-best per block {dict(blocks.items())}; normal best in blocks {normal or 'none'}",
+        not normal,
+    )
+
+
+def common_bias(folder: Path, out: Path) -> list[str]:
+    """Experiment 4: the page `render_markdown` makes from each model's summary.json, re-rooted
+    at `out` (headings one level down, figure links relative to the report)."""
+    from repgeom.experiments.common_bias import render_markdown
+
+    summaries = [json.loads(p.read_text()) for p in sorted(folder.glob("*/summary.json"))]
+    if not summaries:
+        raise FileNotFoundError(f"no */summary.json under {folder}; run experiment 4 first")
+    prefix = folder.resolve().relative_to(out.resolve()).as_posix()
+    lines = render_markdown(summaries).splitlines()[1:]  # its own title is ours
+    body = []
+    for line in lines:
+        if line.startswith("#"):
+            line = "#" + line
+        line = re.sub(r"\]\((?!https?:)([^)]+\.png)\)", rf"]({prefix}/\1)", line)
+        body.append(line)
+    return body
+
+
+def included_markdown(path: Path, out: Path) -> str:
+    """The text of a hand-written section file, after checking that its links resolve from `out`.
+
+    The analyses' sections (docs/results/analyses, papers/000 and papers/004) are written by hand
+    from their CSV files; including them here keeps them when this report rewrites results.md.
+    A relative link or figure that does not exist under `out` would be a dead link in the report.
+    """
+    text = path.read_text().strip()
+    missing = [
+        target
+        for target in re.findall(r"\]\(([^)#\s]+)\)", text)
+        if "://" not in target and not (out / target).exists()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} links to {missing}, which do not exist under {out}: write links relative "
+            f"to the report's folder ({out}) and commit the files they name"
+        )
+    return text
