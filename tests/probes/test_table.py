@@ -10,16 +10,13 @@ import pandas as pd
 import pytest
 
 from repgeom.probes import table
+from repgeom.probes.aggregate import format_summary, head_means, layer_means, summary
 from repgeom.probes.table import (
     COLUMNS,
     append_rows,
-    format_summary,
-    head_means,
-    layer_means,
     probe_dir,
     read_table,
     rows_to_frame,
-    summary,
     write_table,
 )
 

@@ -204,7 +204,7 @@ def per_seed(tables: Sequence[pd.DataFrame], metric: str) -> pd.DataFrame:
     """The rows of `metric` from every seed, averaged over heads, stacked with a ``seed`` column.
 
     Per-head rows are averaged over heads; their ``std`` becomes the root mean square of the
-    heads' batch stds (not the spread across heads, which `table.head_means` gives: that is not
+    heads' batch stds (not the spread across heads, which `aggregate.head_means` gives: that is not
     sampling noise). All layers are kept, the final norm's included (``layer_name`` tells).
 
     Returns

@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from repgeom.probes import catalogue, similarity, sink, table, wandb_charts
+from repgeom.probes import aggregate, catalogue, similarity, sink, table, wandb_charts
 from repgeom.probes.sampling import ProbeSet, probe_set
 from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.targets import probe_gpt
@@ -236,15 +236,15 @@ class ProbeCallback(L.Callback):
         frame = table.read_table(self.run_dir)
         self._plot(trainer, frame, int(frame["step"].max()))
         self.seconds += time.perf_counter() - start
-        result = table.summary(frame)
-        text = table.format_summary(result)
+        result = aggregate.summary(frame)
+        text = aggregate.format_summary(result)
         print(f"Probe summary ({len(self.done)} probes, {self.seconds:.1f} s in total):\n{text}")
         for run in self._wandb(trainer):
             run.summary.update(
                 {f"probe_summary/{k}": v for k, v in result.items() if v is not None}
             )
             run.summary["probe_summary/seconds_total"] = self.seconds
-            run.summary.update(wandb_charts.summary(table.single_set(frame)))
+            run.summary.update(wandb_charts.summary(aggregate.single_set(frame)))
 
     def _vs_final(self, trainer: L.Trainer) -> None:
         """Each probe step's layers against the final step's (`similarity.vs_final_rows`)."""

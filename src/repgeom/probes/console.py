@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.probes import catalogue, table
+from repgeom.probes import aggregate, catalogue, table
 
 
 def console():
@@ -34,8 +34,8 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
     from rich.table import Table
 
     out_console = console()
-    frame = table.single_set(frame)
-    per_layer = table.head_means(frame)
+    frame = aggregate.single_set(frame)
+    per_layer = aggregate.head_means(frame)
     last = subjects[-1]
     rows = per_layer.loc[per_layer["step"] == last.step]
     shown = [m for m in catalogue.console_metrics() if m in set(rows["metric"])]
@@ -50,7 +50,7 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
         out.add_row(label, *[_fmt(values.get(m)) for m in shown])
     out_console.print(out)
     if len(subjects) > 1:
-        means = table.layer_means(frame)
+        means = aggregate.layer_means(frame)
         wide = means.pivot_table(index="step", columns="metric", values="value")
         trend = Table(title="mean over blocks 1..L, per step")
         trend.add_column("step", justify="right")

@@ -54,7 +54,7 @@ from repgeom.models.checkpoints import (  # noqa: F401 - the public names of pro
     resolve_device,
 )
 from repgeom.models.hf import STACKS, model_stacks
-from repgeom.probes import catalogue, console, plots, similarity, sink, table
+from repgeom.probes import aggregate, catalogue, console, plots, similarity, sink, table
 from repgeom.probes.compare import compare
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.spec import training_probe  # noqa: F401
@@ -270,7 +270,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         if (cfg.get("labels") or {}).get("csv"):
             _fit_label_groups(cfg, output_dir / "distributions")
         console.print_tables(frame, subjects)
-        correlation = save_drift_cosine(table.single_set(frame), table.probe_dir(output_dir))
+        correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
         console.print_drift_cosine(correlation)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
                                 drift_cosine=correlation)

@@ -10,12 +10,12 @@ from typing import Any
 
 import pandas as pd
 
-from repgeom.probes import plots, table, wandb_charts
+from repgeom.probes import aggregate, plots, table, wandb_charts
 
 
 def wandb_scalars(frame: pd.DataFrame, *, prefix: str = "probe") -> dict[str, float]:
     """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
-    means ``probe/<metric>/mean`` (`table.layer_means`); pairwise metrics as
+    means ``probe/<metric>/mean`` (`aggregate.layer_means`); pairwise metrics as
     ``probe/<metric>/layer_<ii>/layer_<jj>`` (two layers), ``probe/<metric>_vs_final/layer_<ii>``
     (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs).
 
@@ -32,8 +32,8 @@ def wandb_scalars(frame: pd.DataFrame, *, prefix: str = "probe") -> dict[str, fl
 
 def _scalars(frame: pd.DataFrame) -> dict[str, float]:
     scalars: dict[str, float] = {}
-    pairs = table.pair_rows(frame)
-    for row in table.single_set(frame).itertuples(index=False):
+    pairs = aggregate.pair_rows(frame)
+    for row in aggregate.single_set(frame).itertuples(index=False):
         key = f"probe/{row.metric}/layer_{row.layer:02d}"
         if row.head >= 0:
             key += f"/head_{row.head:02d}"
@@ -46,7 +46,7 @@ def _scalars(frame: pd.DataFrame) -> dict[str, float]:
         else:
             key = f"probe/{row['metric']}/layer_{row['layer']:02d}/layer_{row['layer_b']:02d}"
         scalars[key] = row["value"]
-    for row in table.layer_means(frame).itertuples(index=False):
+    for row in aggregate.layer_means(frame).itertuples(index=False):
         scalars[f"probe/{row.metric}/mean"] = row.value
     return scalars
 
@@ -88,7 +88,7 @@ def figures(
         import wandb
 
         images = {f"probe/plots/{p.stem}": wandb.Image(str(p)) for p in paths}
-        charts = wandb_charts.charts(table.single_set(frame)) if interactive else {}
+        charts = wandb_charts.charts(aggregate.single_set(frame)) if interactive else {}
         for run in runs:
             run.log({**images, **charts, "probe/step": step})
     return paths

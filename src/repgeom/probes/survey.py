@@ -43,7 +43,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from repgeom.analyses.godey import save_drift_cosine
-from repgeom.probes import catalogue, table
+from repgeom.probes import aggregate, catalogue, table
 from repgeom.probes.plots import DPI, survey_profile
 
 INFO_FILE = "probe_info.json"
@@ -109,7 +109,7 @@ def survey_table(folders: Sequence[str | Path]) -> pd.DataFrame:
     parts = []
     seen: dict[str, Path] = {}
     for folder in map(Path, folders):
-        frame = table.head_means(table.single_set(table.read_table(folder)))
+        frame = aggregate.head_means(aggregate.single_set(table.read_table(folder)))
         if "model" not in frame.columns:
             raise ValueError(f"{folder}: the table has no 'model' column; probe it with probe.py")
         kinds = _kinds(folder)

@@ -34,7 +34,8 @@ import numpy as np
 import pandas as pd
 
 from repgeom.probes import catalogue
-from repgeom.probes.table import head_means, rows_to_frame
+from repgeom.probes.aggregate import head_means
+from repgeom.probes.table import rows_to_frame
 
 # What each metric gets in W&B is a fact of its catalogue entry (`Output.wandb`).
 PROFILE_METRICS = catalogue.wandb_metrics("profile")

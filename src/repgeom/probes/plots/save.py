@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from repgeom.probes import catalogue
+from repgeom.probes.aggregate import is_pairwise
 from repgeom.probes.plots.pairwise import pair_jobs
 from repgeom.probes.plots.single_run import (
     heatmap,
@@ -23,9 +24,6 @@ from repgeom.probes.plots.single_run import (
 )
 from repgeom.probes.plots.style import (
     DPI,
-)
-from repgeom.probes.table import (
-    is_pairwise,
 )
 
 

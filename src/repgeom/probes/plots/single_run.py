@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from repgeom.probes.aggregate import head_means, layer_means
 from repgeom.probes.plots.style import (
     auto_xscale,
     group_colours,
@@ -27,10 +28,6 @@ from repgeom.probes.plots.style import (
     step_colorbar,
     step_colours,
     step_ticks,
-)
-from repgeom.probes.table import (
-    head_means,
-    layer_means,
 )
 
 
@@ -98,7 +95,7 @@ def metric_vs_step(
         A column (``run``, ``masking``, ``model``): one line per value, each with its maximum
         marked.
     include_embedding : bool
-        Average over layer 0 as well (off: blocks 1..L, as in `table.summary`).
+        Average over layer 0 as well (off: blocks 1..L, as in `aggregate.summary`).
     xscale : {"auto", "linear", "symlog"}
         ``"auto"`` takes symlog when the steps span more than two decades.
 

@@ -17,10 +17,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from repgeom.probes import catalogue
-from repgeom.probes.table import (
-    FINAL_NORM,
-    head_means,
-)
+from repgeom.probes.aggregate import head_means
+from repgeom.probes.table import FINAL_NORM
 
 DPI = 120
 
