@@ -279,7 +279,7 @@ def read_local(
     elif path.resolve() == SAMPLE_PATH:
         redo = f"Restore {path} from git (git checkout -- {path}) or reinstall repgeom. "
     else:  # a copy the user named
-        redo = "Point data.path at a good copy of the sample, or leave it unset for the bundled one. "
+        redo = "Point data.path at a good copy of the sample, or unset it for the bundled one. "
     try:
         if magic.startswith(b"PK"):
             with zipfile.ZipFile(path) as zf:
