@@ -137,6 +137,16 @@ NOISE = (
     "Tip:",  # Lightning's litlogger / litmodels advertising
     "anonymous setting",  # W&B
     "LeafSpec",  # torch/Lightning pytree deprecation
+    "Epoch 0/-2",  # Lightning's bar in a run bounded by max_steps (max_epochs = -1)
+    "FLOPs",  # Lightning's model summary column and `Total FLOPs: 0` (no example input)
+    "GPU available:",  # Lightning's device lines; ours says the device once
+    "TPU available:",
+    "Trainer already configured with model summary",  # Lightning keeping ours
+    "Seed set to",  # Lightning's seed_everything; the seed is in the config
+    "Run history:",  # W&B's end-of-run block, after our Done: line
+    "Run summary:",
+    "You can sync this run",  # (our Done: line gives the sync command)
+    "Find logs at:",
 )
 
 
@@ -161,3 +171,23 @@ def test_quickstart_console_is_quiet(tmp_path: Path) -> None:
     final = [line for line in proc.stdout.splitlines() if line.startswith("Done: 4 steps")]
     assert final and f"checkpoints {tmp_path / 'run' / 'checkpoints'}" in final[0]
     assert "wandb sync" in final[0]
+    assert proc.stdout.rstrip().endswith(final[0])  # our line is the last
+    assert console.count("device: cpu") == 1  # the device, said once in our own line
+    assert "Training" in console and "Total params" in console  # the bar, the summary
+    lines = console.splitlines()
+    for i, line in enumerate(lines[:-1]):  # a warning is one line, no source line under it
+        if "Warning: " in line:
+            assert not lines[i + 1].startswith("  "), lines[i : i + 2]
+
+
+def test_our_warnings_are_one_line_without_source(tmp_path: Path) -> None:
+    """The probe's sample-size warning as a user sees it (Python's own display, not pytest's):
+    one line, ``UserWarning: <message>``, without the line of code under it."""
+    code = ("from repgeom.console import quiet_console; quiet_console()\n"
+            "from repgeom.probes.sampling import fit_to_text\n"
+            "fit_to_text(8192, 4, 811, 256)\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=subprocess_env(), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("UserWarning: the text holds 811 windows of 256")
+    assert proc.stderr.count("\n") == 1, proc.stderr
