@@ -43,6 +43,7 @@ def _table(wandb_run: Path, key: str) -> pd.DataFrame:
     return pd.DataFrame(stored["data"], columns=stored["columns"])
 
 
+@pytest.mark.slow
 def test_run_logs_profile_and_layer_step_tables(run: tuple[Path, Path]) -> None:
     run_dir, wandb_run = run
     probes = table.read_table(run_dir)
@@ -73,6 +74,7 @@ def _summary(wandb_run: Path) -> dict:
     return summary
 
 
+@pytest.mark.slow
 def test_run_summary_has_each_layers_id_peak_and_final_anisotropy(run: tuple[Path, Path]) -> None:
     run_dir, wandb_run = run
     summary = _summary(wandb_run)
@@ -90,6 +92,7 @@ def test_run_summary_has_each_layers_id_peak_and_final_anisotropy(run: tuple[Pat
         assert summary[key] == pytest.approx(row.value)
 
 
+@pytest.mark.slow
 def test_dashboard_dry_run_plots_only_keys_the_run_has(
     run: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -121,6 +124,7 @@ def test_dashboard_dry_run_plots_only_keys_the_run_has(
     assert missing_keys(spec, logged_keys(wandb_run), set()) != []
 
 
+@pytest.mark.slow
 def test_dashboard_save_needs_a_login(tmp_path: Path) -> None:
     env = subprocess_env(HOME=str(tmp_path), NETRC=str(tmp_path / "none"))
     proc = subprocess.run(

@@ -161,6 +161,7 @@ def compose_probe(tmp_path: Path, overrides: list[str]):
         return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
 
 
+@pytest.mark.slow
 def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
     cfg = compose_probe(tmp_path / "probe", [
         f"run={run}", "qk_projection=true", "device=cpu", "metrics=[qk_alignment]",

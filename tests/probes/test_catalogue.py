@@ -185,6 +185,7 @@ def _assert_user_metric_everywhere(run_dir: Path, wandb_dir: Path, n_layers: int
     assert any(k.startswith("probe/plots/profile_width") for k in keys)
 
 
+@pytest.mark.slow
 def test_user_metric_by_configuration_in_train_and_probe(tmp_path, user_module) -> None:
     run_dir = tmp_path / "train"
     overrides = ["logger=wandb", "trainer.max_steps=10", "probe.every_n_steps=10",
@@ -277,6 +278,7 @@ def test_probe_spec_has_each_default_once_and_reads_old_checkpoints() -> None:
         ProbeSpec(settings={"max_order": 12})
 
 
+@pytest.mark.slow
 def test_training_similarity_and_run_against_run(tmp_path) -> None:
     """Training with a pairwise metric: layer x layer maps and each step against the final one
     in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
@@ -320,6 +322,7 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     np.testing.assert_allclose(same["value"], 1.0, atol=1e-9)  # a run against itself
 
 
+@pytest.mark.slow
 def test_the_offline_path_does_not_import_the_training_callback() -> None:
     import subprocess
 

@@ -34,6 +34,7 @@ def sweep(tmp_path_factory, tiny_hf_folder, tiny_text) -> tuple[Path, dict[str, 
     return root / "sweep", folders
 
 
+@pytest.mark.slow
 def test_the_sweep_writes_one_table_of_every_model_on_relative_depth(sweep) -> None:
     root, folders = sweep
     frame = pd.read_csv(root / "survey" / "survey.csv")
