@@ -93,6 +93,7 @@ def run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_run_trajectory_reads_the_probes_queries_and_keys(run) -> None:
     trajectory = qk_trajectory(run, points=None)
     assert trajectory.steps == [10, 20]  # last.ckpt is step 20 too: one entry per step

@@ -212,6 +212,7 @@ def test_user_metric_by_configuration_in_train_and_probe(tmp_path, user_module) 
                                trained.sort_values("layer")["value"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_similarity_maps_in_probe_py_over_a_run(tmp_path) -> None:
     """A run with checkpoints at steps 10 and 20: layer x layer CKA per checkpoint and each
     step against the last, in the table, W&B and probes/plots."""

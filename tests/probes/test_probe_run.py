@@ -122,6 +122,7 @@ def test_hf_folder_every_metric_every_layer(
     assert (tmp_path / "probes" / "plots" / "profile_anisotropy.png").exists()
 
 
+@pytest.mark.slow
 def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text_file) -> None:
     # BERT windows are [CLS] 30 chars [SEP]: 30 states per window without the specials.
     folder = tiny_hf_folder("bert")
@@ -163,6 +164,7 @@ def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()
 
 
+@pytest.mark.slow
 def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_file) -> None:
     folder = tiny_hf_folder("t5")  # 2 encoder blocks, 3 decoder blocks, 4 heads
     result = probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
@@ -187,6 +189,7 @@ def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_
         "final_norm")
 
 
+@pytest.mark.slow
 def test_encoder_decoder_stacks_log_apart_in_wandb(
     tmp_path, tiny_hf_folder, text_file, monkeypatch
 ) -> None:
@@ -208,6 +211,7 @@ def test_encoder_decoder_stacks_log_apart_in_wandb(
     assert not any(k.startswith("probe/anisotropy/") for r in history for k in r)
 
 
+@pytest.mark.slow
 def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
     bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
     base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
