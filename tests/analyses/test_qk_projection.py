@@ -121,6 +121,7 @@ def test_run_trajectory_reads_the_probes_queries_and_keys(run) -> None:
     np.testing.assert_allclose(got, expected * signs, rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_command_line_writes_tables_and_one_figure_per_head(run, tmp_path) -> None:
     tables = qk_projection.main([f"run={run}", f"out={tmp_path}", "layer=2", "head=0,1",
                                  "points=50", "basis=key"])

@@ -108,6 +108,7 @@ def test_probing_leaves_training_unchanged(tmp_path: Path) -> None:
     pd.testing.assert_series_equal(losses[0], losses[1])
 
 
+@pytest.mark.slow
 def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -> None:
     result = train(compose_train(tmp_path, ["logger=csv", "trainer.max_steps=5", *PROBE]))
     callback = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
