@@ -6,7 +6,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: quickstart test venv clean
+.PHONY: quickstart test test-fast test-stored-numbers venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,18 @@ quickstart: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# The edit-test loop: lint and every test but the `slow` ones (end-to-end trainings and
+# command-line runs, the fresh-venv install) and SLURM's. `make test` runs them all.
+test-fast: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not slow and not slurm"
+
+# The tests that compare with numbers stored in the repo, again with torch's portable (no SIMD)
+# kernels, which round differently from the AVX/NEON ones: such a test must hold on any CPU, not
+# only on the one that wrote the numbers. .ci/run runs this after `make test`.
+test-stored-numbers: venv
+	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m stored_numbers -q
 
 clean:
 	rm -rf $(VENV) outputs multirun

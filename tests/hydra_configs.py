@@ -30,6 +30,9 @@ TINY = [
     "optim.scheduler.warmup_steps=5",
     "~callbacks.progress_bar",
     "probe.n_states=512",
+    # Probes at steps 0 and max_steps only: the default schedule's 8 log-spaced probes made up
+    # most of a tiny run's time. Tests of the schedule set their own (test_callback.PROBE).
+    "probe.n_log_spaced=0",
     "probe.plot_every_n_probes=0",
     "probe.settings.max_order=16",
     "probe.settings.state_batch_size=256",

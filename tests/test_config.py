@@ -66,6 +66,7 @@ def test_unknown_key_is_refused(tmp_path: Path) -> None:
         compose_train(tmp_path, ["model.n_layers=3"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("masking", ["causal", "bidirectional"])
 def test_cfg_job_resolves_for_gpt_small(masking: str) -> None:
     out = subprocess.run(

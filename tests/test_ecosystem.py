@@ -43,6 +43,7 @@ def _table(wandb_run: Path, key: str) -> pd.DataFrame:
     return pd.DataFrame(stored["data"], columns=stored["columns"])
 
 
+@pytest.mark.slow
 def test_run_logs_profile_and_layer_step_tables(run: tuple[Path, Path]) -> None:
     run_dir, wandb_run = run
     probes = table.read_table(run_dir)
@@ -73,6 +74,7 @@ def _summary(wandb_run: Path) -> dict:
     return summary
 
 
+@pytest.mark.slow
 def test_run_summary_has_each_layers_id_peak_and_final_anisotropy(run: tuple[Path, Path]) -> None:
     run_dir, wandb_run = run
     summary = _summary(wandb_run)
@@ -90,6 +92,7 @@ def test_run_summary_has_each_layers_id_peak_and_final_anisotropy(run: tuple[Pat
         assert summary[key] == pytest.approx(row.value)
 
 
+@pytest.mark.slow
 def test_dashboard_dry_run_plots_only_keys_the_run_has(
     run: tuple[Path, Path], tmp_path: Path
 ) -> None:
@@ -121,6 +124,7 @@ def test_dashboard_dry_run_plots_only_keys_the_run_has(
     assert missing_keys(spec, logged_keys(wandb_run), set()) != []
 
 
+@pytest.mark.slow
 def test_dashboard_save_needs_a_login(tmp_path: Path) -> None:
     env = subprocess_env(HOME=str(tmp_path), NETRC=str(tmp_path / "none"))
     proc = subprocess.run(
@@ -137,6 +141,16 @@ NOISE = (
     "Tip:",  # Lightning's litlogger / litmodels advertising
     "anonymous setting",  # W&B
     "LeafSpec",  # torch/Lightning pytree deprecation
+    "Epoch 0/-2",  # Lightning's bar in a run bounded by max_steps (max_epochs = -1)
+    "FLOPs",  # Lightning's model summary column and `Total FLOPs: 0` (no example input)
+    "GPU available:",  # Lightning's device lines; ours says the device once
+    "TPU available:",
+    "Trainer already configured with model summary",  # Lightning keeping ours
+    "Seed set to",  # Lightning's seed_everything; the seed is in the config
+    "Run history:",  # W&B's end-of-run block, after our Done: line
+    "Run summary:",
+    "You can sync this run",  # (our Done: line gives the sync command)
+    "Find logs at:",
 )
 
 
@@ -161,3 +175,23 @@ def test_quickstart_console_is_quiet(tmp_path: Path) -> None:
     final = [line for line in proc.stdout.splitlines() if line.startswith("Done: 4 steps")]
     assert final and f"checkpoints {tmp_path / 'run' / 'checkpoints'}" in final[0]
     assert "wandb sync" in final[0]
+    assert proc.stdout.rstrip().endswith(final[0])  # our line is the last
+    assert console.count("device: cpu") == 1  # the device, said once in our own line
+    assert "Training" in console and "Total params" in console  # the bar, the summary
+    lines = console.splitlines()
+    for i, line in enumerate(lines[:-1]):  # a warning is one line, no source line under it
+        if "Warning: " in line:
+            assert not lines[i + 1].startswith("  "), lines[i : i + 2]
+
+
+def test_our_warnings_are_one_line_without_source(tmp_path: Path) -> None:
+    """The probe's sample-size warning as a user sees it (Python's own display, not pytest's):
+    one line, ``UserWarning: <message>``, without the line of code under it."""
+    code = ("from repgeom.console import quiet_console; quiet_console()\n"
+            "from repgeom.probes.sampling import fit_to_text\n"
+            "fit_to_text(8192, 4, 811, 256)\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=subprocess_env(), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("UserWarning: the text holds 811 windows of 256")
+    assert proc.stderr.count("\n") == 1, proc.stderr

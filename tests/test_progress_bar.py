@@ -9,6 +9,7 @@ from repgeom.progress_bar import TokensProgressBar
 from repgeom.train import train
 
 
+@pytest.mark.slow
 def test_bar_shows_tokens_per_second_from_the_throughput_monitor(tmp_path: Path) -> None:
     # 20 steps fill ThroughputMonitor's window (window_size: 20) once.
     result = train(compose_train(tmp_path, ["logger=csv", "probe=none", "trainer.max_steps=20"]))

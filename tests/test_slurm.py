@@ -113,7 +113,7 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
         *tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={max_steps}",
         "trainer.val_check_interval=50", "trainer.log_every_n_steps=5",
         '+trainer.max_time="00:00:01:30"', f"probe.every_n_steps={every}",
-        f"probe.log_spaced_until={every}",
+        f"probe.log_spaced_until={every}", "probe.n_log_spaced=8",
     ]
     job = sbatch(
         slurm, ["--ntasks-per-node=1", "--time=1", "--signal=USR1@10"], "slurm/train.sbatch",

@@ -12,6 +12,8 @@ from wandb_records import logged_keys
 from repgeom.models.lightning_module import CharLM, NonFiniteLossError
 from repgeom.train import read_csv_metrics, train
 
+pytestmark = pytest.mark.slow  # every test here trains (make test-fast leaves them out)
+
 
 def _csv_metrics(output_dir: Path) -> pd.DataFrame:
     return read_csv_metrics(output_dir)

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 LIGHTNING_TIP_PREFIX = "\N{ELECTRIC LIGHT BULB} Tip:"
 """Lightning's advertising lines (litlogger, litmodels): `logger_connector.py` and
 `callback_connector.py` log them through `rank_zero_info` at every `Trainer` set-up."""
+
+DEVICE_INFO_PREFIXES = ("GPU available:", "TPU available:")
+"""Lightning's `_log_device_info` (trainer/setup.py) lines at every `Trainer` set-up: on a CPU
+run they say twice what is not there ("GPU available: False, used: False"). The device a run
+uses is said once in our own line (train.py, the effective batch size)."""
+
+OWN_SUMMARY_NOTICE = "Trainer already configured with model summary callbacks"
+"""Lightning's notice (callback_connector.py) that it keeps a `ModelSummary` callback it was
+given instead of adding its own: ours (`repgeom.model_summary`, conf/callbacks/default.yaml)."""
 
 PYTREE_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """torch 2.13 deprecates `LeafSpec()`; lightning/pytorch/utilities/_pytree.py still builds one
@@ -27,15 +37,30 @@ _RANK_ZERO_LOGGERS = (
 )
 
 
-class _DropPrefix(logging.Filter):
-    """Drop log records whose message starts with `prefix`."""
+_PACKAGE = Path(__file__).resolve().parent
 
-    def __init__(self, prefix: str) -> None:
-        super().__init__(f"drop:{prefix}")
-        self.prefix = prefix
+
+class _DropPrefix(logging.Filter):
+    """Drop log records whose message starts with one of `prefixes`."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__(f"drop:{prefixes}")
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.prefix)
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+def format_warning(message, category, filename, lineno, line=None) -> str:
+    """One line per warning, without the source line Python prints under it.
+
+    Python's default (`warnings.formatwarning`) adds the line of code that warned, e.g.
+    ``self.probes = probe_set(`` under the probe's sample-size warning: nothing a researcher
+    acts on. Ours read ``UserWarning: <message>``; a library's keeps its file and line, so it
+    can still be traced.
+    """
+    where = "" if Path(filename).resolve().is_relative_to(_PACKAGE) else f" ({filename}:{lineno})"
+    return f"{category.__name__}: {message}{where}\n"
 
 
 def quiet_console() -> None:
@@ -45,17 +70,25 @@ def quiet_console() -> None:
       they "could not load" before loading the generic one, which dispatches to the CPU's
       instructions at run time (faiss >= 1.9 wheels): three alarming lines for a normal start.
       Its warnings and errors still show.
-    - Lightning's "Tip:" lines (`LIGHTNING_TIP_PREFIX`).
+    - Lightning's "Tip:" lines (`LIGHTNING_TIP_PREFIX`), its GPU/TPU availability lines
+      (`DEVICE_INFO_PREFIXES`) and its notice that it keeps our model summary
+      (`OWN_SUMMARY_NOTICE`).
     - The pytree FutureWarning (`PYTREE_DEPRECATION`).
+    - Warnings are printed on one line each, without their source line (`format_warning`).
     W&B's "anonymous setting" warning is avoided where the logger is built
-    (`drop_unset_wandb_anonymous`), not filtered.
+    (`drop_unset_wandb_anonymous`), not filtered; its end-of-run block ("Run history", "Run
+    summary") is turned off by ``settings: {quiet: true}`` in conf/logger/wandb.yaml. Lightning's
+    model summary without its FLOPs column is `repgeom.model_summary`.
     """
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     for name in _RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefix) for f in logger.filters):
-            logger.addFilter(_DropPrefix(LIGHTNING_TIP_PREFIX))
+            logger.addFilter(
+                _DropPrefix(LIGHTNING_TIP_PREFIX, OWN_SUMMARY_NOTICE, *DEVICE_INFO_PREFIXES)
+            )
     warnings.filterwarnings("ignore", message=PYTREE_DEPRECATION, category=FutureWarning)
+    warnings.formatwarning = format_warning
 
 
 def drop_unset_wandb_anonymous(logger: Any) -> Any:

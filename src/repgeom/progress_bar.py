@@ -30,3 +30,12 @@ class TokensProgressBar(RichProgressBar):
         if tokens_per_s is not None:
             metrics["tokens/s"] = f"{float(tokens_per_s):,.0f}"
         return metrics
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        """Lightning's "Epoch e/{max_epochs - 1}" reads "Epoch 0/-2" in a run bounded by
+        ``max_steps`` (``max_epochs = -1``; ours are one epoch of ``max_steps`` steps, see the
+        datamodule): such a run's bar reads "Training"."""
+        trainer = self.trainer
+        if trainer.max_epochs is not None and trainer.max_epochs < 0 and trainer.max_steps > 0:
+            return f"{'Training':{len(self.validation_description)}}"
+        return super()._get_train_description(current_epoch)

@@ -167,7 +167,7 @@ def train(cfg: DictConfig) -> TrainResult:
     check_options(cfg)  # before the data is downloaded or tokenized
     output_dir = Path(cfg.output_dir).resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in the config
 
     datamodule = instantiate(cfg.data)
     datamodule.prepare_data()
@@ -225,9 +225,11 @@ def _log_effective_batch_size(cfg: DictConfig, trainer: L.Trainer) -> int:
     ranks = trainer.num_devices * trainer.num_nodes
     accumulate = trainer.accumulate_grad_batches
     effective = per_device * ranks * accumulate
+    root = trainer.strategy.root_device  # said here, once: Lightning's GPU/TPU lines are off
+    device = torch.cuda.get_device_name(root) if root.type == "cuda" else root.type
     rank_zero_info(
         f"Effective batch size {effective} windows = {per_device} per device x {ranks} "
-        f"device(s) x {accumulate} accumulation step(s)"
+        f"device(s) x {accumulate} accumulation step(s); device: {device}"
     )
     return effective
 

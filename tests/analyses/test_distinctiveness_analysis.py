@@ -61,6 +61,7 @@ def test_scores_are_the_metric_on_pooled_states():
                                   check_names=False, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
     data = make_examples()
     small = data[data["subject"].isin(["cats", "ocean"])

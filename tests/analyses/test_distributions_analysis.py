@@ -87,6 +87,7 @@ def test_plot_layer_draws_histogram_fit_and_modes():
     assert "main mode" in labels and "right mode" in labels
 
 
+@pytest.mark.slow
 def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
     csv = tmp_path / "t.csv"
     pd.DataFrame({"text": ["the cat sat on the mat", "a dog ran", "Is it so?", "no, it is not"],

@@ -93,6 +93,7 @@ def run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_run_trajectory_reads_the_probes_queries_and_keys(run) -> None:
     trajectory = qk_trajectory(run, points=None)
     assert trajectory.steps == [10, 20]  # last.ckpt is step 20 too: one entry per step
@@ -120,6 +121,7 @@ def test_run_trajectory_reads_the_probes_queries_and_keys(run) -> None:
     np.testing.assert_allclose(got, expected * signs, rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_command_line_writes_tables_and_one_figure_per_head(run, tmp_path) -> None:
     tables = qk_projection.main([f"run={run}", f"out={tmp_path}", "layer=2", "head=0,1",
                                  "points=50", "basis=key"])
@@ -161,6 +163,7 @@ def compose_probe(tmp_path: Path, overrides: list[str]):
         return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
 
 
+@pytest.mark.slow
 def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
     cfg = compose_probe(tmp_path / "probe", [
         f"run={run}", "qk_projection=true", "device=cpu", "metrics=[qk_alignment]",

@@ -41,6 +41,7 @@ def test_offdiag_stats():
     assert all(np.isnan(offdiag_stats(np.ones((1, 1)))))
 
 
+@pytest.mark.slow
 def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
     pairs = tmp_path / "pairs.csv"
     pd.DataFrame({"text_a": ["abcdef", "the cat"], "text_b": ["Cooking mushrooms.", "a dog"]}

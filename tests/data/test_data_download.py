@@ -148,6 +148,7 @@ def test_missing_path_is_refused(tmp_path: Path) -> None:
 
 def test_bundled_sample_matches_its_provenance() -> None:
     assert enwik8.sha256_file(enwik8.SAMPLE_PATH) == enwik8.SAMPLE_GZ_SHA256
+    assert enwik8.SAMPLE_PATH.stat().st_size == enwik8.SAMPLE_GZ_SIZE
     data, sha = enwik8.load_raw("sample")
     assert len(data) == enwik8.SAMPLE_SIZE and sha == enwik8.SAMPLE_SHA256
     assert data.startswith(b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.3/"')

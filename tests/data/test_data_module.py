@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import warnings
 from pathlib import Path
@@ -118,6 +119,59 @@ def test_local_copy_of_another_file(tmp_path: Path) -> None:
     dm2.setup()
     assert len(dm2.tokens["train"]) == 270_000
     assert dm2.cache_path().name.startswith("enwik8-raw-")
+
+
+def _bad_sample_file(kind: str, folder: Path) -> Path:
+    """An empty file, NUL bytes in place of the text (the right size), or a truncated gzip."""
+    bad = folder / f"{kind}.gz"
+    if kind == "empty":
+        bad.write_bytes(b"")
+    elif kind == "nul_bytes":
+        bad = folder / "nul.txt"
+        bad.write_bytes(bytes(enwik8.SAMPLE_SIZE))
+    else:
+        bad.write_bytes(enwik8.SAMPLE_PATH.read_bytes()[: enwik8.SAMPLE_GZ_SIZE // 2])
+    return bad
+
+
+@pytest.mark.parametrize("kind", ["empty", "nul_bytes", "truncated_gzip"])
+def test_bad_data_path_is_refused_also_when_a_cache_exists(
+    sample_cache: Path, tmp_path: Path, build_calls, kind: str
+) -> None:
+    """The cache of the expected bytes never stands in for a given file: a bad data.path fails
+    with the same DataError with the sample's token cache present as on a first run."""
+    bad = _bad_sample_file(kind, tmp_path)
+    kw = dict(source="sample", path=str(bad), block_size=32)
+    with pytest.raises(DataError) as first_run:
+        Enwik8DataModule(**kw, cache_dir=str(tmp_path / "empty_cache")).prepare_data()
+    assert Enwik8DataModule(source="sample", cache_dir=str(sample_cache)).cache_path().is_dir()
+    with pytest.raises(DataError) as with_cache:
+        Enwik8DataModule(**kw, cache_dir=str(sample_cache)).prepare_data()
+    assert str(with_cache.value) == str(first_run.value)
+    assert str(bad) in str(first_run.value) and build_calls == []
+
+
+def test_published_copies_use_the_cache_without_reading_it(
+    sample_cache: Path, tmp_path: Path, build_calls, monkeypatch
+) -> None:
+    """A copy of the bundled gzip or of the raw sample is recognised by size and sha256 alone;
+    a good file in another container (re-gzipped) is read, checked and then finds the cache."""
+    raw, _ = enwik8.load_raw("sample")
+    copies = {"copy.gz": enwik8.SAMPLE_PATH.read_bytes(), "raw.txt": raw}
+    for name, data in copies.items():
+        (tmp_path / name).write_bytes(data)
+    reads = []
+    real = enwik8.read_local
+    monkeypatch.setattr(enwik8, "read_local", lambda *a, **k: reads.append(a) or real(*a, **k))
+    for name in copies:
+        Enwik8DataModule(source="sample", path=str(tmp_path / name),
+                         cache_dir=str(sample_cache)).prepare_data()
+    assert reads == [] and build_calls == []
+    regzipped = tmp_path / "again.gz"
+    regzipped.write_bytes(gzip.compress(raw, compresslevel=1))
+    dm = Enwik8DataModule(source="sample", path=str(regzipped), cache_dir=str(sample_cache))
+    dm.prepare_data()
+    assert len(reads) == 1 and build_calls == []
 
 
 def test_probe_windows_depend_on_the_seed_only(make_dm) -> None:

@@ -275,6 +275,7 @@ def test_run_writes_its_three_files(tmp_path: Path) -> None:
     assert "bert_small" in page and f"{summary['stages']['one_block']['n_star']:.3g}" in page
 
 
+@pytest.mark.slow
 def test_command_line_writes_its_three_files(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "repgeom.experiments.common_bias", *TINY,

@@ -103,7 +103,7 @@ def test_mean_chance_errors(kwargs, match):
         isotropic_mean_cosine_chance(n, d, **kwargs)
 
 
-@pytest.mark.parametrize("d", [16, 128, 768])
+@pytest.mark.parametrize("d", [16, 128, pytest.param(768, marks=pytest.mark.slow)])
 def test_godey_baseline_matches_monte_carlo_of_one_pair(d):
     # Godey et al. 2024, appendix B: the 95th percentile of the cosine of pairs of N(0, I_d)
     # draws. 200,000 independent pairs: the quantile's standard error is ~0.4% of its value.

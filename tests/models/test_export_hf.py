@@ -161,6 +161,7 @@ def test_model_without_biases_exports_exactly(tmp_path):
         torch.testing.assert_close(out.hidden_states[1], cap.hidden[1], **TOL)
 
 
+@pytest.mark.slow
 def test_cli_writes_a_folder_that_loads_without_repgeom(tmp_path, checkpoint):
     ckpt = checkpoint("gpt_tiny", "causal")
     folder = main([str(ckpt), str(tmp_path / "hf")])

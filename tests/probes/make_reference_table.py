@@ -2,7 +2,8 @@
 
 Run once with the code BEFORE the metric catalogue (commit 25c2e81) and committed; the test
 `test_catalogue.py::test_probe_numbers_unchanged_by_the_catalogue` probes the same model on the
-same probe set with today's code and asserts every row of this file is reproduced exactly.
+same probe set with today's code and asserts every row of this file is reproduced, to
+float32 rounding (the file was written on one CPU; another CPU rounds differently).
 
     PYTHONPATH=src python tests/probes/make_reference_table.py
 """

@@ -49,6 +49,7 @@ def test_schedule_is_log_spaced_then_even() -> None:
 PROBE = ["probe.every_n_steps=10", "probe.log_spaced_until=4", "probe.n_log_spaced=3"]
 
 
+@pytest.mark.slow
 def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
     result = train(compose_train(tmp_path, [*PROBE, "trainer.max_steps=20"]))
     frame = table.read_table(tmp_path)
@@ -95,6 +96,7 @@ def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
     assert logged["probe/anisotropy/layer_01"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_probing_leaves_training_unchanged(tmp_path: Path) -> None:
     losses = []
     for name, probe in (("with", PROBE), ("without", ["probe=none"])):
@@ -106,6 +108,7 @@ def test_probing_leaves_training_unchanged(tmp_path: Path) -> None:
     pd.testing.assert_series_equal(losses[0], losses[1])
 
 
+@pytest.mark.slow
 def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -> None:
     result = train(compose_train(tmp_path, ["logger=csv", "trainer.max_steps=5", *PROBE]))
     callback = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
@@ -144,6 +147,7 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
         assert got == pytest.approx(q @ k / (np.linalg.norm(q) * np.linalg.norm(k)), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_causal_and_bidirectional_runs_probe_the_same_windows(tmp_path: Path) -> None:
     windows = []
     for masking in ("causal", "bidirectional"):

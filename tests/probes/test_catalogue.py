@@ -27,18 +27,40 @@ from repgeom.train import train
 REFERENCE = Path(__file__).parent / "data" / "reference_table.csv"
 
 
+# The reference was written on one CPU; float32 kernels round differently on another (SIMD width,
+# BLAS blocking and oneDNN's choice of kernel change the order of every sum), so the same code
+# gives numbers a few float32 ulps apart (u = 2**-24 = 6e-8). Measured against the stored file:
+# up to 5e-7 relative on an AVX-512 CPU, 2.5e-6 under ATEN_CPU_CAPABILITY=default. RTOL = 1e-5
+# (about 170 u) keeps a 4x margin over that and is still far below what a change of the probe
+# itself does (another batching or metric moves the numbers by 1e-3 or more).
+STORED_RTOL = 1e-5
+# Values that are 0 (a near-duplicate share, a count) have no relative scale: 1e-9 absolute.
+STORED_ATOL = 1e-9
+
+
+@pytest.mark.stored_numbers
 def test_probe_numbers_unchanged_by_the_catalogue() -> None:
     """Every row the probe wrote before the catalogue (reference_table.csv, written by the code
-    of commit 25c2e81 with make_reference_table.py) comes back bit for bit."""
+    of commit 25c2e81 with make_reference_table.py) comes back, to float32 rounding."""
     before = pd.read_csv(REFERENCE)
     after = reference_frame()
     keys = ["layer", "head", "metric"]
     merged = before.merge(after, on=keys, how="left", suffixes=("_before", "_after"))
     assert len(merged) == len(before) == 136
     assert merged["value_after"].notna().all(), "a metric of the old probe disappeared"
-    # Exact: the same functions on the same batches, only the order of the calls is the catalogue's.
-    np.testing.assert_array_equal(merged["value_after"], merged["value_before"])
-    np.testing.assert_array_equal(merged["std_after"], merged["std_before"])
+    # The same functions on the same batches, only the order of the calls is the catalogue's:
+    # equal up to the CPU's float32 rounding (STORED_RTOL). Counts (duplicates, n_modes) must
+    # match exactly: a difference of 1 is far outside the tolerance.
+    np.testing.assert_allclose(merged["value_after"], merged["value_before"],
+                               rtol=STORED_RTOL, atol=STORED_ATOL)
+    # A std over batches is a difference of batch values, each known to STORED_RTOL of its size:
+    # its rounding error is relative to the value, not to the (possibly tiny) std itself.
+    has_std = merged["std_before"].notna()
+    assert (merged["std_after"].notna() == has_std).all()
+    scale = merged["value_before"].abs() + merged["std_before"].abs()
+    error = (merged["std_after"] - merged["std_before"]).abs()
+    assert (error[has_std] <= STORED_RTOL * scale[has_std] + STORED_ATOL).all(), (
+        merged.loc[has_std & (error > STORED_RTOL * scale), keys + ["std_before", "std_after"]])
     assert (merged["layer_name_after"] == merged["layer_name_before"]).all()
 
 
@@ -163,6 +185,7 @@ def _assert_user_metric_everywhere(run_dir: Path, wandb_dir: Path, n_layers: int
     assert any(k.startswith("probe/plots/profile_width") for k in keys)
 
 
+@pytest.mark.slow
 def test_user_metric_by_configuration_in_train_and_probe(tmp_path, user_module) -> None:
     run_dir = tmp_path / "train"
     overrides = ["logger=wandb", "trainer.max_steps=10", "probe.every_n_steps=10",
@@ -189,6 +212,7 @@ def test_user_metric_by_configuration_in_train_and_probe(tmp_path, user_module) 
                                trained.sort_values("layer")["value"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_similarity_maps_in_probe_py_over_a_run(tmp_path) -> None:
     """A run with checkpoints at steps 10 and 20: layer x layer CKA per checkpoint and each
     step against the last, in the table, W&B and probes/plots."""
@@ -255,6 +279,7 @@ def test_probe_spec_has_each_default_once_and_reads_old_checkpoints() -> None:
         ProbeSpec(settings={"max_order": 12})
 
 
+@pytest.mark.slow
 def test_training_similarity_and_run_against_run(tmp_path) -> None:
     """Training with a pairwise metric: layer x layer maps and each step against the final one
     in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
@@ -299,6 +324,7 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     np.testing.assert_allclose(same["value"], 1.0, atol=1e-9)  # a run against itself
 
 
+@pytest.mark.slow
 def test_the_offline_path_does_not_import_the_training_callback() -> None:
     import subprocess
 

@@ -102,6 +102,7 @@ def text_file(tmp_path_factory, tiny_text) -> Path:
     "family, kind", [("gpt2", "decoder"), ("bert", "encoder"), ("gpt_neox", "decoder"),
                      ("llama", "decoder")]
 )  # fmt: skip
+@pytest.mark.slow
 def test_hf_folder_every_metric_every_layer(
     tmp_path, tiny_hf_folder, text_file, family, kind
 ) -> None:
@@ -121,6 +122,7 @@ def test_hf_folder_every_metric_every_layer(
     assert (tmp_path / "probes" / "plots" / "profile_anisotropy.png").exists()
 
 
+@pytest.mark.slow
 def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text_file) -> None:
     # BERT windows are [CLS] 30 chars [SEP]: 30 states per window without the specials.
     folder = tiny_hf_folder("bert")
@@ -146,6 +148,7 @@ def run_probe_py(args: list[str], **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
 
 
+@pytest.mark.slow
 def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     """The entry point as a user runs it (one subprocess; every other test calls `probe`)."""
     folder = tiny_hf_folder("gpt2")
@@ -161,6 +164,7 @@ def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
     assert (out / "probes" / "probes.parquet").exists() and (out / "probes" / "probes.csv").exists()
 
 
+@pytest.mark.slow
 def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_file) -> None:
     folder = tiny_hf_folder("t5")  # 2 encoder blocks, 3 decoder blocks, 4 heads
     result = probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
@@ -185,6 +189,7 @@ def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_
         "final_norm")
 
 
+@pytest.mark.slow
 def test_encoder_decoder_stacks_log_apart_in_wandb(
     tmp_path, tiny_hf_folder, text_file, monkeypatch
 ) -> None:
@@ -206,6 +211,7 @@ def test_encoder_decoder_stacks_log_apart_in_wandb(
     assert not any(k.startswith("probe/anisotropy/") for r in history for k in r)
 
 
+@pytest.mark.slow
 def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, text_file) -> None:
     bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
     base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
@@ -240,6 +246,7 @@ def test_revision_steps() -> None:
     assert revision_steps(["v1", "x1"]) == [0, 1]  # numbers repeat: the index
 
 
+@pytest.mark.slow
 def test_each_hub_revision_is_downloaded_and_is_one_step(
     tmp_path, tiny_hf_folder, text_file
 ) -> None:
@@ -281,6 +288,7 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     pd.testing.assert_series_equal(again["value"], frame["value"])
 
 
+@pytest.mark.slow
 def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_file) -> None:
     args = ["hf=org/pythia-like", "hf_revisions=[step999]", f"text_file={text_file}",
             "window=32", *SMALL, f"hydra.run.dir={tmp_path / 'out'}"]  # fmt: skip
@@ -310,6 +318,7 @@ def trained_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     result = probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "plot_metrics=[anisotropy]"]))
@@ -333,6 +342,7 @@ def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> N
     )
 
 
+@pytest.mark.slow  # trains (the trained_run fixture)
 def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run) -> None:
     """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
     ckpt = runner.read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
@@ -346,6 +356,7 @@ def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run
     assert ProbeSettings(**from_run.settings) == ProbeSettings(**saved.settings)
 
 
+@pytest.mark.slow
 def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run) -> None:
     """The layer convention across both probe paths: probing a checkpoint (ckpt=) and its
     Hugging Face export (hf=) on the same text, windows, settings and seed gives the same value
@@ -395,6 +406,7 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, trained_run) -> None:
     assert [s for s, _ in runner.find_checkpoints(trained_run)] == [10, 20]
     overrides = [f"run={trained_run}", "logger=wandb", "settings.distributions=false",
@@ -455,6 +467,7 @@ def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_fol
     assert encoder["pooled_cosine"][1] != pytest.approx(decoder["pooled_cosine"][1], abs=1e-3)
 
 
+@pytest.mark.slow  # trains (the trained_run fixture)
 def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
@@ -499,6 +512,7 @@ def test_checkpoint_of_another_format(tmp_path, tiny_hf_folder) -> None:
         probe(compose_probe(tmp_path, [f"hf={tmp_path}"]))
 
 
+@pytest.mark.slow  # trains (the trained_run fixture)
 def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> None:
     short = tmp_path / "short.txt"
     short.write_text("too short")
@@ -531,6 +545,7 @@ def test_bad_config(tmp_path, overrides, match) -> None:
 # Activation distributions per label group
 
 
+@pytest.mark.slow
 def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, text_file):
     """`labels.csv=... labels.group_by=[...]`: one fit per subject:attribute group, from the
     group's own token states (checked against the model's hidden states read directly)."""
@@ -583,6 +598,7 @@ def test_labels_csv_is_refused_for_a_run_and_when_missing(tmp_path, tiny_hf_fold
         runner.check_config(cfg)
 
 
+@pytest.mark.slow
 def test_model_name_labels_the_table(tmp_path, tiny_hf_folder, text_file) -> None:
     cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}", f"text_file={text_file}",
                                    "window=32", *SMALL, "plot_metrics=[]", "model_name=tiny-gpt2",

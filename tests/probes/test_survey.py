@@ -34,6 +34,7 @@ def sweep(tmp_path_factory, tiny_hf_folder, tiny_text) -> tuple[Path, dict[str, 
     return root / "sweep", folders
 
 
+@pytest.mark.slow
 def test_the_sweep_writes_one_table_of_every_model_on_relative_depth(sweep) -> None:
     root, folders = sweep
     frame = pd.read_csv(root / "survey" / "survey.csv")
@@ -55,6 +56,7 @@ def test_the_sweep_writes_one_table_of_every_model_on_relative_depth(sweep) -> N
         "survey_anisotropy.png", "survey_mean_cosine.png"]
 
 
+@pytest.mark.slow
 def test_the_figure_has_one_line_per_model_solid_decoder_dashed_encoder(sweep) -> None:
     root, folders = sweep
     frame = survey.survey_table(survey.probe_folders([root]))
@@ -76,6 +78,7 @@ def test_the_figure_has_one_line_per_model_solid_decoder_dashed_encoder(sweep) -
     assert [t.get_text() for t in ax.get_xticklabels()][-1] == "final\nnorm"
 
 
+@pytest.mark.slow
 def test_drift_cosine_is_written_per_probe_and_per_model(sweep) -> None:
     root, folders = sweep
     for sub in ("0", "1"):
@@ -112,6 +115,7 @@ def test_relative_depth_of_models_of_different_depths(tmp_path) -> None:
     assert list(labelled[0].get_xdata()) == [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
+@pytest.mark.slow
 def test_cli_and_its_errors(sweep, tmp_path, capsys) -> None:
     root, _ = sweep
     paths = survey.main([str(root / "0"), str(root / "1"), "--out", str(tmp_path),

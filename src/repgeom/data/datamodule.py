@@ -349,6 +349,10 @@ class Enwik8DataModule(L.LightningDataModule):
     def _expected_sha256(self) -> str | None:
         return enwik8.SPECS[self.source].sha256 if self.verify else self._raw_sha256
 
+    def _path_is_published(self) -> bool:
+        """True without ``path``, or when it is a published file of the source (size, sha256)."""
+        return self.path is None or enwik8.is_published_file(self.path, self.source)
+
     def cache_path(self) -> Path:
         """The folder of this configuration's token cache (raw data read only if verify=False)."""
         sha = self._expected_sha256()
@@ -361,10 +365,12 @@ class Enwik8DataModule(L.LightningDataModule):
         """Fetch and check the raw data, then tokenize it into the cache, once.
 
         A cache that is already complete (sizes and sha256 of every file) is left alone and the
-        raw data is not even read; an incomplete or corrupt one is rebuilt.
+        raw data is not even read, unless ``path`` is given and is not byte for byte a published
+        file (`enwik8.is_published_file`): then it is read and checked first, so a bad file fails
+        as on a first run whatever the cache holds. An incomplete or corrupt cache is rebuilt.
         """
         sha = self._expected_sha256()
-        if sha is not None:
+        if sha is not None and self._path_is_published():
             dest = self.cache_dir / "tokens" / self._cache_key(sha)
             problem = check_token_cache(dest)
             if problem is None:
