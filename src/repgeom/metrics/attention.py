@@ -145,10 +145,12 @@ def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
         P = P.float()  # half-precision rows: the sums below need float32's 24 bits
     stats = torch.empty(5, B, H, T, dtype=torch.float64, device=P.device)
     block = _ROW_BLOCK if causal else T
+    # two scratch tensors for every block (fresh ones per operation cost more than the work)
+    scratch = torch.empty(2, B * H * min(block, T) * T, dtype=P.dtype, device=P.device)
     for t0 in range(0, T, block):
         t1 = min(t0 + block, T)
         width = t1 if causal else T  # keys any row of the block may attend to
-        stats[:, :, :, t0:t1] = _row_block_stats(P[:, :, t0:t1, :width], t0, causal)
+        stats[:, :, :, t0:t1] = _row_block_stats(P[:, :, t0:t1, :width], t0, causal, scratch)
     mass, ent, pmax, pmin, pmed = stats
     bad = ((mass - 1).abs() > tol) & rows[:, None, :]
     if bool(bad.any()):
@@ -169,9 +171,9 @@ def _attention_entropy(P, causal, valid, tol) -> AttentionResult:
     )
 
 
-def _row_block_stats(P: torch.Tensor, t0: int, causal: bool) -> torch.Tensor:
+def _row_block_stats(P: torch.Tensor, t0: int, causal: bool, scratch: torch.Tensor):
     """Attendable mass, entropy, max, min and median of rows t0.. of `P` (B, H, b, W), as a
-    (5, B, H, b) float64 tensor.
+    (5, B, H, b) float64 tensor; `scratch` holds two buffers of at least P.numel() values.
 
     Each row is summed in float32 (pairwise summation: relative error ~1e-7 for W = 512, far
     below the 1e-5 the probe promises) and only the per-row results are promoted. The max is
@@ -179,42 +181,51 @@ def _row_block_stats(P: torch.Tensor, t0: int, causal: bool) -> torch.Tensor:
     probability is positive and wins. The median comes from one selection instead of a sort: of
     the m keys a row may not attend to, ``a`` are set to -inf and the rest to +inf, with ``a``
     chosen so that the lower median of the row's n attendable keys sits at rank
-    ``K = (W - 1) // 2`` of the filled row; for even n the upper one is the next value up.
+    ``K = (W - 1) // 2`` of the filled row (`torch.median`'s lower median); for even n the upper
+    one is the next value up.
     """
     B, H, b, W = P.shape
-    t = torch.arange(t0, t0 + b, device=P.device)[:, None]  # (b, 1) query positions
-    j = torch.arange(W, device=P.device)[None, :]  # (1, W) key positions
+    first, second = (buf[: P.numel()].view(P.shape) for buf in scratch)
     K = (W - 1) // 2
     if causal:
+        t = torch.arange(t0, t0 + b, device=P.device)[:, None]  # (b, 1) query positions
+        j = torch.arange(W, device=P.device)[None, :]  # (1, W) key positions
         blocked = j > t  # (b, W)
-        n = t[:, 0] + 1  # (b,) attendable keys
-        Pm = P.masked_fill(blocked, 0.0)
-        low = P.masked_fill(blocked, math.inf)  # for the min
-        below = K - (n[:, None] - 1) // 2  # (b, 1) blocked keys set below every attendable one
-        fill = torch.where(j - t <= below, -math.inf, math.inf).to(P.dtype)  # (b, W)
-        filled = torch.where(blocked, fill, P)
+        below = K - t // 2  # (b, 1) blocked keys set below every attendable one (n = t + 1)
+        keep, zero, high = (torch.zeros(b, W, dtype=P.dtype, device=P.device) for _ in range(3))
+        keep.masked_fill_(~blocked, 1.0)
+        high.masked_fill_(blocked, math.inf)  # P + high: +inf where blocked
+        zero.masked_fill_(blocked & (j - t <= below), -math.inf).masked_fill_(
+            blocked & (j - t > below), math.inf
+        )
+        Pm = torch.mul(P, keep, out=first)  # blocked keys 0 (P is finite)
     else:
-        n = torch.full((b,), W, device=P.device)
-        Pm = low = filled = P
-    lower = filled.kthvalue(K + 1, dim=-1).values  # (B, H, b): rank K
+        Pm = P
+    mass = Pm.sum(dim=-1).to(torch.float64)
+    pmax = Pm.amax(dim=-1).to(torch.float64)
+    ent = -torch.special.xlogy(Pm, Pm, out=second).sum(dim=-1).to(torch.float64)
+    if causal:
+        pmin = torch.add(P, high, out=second).amin(dim=-1).to(torch.float64)
+        filled = torch.add(P, zero, out=first)  # the median's fill
+    else:
+        pmin = P.amin(dim=-1).to(torch.float64)
+        filled = P
+    lower = filled.median(dim=-1).values  # (B, H, b): rank K
     median = lower.to(torch.float64)
-    even = (n % 2 == 0).nonzero()[:, 0]  # rows whose median is the mean of two middle values
-    if len(even):
+    # rows with an even number of attendable keys take the mean of the two middle values: every
+    # second row of a causal block (n = t + 1), all rows or none without a mask
+    even = slice((t0 + 1) % 2, None, 2) if causal else slice(0, b if W % 2 == 0 else 0)
+    rows, low_even = filled[:, :, even], lower[:, :, even, None]
+    if rows.shape[2]:
         # rank K + 1: the lower median again if it is repeated there, else the next larger value
-        rows, low_even = filled[:, :, even], lower[:, :, even, None]
         at_or_below = rows <= low_even
         repeated = at_or_below.sum(dim=-1) >= K + 2
-        upper = torch.where(
-            repeated, low_even[..., 0], rows.masked_fill(at_or_below, math.inf).amin(dim=-1)
-        )
+        above = scratch[1][: rows.numel()].view(rows.shape)
+        inf = torch.tensor(math.inf, dtype=P.dtype, device=P.device)
+        torch.where(at_or_below, inf, rows, out=above)
+        upper = torch.where(repeated, low_even[..., 0], above.amin(dim=-1))
         median[:, :, even] = (median[:, :, even] + upper.to(torch.float64)) / 2
-    return torch.stack([
-        Pm.sum(dim=-1).to(torch.float64),
-        -torch.special.xlogy(Pm, Pm).sum(dim=-1).to(torch.float64),
-        Pm.amax(dim=-1).to(torch.float64),
-        low.amin(dim=-1).to(torch.float64),
-        median,
-    ])
+    return torch.stack([mass, ent, pmax, pmin, median])
 
 
 def qk_alignment(queries, keys, *, causal: bool = True, valid=None) -> QKAlignmentResult:
