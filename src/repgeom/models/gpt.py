@@ -261,9 +261,9 @@ class GPT(nn.Module):
                                        else [])
             if not hidden:
                 hidden = [s.new_empty(int(counts.sum()), s.shape[-1]) for s in states]
-            keep = marked.to(device)
+            keep = marked.flatten().nonzero()[:, 0].to(device)  # flat (window, position)
             for out, s in zip(hidden, states, strict=True):
-                out[rows] = s[keep]
+                out.index_copy_(0, rows, s.reshape(-1, s.shape[-1]).index_select(0, keep))
         if not hidden:
             raise ValueError("positions marks no position: nothing to capture")
         if self.config.norm == "pre":
