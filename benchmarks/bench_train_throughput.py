@@ -6,6 +6,11 @@ machine load; the ratio of their median tokens/s is the Lightning overhead.
 
     python benchmarks/bench_train_throughput.py                       # gpt_tiny on CPU
     python benchmarks/bench_train_throughput.py --model gpt_small --batch-size 16 --device cuda
+    python benchmarks/bench_train_throughput.py --batch-size 32 --compile   # compile=true pays?
+
+With ``--compile`` it times the bare loop eagerly and with ``compile=true`` (`torch.compile` of
+the model) instead, and prints the compilation's seconds (the first steps) and the number of
+steps after which it has paid for itself.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from repgeom.train import resolve_precision
 CONF_DIR = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "conf")
 
 
-def build_module(model: str, masking: str, total_steps: int) -> CharLM:
+def build_module(model: str, masking: str, total_steps: int, compile: bool = False) -> CharLM:
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(
             "train", overrides=[f"model={model}", f"masking={masking}", "output_dir=/tmp"]
@@ -37,7 +42,8 @@ def build_module(model: str, masking: str, total_steps: int) -> CharLM:
     model_cfg.update(vocab_size=vocab.size, causal=bool(cfg.masking.causal))
     optim = OmegaConf.to_container(cfg.optim, resolve=False)
     optim["scheduler"]["total_steps"] = total_steps
-    return CharLM(model_cfg, OmegaConf.to_container(cfg.masking), optim, vocab.to_dict())
+    return CharLM(model_cfg, OmegaConf.to_container(cfg.masking), optim, vocab.to_dict(),
+                  compile=compile)
 
 
 class Batches(torch.utils.data.Dataset):
@@ -107,6 +113,36 @@ def lightning_loop(module: CharLM, batches: Batches, accelerator: str, precision
     return timer.seconds
 
 
+def compile_pays(args: argparse.Namespace) -> None:
+    """Bare loops, eager and compiled, alternating; the compiled module's first steps timed."""
+    device = torch.device(args.device)
+    precision = resolve_precision("auto") if device.type == "cuda" else "32-true"
+    total = args.steps * args.rounds * 2 + 10
+    eager = build_module(args.model, args.masking, total)
+    compiled = build_module(args.model, args.masking, total, compile=True)
+    compiled.model.load_state_dict(eager.model.state_dict())
+    block = eager.model.config.block_size
+    warm = Batches(3, args.batch_size, block, eager.vocab.size)
+    bare_loop(eager, warm, device, precision)
+    first = bare_loop(compiled, warm, device, precision)  # compilation happens here
+    batches = Batches(args.steps, args.batch_size, block, eager.vocab.size)
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(args.rounds):
+        times["eager"].append(bare_loop(eager, batches, device, precision) / args.steps)
+        times["compiled"].append(bare_loop(compiled, batches, device, precision) / args.steps)
+    step_eager, step_compiled = (statistics.median(times[k]) for k in ("eager", "compiled"))
+    compile_seconds = first - 3 * step_compiled
+    print(f"device: {device} ({torch.get_num_threads()} threads); model {args.model}, batch "
+          f"{args.batch_size} x {block}; median of {args.rounds} rounds of {args.steps} steps")
+    print(f"eager:    {step_eager * 1000:.0f} ms/step")
+    print(f"compiled: {step_compiled * 1000:.0f} ms/step; compilation {compile_seconds:.1f} s")
+    gain = step_eager - step_compiled
+    if gain > 0:
+        print(f"compile=true pays for itself after {compile_seconds / gain:.0f} steps")
+    else:
+        print("compile=true does not pay for itself: a compiled step is not faster")
+
+
 class _Timer(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == 0:
@@ -131,7 +167,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="eager against torch.compile (bare loops) instead of Lightning")
     args = parser.parse_args()
+    if args.compile:
+        compile_pays(args)
+        return
 
     device = torch.device(args.device)
     precision = resolve_precision("auto") if device.type == "cuda" else "32-true"

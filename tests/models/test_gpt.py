@@ -90,3 +90,45 @@ def test_bad_config_fails_with_a_message(overrides: dict, message: str) -> None:
 def test_too_long_input_is_refused() -> None:
     with pytest.raises(ValueError, match="block_size"):
         _model(True)(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_capture_positions_equals_whole_windows_at_the_positions(causal: bool) -> None:
+    model = _model(causal)
+    g = torch.Generator().manual_seed(3)
+    windows = torch.randint(0, 50, (7, 16), generator=g)
+    positions = torch.rand(7, 16, generator=g) < 0.2
+    positions[2] = False  # a window with nothing to read
+    positions[4, 15] = True  # one that needs every position
+    seen: list[tuple[int, ...]] = []
+    capture_whole = model.capture
+
+    def recording(idx, attention=True):
+        seen.append(tuple(idx.shape))
+        return capture_whole(idx, attention=attention)
+
+    model.capture = recording  # what the model is run on
+    got = model.capture_positions(windows, positions, batch_size=3)
+    del model.capture
+    whole = model.capture(windows, attention=False)
+    n = int(positions.sum())
+    assert [h.shape for h in got.hidden] == [(1, n, 32)] * 3 and got.final_norm.shape == (1, n, 32)
+    for ours, reference in zip([*got.hidden, got.final_norm],
+                               [*whole.hidden, whole.final_norm], strict=True):
+        # another batch shape: float32 rounding of the same sums, a few ulps of values ~1
+        torch.testing.assert_close(ours[0], reference[positions], rtol=1e-5, atol=1e-6)
+    last = torch.where(positions, torch.arange(16), -1).amax(dim=1) + 1
+    if causal:  # windows by length (2 at 0 is skipped), each batch cut at its longest
+        lengths = sorted(int(n) for n in last if n > 0)
+        assert seen == [(len(lengths[i:i + 3]), lengths[i:i + 3][-1]) for i in range(0, 6, 3)]
+    else:  # every window whole
+        assert all(shape[1] == 16 for shape in seen) and sum(s[0] for s in seen) == 7
+
+
+def test_capture_positions_checks_its_inputs() -> None:
+    model = _model(True)
+    windows = torch.randint(0, 50, (2, 16))
+    with pytest.raises(ValueError, match="positions must have the windows' shape"):
+        model.capture_positions(windows, torch.ones(2, 8, dtype=torch.bool), batch_size=2)
+    with pytest.raises(ValueError, match="marks no position"):
+        model.capture_positions(windows, torch.zeros(2, 16, dtype=torch.bool), batch_size=2)

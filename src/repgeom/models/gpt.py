@@ -157,7 +157,9 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def _run(self, idx: torch.Tensor, record: dict[str, list] | None) -> torch.Tensor:
+    def _run(
+        self, idx: torch.Tensor, record: dict[str, list] | None, logits: bool = True
+    ) -> torch.Tensor | None:
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(
@@ -181,7 +183,7 @@ class GPT(nn.Module):
             x = self.transformer.ln(x)
             if record is not None:
                 record["final_norm"] = x
-        return self.lm_head(x)  # (B, T, vocab)
+        return self.lm_head(x) if logits else None  # (B, T, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, vocab) for token ids (B, T)."""
@@ -193,7 +195,7 @@ class GPT(nn.Module):
         record: dict[str, list] = {"hidden": [], "queries": [], "keys": []}
         if attention:
             record["attention"] = []
-        self._run(idx, record)
+        self._run(idx, record, logits=False)
         return Capture(
             hidden=record["hidden"],
             final_norm=record.get("final_norm"),
@@ -202,3 +204,69 @@ class GPT(nn.Module):
             attention=record.get("attention", []),
             causal=self.config.causal,
         )
+
+    @torch.no_grad()
+    def capture_positions(
+        self, windows: torch.Tensor, positions: torch.Tensor, *, batch_size: int
+    ) -> Capture:
+        """Hidden states (and the final norm's output) at the marked positions of every window.
+
+        Parameters
+        ----------
+        windows : (N, T) int64 tensor of token ids
+        positions : (N, T) bool tensor, True where the state is wanted
+        batch_size : windows per forward pass
+
+        Returns
+        -------
+        Capture
+            ``hidden`` (and ``final_norm``) as (1, S, C) tensors, S = ``positions.sum()``, the
+            states in window order and, within a window, position order (what flattening a
+            whole-window capture at ``valid = positions`` gives); ``valid`` None, no queries,
+            keys or attention.
+
+        Under a causal mask the state at position p depends only on tokens 0..p, so each window
+        is run only up to its last marked position: the windows go through the model in order
+        of that length, each micro-batch cut at its longest, and the states are put back in
+        window order. The numbers are those of whole windows up to float rounding (another
+        batch shape, another summation order in the kernels). A bidirectional model reads
+        every window whole.
+        """
+        n_windows, T = windows.shape
+        positions = positions.to(torch.bool).cpu()
+        if positions.shape != windows.shape:
+            raise ValueError(
+                f"positions must have the windows' shape {tuple(windows.shape)}, "
+                f"got {tuple(positions.shape)}"
+            )
+        device = next(self.parameters()).device
+        length = torch.full((n_windows,), T)
+        if self.config.causal:  # last marked position + 1 (a window with none: 0)
+            last = torch.where(positions, torch.arange(T), -1).amax(dim=1)
+            length = last + 1
+        order = torch.argsort(length, stable=True)
+        order = order[length[order] > 0]  # windows with no marked position are not run
+        counts = positions.sum(dim=1)
+        start = counts.cumsum(0) - counts  # (N,) each window's first row in the output
+        rank = positions.cumsum(dim=1) - 1  # (N, T) a marked position's row within its window
+        hidden: list[torch.Tensor] = []
+        final: torch.Tensor | None = None
+        for first in range(0, len(order), batch_size):
+            chunk = order[first : first + batch_size]
+            cut = int(length[chunk].max())
+            marked = positions[chunk, :cut]  # (b, cut)
+            rows = (start[chunk, None] + rank[chunk, :cut])[marked].to(device)  # output rows
+            capture = self.capture(windows[chunk, :cut].to(device), attention=False)
+            states = capture.hidden + ([capture.final_norm] if capture.final_norm is not None
+                                       else [])
+            if not hidden:
+                hidden = [s.new_empty(int(counts.sum()), s.shape[-1]) for s in states]
+            keep = marked.flatten().nonzero()[:, 0].to(device)  # flat (window, position)
+            for out, s in zip(hidden, states, strict=True):
+                out.index_copy_(0, rows, s.reshape(-1, s.shape[-1]).index_select(0, keep))
+        if not hidden:
+            raise ValueError("positions marks no position: nothing to capture")
+        if self.config.norm == "pre":
+            final = hidden.pop()[None]
+        return Capture(hidden=[h[None] for h in hidden], final_norm=final,
+                       causal=self.config.causal)

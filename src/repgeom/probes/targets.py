@@ -68,7 +68,8 @@ def probe_gpt(
 ) -> ProbeOutput:
     """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
 
-    The states come from the sampled positions of every window (no attention materialised);
+    The states come from the sampled positions of every window (`GPT.capture_positions`: no
+    attention materialised, causal windows cut after their last sampled position);
     attention and Q/K from the first `probes.attention_windows` windows, whole.
     """
     was_training = model.training
@@ -78,9 +79,9 @@ def probe_gpt(
     whole = probes.windows[: probes.attention_windows]
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            states = gpt_captures(
-                model, probes.windows, probes.positions, batch_size=batch_size, attention=False
-            )
+            # each window only up to its last sampled position where the model is causal
+            states = [model.capture_positions(probes.windows, probes.positions,
+                                              batch_size=batch_size)]
             attention = gpt_captures(
                 model, whole, None, batch_size=batch_size, attention=settings.attention
             )
