@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.probes import catalogue, similarity, sink, table, wandb_charts
 from repgeom.probes.sampling import ProbeSet, probe_set
+from repgeom.probes.schedule import thin_steps
 from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.targets import probe_gpt
 
@@ -39,7 +40,8 @@ def probe_schedule(
 
     Early training moves fast, so `n_log_spaced` steps are spread geometrically over
     [1, log_spaced_until]; after that every `every_n_steps`-th step is probed, and `max_steps`
-    itself. With `max_probes`, the list is thinned evenly (keeping the first and last step).
+    itself. With `max_probes`, the list is thinned by `schedule.thin_steps` (the first and last
+    step kept, log-spaced early and even later), the rule ``probe.py max_revisions=`` uses.
     """
     if max_steps < 1:
         raise ValueError(f"trainer.max_steps must be set (> 0) to schedule probes, got {max_steps}")
@@ -51,14 +53,7 @@ def probe_schedule(
         steps |= {int(s) for s in np.unique(np.round(np.geomspace(1, until, n_log_spaced)))}
     steps |= set(range(every_n_steps, max_steps + 1, every_n_steps))
     ordered = sorted(steps)
-    if max_probes is not None and len(ordered) > max_probes:
-        if max_probes < 2:
-            raise ValueError(
-                f"probe.max_probes must be >= 2 (first and last step), got {max_probes}"
-            )
-        keep = np.unique(np.round(np.linspace(0, len(ordered) - 1, max_probes)).astype(int))
-        ordered = [ordered[i] for i in keep]
-    return ordered
+    return thin_steps(ordered, max_probes, option="probe.max_probes")
 
 
 class ProbeCallback(L.Callback):
