@@ -5,19 +5,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli_runs import subprocess_env
+from cli_runs import run_probe_py
 from hub_server import FakeHub, commit_of
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra_configs import CONF_DIR, ROOT, compose_train
+from hydra_configs import CONF_DIR, compose_train
 from omegaconf import DictConfig
 from wandb_records import wandb_history
 
@@ -132,18 +130,6 @@ def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text
         frame = table.read_table(tmp_path / include)
         drift[include] = frame.query("metric == 'drift_norm' and layer == 2")["value"].item()
     assert drift["false"] != pytest.approx(drift["true"])
-
-
-def run_probe_py(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """`python probe.py ARGS` as a user runs it, in a fresh process with `env` added (the hub
-    endpoint, HF_ENDPOINT, is read when huggingface_hub is imported: only a new process sees
-    it); hub offline mode only where `env` asks for it."""
-    environment = subprocess_env(**env)
-    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if offline not in env:
-            environment.pop(offline, None)
-    command = [sys.executable, "probe.py", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
 
 
 def test_probe_py_command_line(tmp_path, tiny_hf_folder, text_file) -> None:
@@ -287,9 +273,10 @@ def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_fi
     with FakeHub("org/pythia-like", {"step100": tiny_hf_folder("gpt2")}) as hub:
         done = run_probe_py(args, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
     assert done.returncode != 0
-    assert "could not load hf='org/pythia-like' (revision='step999')" in done.stderr
-    assert "not a valid git identifier" in done.stderr
-    assert ("GET", "/api/models/org/pythia-like/revision/step999") in hub.requests
+    # Checked against the repository's branches and tags before anything is downloaded.
+    assert ("hf_revisions: 'step999' (closest: step100) not a branch or tag of org/pythia-like"
+            in done.stderr)
+    assert hub.downloads() == set()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class Refs:
     repo_id: str
     branches: tuple[str, ...]
     tags: tuple[str, ...]
-    source: str  # "the hub" or "the local cache (offline)"
+    source: str  # "on the hub" or "in the local cache (offline)"
 
     @property
     def names(self) -> list[str]:
@@ -83,7 +83,7 @@ def list_refs(repo_id: str) -> Refs:
     except HfHubHTTPError as e:
         raise OSError(f"hf={repo_id!r}: could not list its revisions on the hub: {e}") from e
     return Refs(repo_id, tuple(r.name for r in refs.branches), tuple(r.name for r in refs.tags),
-                "the hub")
+                "on the hub")
 
 
 def _cached_refs(repo_id: str) -> Refs:
@@ -102,7 +102,7 @@ def _cached_refs(repo_id: str) -> Refs:
             "holds no revision of it; go online once, or give hf_revisions as a list of cached "
             "revisions"
         )
-    return Refs(repo_id, tuple(names), (), "the local cache (offline)")
+    return Refs(repo_id, tuple(names), (), "in the local cache (offline)")
 
 
 def step_revisions(repo_id: str, refs: Refs | None = None) -> list[tuple[int, str]]:
@@ -125,7 +125,7 @@ def step_revisions(repo_id: str, refs: Refs | None = None) -> list[tuple[int, st
     if not by_step:
         raise ValueError(
             f"hf_revisions=all: {repo_id} has no revision named after a training step (like "
-            f"step1000 or checkpoint-1000) in {refs.source}; its branches and tags: "
+            f"step1000 or checkpoint-1000) {refs.source}; its branches and tags: "
             f"{_listing(refs.names)}. Give hf_revisions as a list, e.g. hf_revisions=[main]"
         )
     return sorted(by_step.items())
@@ -150,7 +150,7 @@ def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = 
     hints = "; ".join(f"{r!r} (closest: {', '.join(_closest(r, names)) or 'none'})"
                       for r in missing)
     raise ValueError(
-        f"hf_revisions: {hints} not a branch or tag of {repo_id} in {refs.source}; it has "
+        f"hf_revisions: {hints} not a branch or tag of {repo_id} {refs.source}; it has "
         f"{len(names)}: {_listing(names)}. Nothing was downloaded"
     )
 
