@@ -11,7 +11,7 @@ function                   what it shows
 `layer_profile`            value against layer, one line per probe step (colour bar) or per
                            ``revision``/``model`` (legend): the bell shape of anisotropy
 `metric_vs_step`           layer mean against step, its maximum marked: the expansion then
-                           compression of intrinsic dimension
+                           compression of intrinsic dimension, its turns as triangles
 `heatmap`                  layer x step
 `per_layer_vs_step`        one line per layer against step (attention entropy)
 `per_head_vs_step`         one panel per layer, one line per head (Q/K cosine)
@@ -47,7 +47,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from repgeom.probes import catalogue, seeds
+from repgeom.probes import catalogue, phase_markers, seeds
 from repgeom.probes.table import (
     FINAL_NORM,
     block_name,
@@ -334,6 +334,9 @@ def metric_vs_step(
             ax.fill_between(group["step"], group["value"] - group["std"],
                             group["value"] + group["std"], color=colour, alpha=0.15, lw=0,
                             label="spread across layers (±1 std)")
+        if not include_embedding:  # the turns of the expansion and compression (`phases`)
+            phase_markers.mark_turns(ax, rows if name is None else rows.loc[rows[by] == name],
+                                     metric, colour)
         top = group.loc[group["value"].idxmax()]
         ax.plot([top["step"]], [top["value"]], marker="*", ms=14, color=colour, mec="black",
                 mew=0.8, ls="none", gid="max", zorder=5)

@@ -48,7 +48,16 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
-from repgeom.probes import catalogue, console, plots, schedule, similarity, sink, table
+from repgeom.probes import (
+    catalogue,
+    console,
+    phase_report,
+    plots,
+    schedule,
+    similarity,
+    sink,
+    table,
+)
 from repgeom.probes.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
     CheckpointFormatError,
     find_checkpoints,
@@ -262,6 +271,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         if (cfg.get("labels") or {}).get("csv"):
             _fit_label_groups(cfg, output_dir / "distributions")
         console.print_tables(frame, subjects)
+        phase_report.report(frame, output_dir, loggers)  # phases.csv, console, W&B summary
         correlation = save_drift_cosine(table.single_set(frame), table.probe_dir(output_dir))
         console.print_drift_cosine(correlation)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,

@@ -10,8 +10,9 @@ differ only in their seed. This module holds the arithmetic, free of files and f
   (a causal and a bidirectional model), with Welch's standard error and degrees of freedom.
 * `per_seed` / `grid` / `aggregate`: one table per seed, stacked; a (x, seed) grid of one metric;
   the per-(step, layer, metric) mean and interval over seeds.
-* `Effect` and `rise_then_fall`: a derived quantity per seed (a difference, a peak's height) with
-  its interval and its noise, and the verdict "it is there" decided with a tolerance.
+* `Effect`, `change` and `rise_then_fall`: a derived quantity per seed (a difference, a peak's
+  height) with its interval and its noise, and the verdict "it is there" decided with a
+  tolerance.
 
 Noise. Two things make a number move that are not the effect: the probe's own sampling (the
 table's ``std``: the spread over batches of 4096 states, Razzhigaev et al. 2023 §2.2) and the seed.
@@ -394,6 +395,34 @@ def effect(
     )
 
 
+def change(
+    name: str,
+    values: np.ndarray | pd.DataFrame,
+    stds: np.ndarray | pd.DataFrame,
+    start: int,
+    end: int,
+    *,
+    level: float = LEVEL,
+) -> Effect:
+    """The change of a curve from point `start` to point `end`, per seed, as an `Effect`.
+
+    ``v[end] − v[start]`` for every seed, with the batch stds of the two points combined in
+    quadrature (the module doc's rule (a)); `Effect.holds` then says whether it beats the noise.
+    The report's peak − start / peak − end (`rise_then_fall`) and the phases of a trajectory
+    (`repgeom.probes.phases`) use it.
+
+    Parameters
+    ----------
+    values, stds : array or DataFrame, shape (n_points, n_seeds)
+        One row per point of the curve (a step or a layer), one column per seed (as `grid`).
+    start, end : int
+        Positions (0-based) of the two points.
+    """
+    v = np.asarray(values, dtype=float)
+    s = np.nan_to_num(np.asarray(stds, dtype=float))
+    return effect(name, v[end] - v[start], quadrature(s[end], s[start]), level=level)
+
+
 def difference_effect(
     name: str,
     a: Sequence[float] | np.ndarray,
@@ -473,8 +502,8 @@ def rise_then_fall(
     v, s = values.to_numpy(dtype=float), np.nan_to_num(stds.to_numpy(dtype=float))
     curve = [t_interval(row, level=level) for row in v]
     peak = int(np.argmax([c.mean for c in curve]))
-    above_start = effect("peak − start", v[peak] - v[0], quadrature(s[peak], s[0]), level=level)
-    above_end = effect("peak − end", v[peak] - v[-1], quadrature(s[peak], s[-1]), level=level)
+    above_start = change("peak − start", v, s, 0, peak, level=level)
+    above_end = change("peak − end", v, s, len(v) - 1, peak, level=level)
     holding = 0
     for k in range(v.shape[1]):
         own = int(np.argmax(v[:, k]))
