@@ -17,9 +17,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra_configs import CONF_DIR, compose_train
 from omegaconf import DictConfig
-from wandb_records import wandb_history
+from wandb_records import wandb_history, wandb_records
 
-from repgeom.probes import runner, table
+from repgeom.probes import phase_report, phases, runner, table
 from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings
 from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
 from repgeom.train import train
@@ -404,6 +404,13 @@ def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, train
     assert "probe/qk_cosine/layer_02/head_01" in rows[0] and "probe/twonn/mean" in rows[0]
     # An image is recorded as flattened fields ("probe/plots/<name>._type", ".path", ...).
     assert any(key.startswith("probe/plots/profile_anisotropy.") for row in history for key in row)
+    # The phases of the trajectory: phases.csv beside probes.csv, and in the W&B summary.
+    events = phase_report.read_phases(tmp_path)
+    pd.testing.assert_frame_equal(events, phases.find_phases(frame), check_exact=False)
+    assert set(events["metric"]) == {"twonn", "gride_k16"} and -1 in set(events["layer"])
+    summary = {k: v for r in wandb_records(result.wandb_dir, "summary") for k, v in
+               r.get("update", {}).items()}
+    assert "probe_summary/phases/twonn/mean/peak_step" in summary
 
 
 # ---------------------------------------------------------------------------------------------
