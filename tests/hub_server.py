@@ -4,7 +4,9 @@ There is no internet here, so hub downloads are tested against this server: poin
 `HF_ENDPOINT` at `FakeHub.url` and `huggingface_hub` (under transformers' `from_pretrained`)
 downloads, checks and caches files exactly as it does from huggingface.co. It serves
 `/{repo_id}/resolve/{revision}/{filename}` from one folder per revision, with the headers the
-client reads (`X-Repo-Commit`, `ETag`, `Content-Length`) and the hub's error codes on a 404.
+client reads (`X-Repo-Commit`, `ETag`, `Content-Length`) and the hub's error codes on a 404, and
+`/api/models/{repo_id}/refs` (what `HfApi.list_repo_refs` reads): every revision as a branch, or
+as a tag when named in `tags`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ class FakeHub:
     `/api/models/{repo_id}/revision/{name}` for the commit first, then downloads by commit).
     """
 
-    def __init__(self, repo_id: str, revisions: dict[str, str | Path]) -> None:
+    def __init__(
+        self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = ()
+    ) -> None:
         self.repo_id = repo_id
         self.revisions = {rev: Path(folder) for rev, folder in revisions.items()}
+        self.tags = tuple(tags)
         self.requests: list[tuple[str, str]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -83,7 +88,9 @@ class FakeHub:
                 resolve = f"/{hub.repo_id}/resolve/"
                 info = f"/api/models/{hub.repo_id}/revision/"
                 tree = f"/api/models/{hub.repo_id}/tree/"
-                if path.startswith(resolve):
+                if path.startswith("/api/models/") and path.endswith("/refs"):
+                    self._refs(path[len("/api/models/"):-len("/refs")], send_body)
+                elif path.startswith(resolve):
                     ref, _, filename = path[len(resolve):].partition("/")
                     self._file(ref, filename, send_body)
                 elif path.startswith(info):
@@ -111,6 +118,23 @@ class FakeHub:
                 self.end_headers()
                 if send_body:
                     self.wfile.write(data)
+
+            def _refs(self, repo_id: str, send_body: bool) -> None:
+                # The hub's JSON (huggingface_hub.HfApi.list_repo_refs reads name, ref and
+                # targetCommit of each entry of branches, converts and tags).
+                if repo_id != hub.repo_id:
+                    return self._error(404, "RepoNotFound", send_body)
+
+                def entry(rev: str, kind: str) -> dict:
+                    return {"name": rev, "ref": f"refs/{kind}/{rev}",
+                            "targetCommit": commit_of(rev)}
+
+                refs = {
+                    "branches": [entry(r, "heads") for r in hub.revisions if r not in hub.tags],
+                    "converts": [],
+                    "tags": [entry(r, "tags") for r in hub.revisions if r in hub.tags],
+                }
+                self._json(refs, send_body)
 
             def _model_info(self, ref: str, send_body: bool) -> None:
                 revision = hub.revision_of(ref)

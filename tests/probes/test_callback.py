@@ -86,6 +86,9 @@ def test_probes_fire_on_schedule_and_log_every_metric(tmp_path: Path) -> None:
     assert "probe/anisotropy/layer_02" in keys and "probe/twonn/mean" in keys
     assert "probe/qk_cosine/layer_01/head_01" in keys
     assert "probe/qk_cosine_concat/layer_01" in keys and "probe/qk_cosine_concat/mean" in keys
+    # The current phase of every layer at each probe (+1/-1/0), and phases.csv at the end.
+    assert "probe/phase/twonn/mean" in keys and "probe/phase/twonn/layer_01" in keys
+    assert (tmp_path / "probes" / "phases.csv").exists()
     # The W&B value is the table's value: one number, two sinks.
     logged = next(
         row

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from repgeom.experiments import figures
 from repgeom.probes import plots
+from repgeom.probes.plots.phase_markers import MARKERS
 from repgeom.probes.table import rows_to_frame
 
 STEPS = (0, 1, 2, 4, 8, 100, 200, 300)
@@ -49,7 +50,8 @@ def frame() -> pd.DataFrame:
 
 
 def data_lines(ax):
-    return [line for line in ax.get_lines() if line.get_gid() != "max"]
+    """The data lines: not the maximum's marker nor the phases' turn markers."""
+    return [line for line in ax.get_lines() if line.get_gid() not in ("max", *MARKERS)]
 
 
 def test_metric_labels():

@@ -5,23 +5,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli_runs import subprocess_env
+from cli_runs import run_probe_py
 from hub_server import FakeHub, commit_of
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra_configs import CONF_DIR, ROOT, compose_train
+from hydra_configs import CONF_DIR, compose_train
 from omegaconf import DictConfig
-from wandb_records import wandb_history
+from wandb_records import wandb_history, wandb_records
 
-from repgeom.probes import runner, table
+from repgeom.probes import phase_report, phases, runner, table
 from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings
 from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
 from repgeom.train import train
@@ -134,18 +132,6 @@ def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text
         frame = table.read_table(tmp_path / include)
         drift[include] = frame.query("metric == 'drift_norm' and layer == 2")["value"].item()
     assert drift["false"] != pytest.approx(drift["true"])
-
-
-def run_probe_py(args: list[str], **env: str) -> subprocess.CompletedProcess:
-    """`python probe.py ARGS` as a user runs it, in a fresh process with `env` added (the hub
-    endpoint, HF_ENDPOINT, is read when huggingface_hub is imported: only a new process sees
-    it); hub offline mode only where `env` asks for it."""
-    environment = subprocess_env(**env)
-    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if offline not in env:
-            environment.pop(offline, None)
-    command = [sys.executable, "probe.py", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
 
 
 @pytest.mark.slow
@@ -295,9 +281,10 @@ def test_unknown_hub_revision_is_a_clear_error(tmp_path, tiny_hf_folder, text_fi
     with FakeHub("org/pythia-like", {"step100": tiny_hf_folder("gpt2")}) as hub:
         done = run_probe_py(args, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
     assert done.returncode != 0
-    assert "could not load hf='org/pythia-like' (revision='step999')" in done.stderr
-    assert "not a valid git identifier" in done.stderr
-    assert ("GET", "/api/models/org/pythia-like/revision/step999") in hub.requests
+    # Checked against the repository's branches and tags before anything is downloaded.
+    assert ("hf_revisions: 'step999' (closest: step100) not a branch or tag of org/pythia-like"
+            in done.stderr)
+    assert hub.downloads() == set()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,6 +416,13 @@ def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, train
     assert "probe/qk_cosine/layer_02/head_01" in rows[0] and "probe/twonn/mean" in rows[0]
     # An image is recorded as flattened fields ("probe/plots/<name>._type", ".path", ...).
     assert any(key.startswith("probe/plots/profile_anisotropy.") for row in history for key in row)
+    # The phases of the trajectory: phases.csv beside probes.csv, and in the W&B summary.
+    events = phase_report.read_phases(tmp_path)
+    pd.testing.assert_frame_equal(events, phases.find_phases(frame), check_exact=False)
+    assert set(events["metric"]) == {"twonn", "gride_k16"} and -1 in set(events["layer"])
+    summary = {k: v for r in wandb_records(result.wandb_dir, "summary") for k, v in
+               r.get("update", {}).items()}
+    assert "probe_summary/phases/twonn/mean/peak_step" in summary
 
 
 # ---------------------------------------------------------------------------------------------

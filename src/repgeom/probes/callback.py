@@ -19,8 +19,9 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from repgeom.probes import aggregate, catalogue, similarity, sink, table, wandb_charts
+from repgeom.probes import aggregate, catalogue, phase_report, similarity, sink, table, wandb_charts
 from repgeom.probes.sampling import ProbeSet, probe_set
+from repgeom.probes.schedule import thin_steps
 from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.targets import probe_gpt
 
@@ -39,7 +40,8 @@ def probe_schedule(
 
     Early training moves fast, so `n_log_spaced` steps are spread geometrically over
     [1, log_spaced_until]; after that every `every_n_steps`-th step is probed, and `max_steps`
-    itself. With `max_probes`, the list is thinned evenly (keeping the first and last step).
+    itself. With `max_probes`, the list is thinned by `schedule.thin_steps` (the first and last
+    step kept, log-spaced early and even later), the rule ``probe.py max_revisions=`` uses.
     """
     if max_steps < 1:
         raise ValueError(f"trainer.max_steps must be set (> 0) to schedule probes, got {max_steps}")
@@ -51,14 +53,7 @@ def probe_schedule(
         steps |= {int(s) for s in np.unique(np.round(np.geomspace(1, until, n_log_spaced)))}
     steps |= set(range(every_n_steps, max_steps + 1, every_n_steps))
     ordered = sorted(steps)
-    if max_probes is not None and len(ordered) > max_probes:
-        if max_probes < 2:
-            raise ValueError(
-                f"probe.max_probes must be >= 2 (first and last step), got {max_probes}"
-            )
-        keep = np.unique(np.round(np.linspace(0, len(ordered) - 1, max_probes)).astype(int))
-        ordered = [ordered[i] for i in keep]
-    return ordered
+    return thin_steps(ordered, max_probes, option="probe.max_probes")
 
 
 class ProbeCallback(L.Callback):
@@ -113,6 +108,7 @@ class ProbeCallback(L.Callback):
         self.probes: ProbeSet | None = None
         self.run_dir: Path | None = None
         self._wandb_ready = False
+        self.phase_watch = phase_report.PhaseWatch()  # phases per probe, one alert per turn
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -137,7 +133,8 @@ class ProbeCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
-        return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config()}
+        return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config(),
+                "phase_alerts": self.phase_watch.state_dict()}
 
     def probe_config(self) -> dict[str, Any]:
         """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
@@ -146,6 +143,7 @@ class ProbeCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
         self.seconds = float(state_dict.get("seconds", 0.0))
+        self.phase_watch.load_state_dict(state_dict.get("phase_alerts", []))
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -187,6 +185,7 @@ class ProbeCallback(L.Callback):
         rows = [{"step": step, **row} for row in output.rows]
         frame = sink.write_step(self.run_dir, rows)
         self._log_scalars(trainer, step, table.rows_to_frame(rows))
+        self.phase_watch.update(self._wandb(trainer), frame, step)
         n_done = len(self.done)
         if self.plot_every_n_probes and n_done % self.plot_every_n_probes == 0:
             self._plot(trainer, frame, step)
@@ -245,6 +244,7 @@ class ProbeCallback(L.Callback):
             )
             run.summary["probe_summary/seconds_total"] = self.seconds
             run.summary.update(wandb_charts.summary(aggregate.single_set(frame)))
+        phase_report.report(frame, self.run_dir, self._wandb(trainer))
 
     def _vs_final(self, trainer: L.Trainer) -> None:
         """Each probe step's layers against the final step's (`similarity.vs_final_rows`)."""

@@ -6,6 +6,7 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
     python probe.py ckpt=path/to/last.ckpt              # one checkpoint
     python probe.py hf=gpt2                             # a hub name or a save_pretrained folder
     python probe.py hf=EleutherAI/pythia-160m hf_revisions=[step1000,step8000,step143000]
+    python probe.py hf=EleutherAI/pythia-160m hf_revisions=all max_revisions=20   # `schedule`
     python probe.py hf=gpt2 compare.text_a="..." compare.text_b="..."
     python probe.py hf=my_model/ tokenizer=gpt2        # a folder saved without its tokenizer
     python probe.py hf=google/byt5-small               # two models: <name>:encoder, :decoder
@@ -35,10 +36,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -54,9 +54,20 @@ from repgeom.models.checkpoints import (  # noqa: F401 - the public names of pro
     resolve_device,
 )
 from repgeom.models.hf import STACKS, model_stacks
-from repgeom.probes import aggregate, catalogue, console, plots, similarity, sink, table
+from repgeom.probes import (
+    aggregate,
+    catalogue,
+    console,
+    phase_report,
+    plots,
+    schedule,
+    similarity,
+    sink,
+    table,
+)
 from repgeom.probes.compare import compare
 from repgeom.probes.measure import ProbeSettings
+from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
 from repgeom.probes.spec import training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -114,6 +125,7 @@ def check_config(cfg: DictConfig) -> str:
     for key in ("hf_revisions", "tokenizer"):
         if cfg.get(key) and mode != "hf":
             raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
+    schedule.check_options(cfg.get("hf_revisions"), cfg.get("max_revisions"), mode)
     compare = cfg.get("compare") or {}
     texts = [compare.get("text_a"), compare.get("text_b")]
     if any(t is not None for t in texts):
@@ -156,21 +168,6 @@ def check_config(cfg: DictConfig) -> str:
     return mode
 
 
-def revision_steps(revisions: Sequence[str]) -> list[int]:
-    """The ``step`` of each revision: its trailing number when every revision name ends in
-    distinct digits (``step1000`` -> 1000), otherwise its index in the list.
-
-    >>> revision_steps(["step1000", "step8000", "step143000"])
-    [1000, 8000, 143000]
-    >>> revision_steps(["main", "v2"])
-    [0, 1]
-    """
-    numbers = [re.search(r"(\d+)$", str(r)) for r in revisions]
-    if all(numbers):
-        steps = [int(m.group(1)) for m in numbers]
-        if len(set(steps)) == len(steps):
-            return steps
-    return list(range(len(revisions)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +267,7 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         if (cfg.get("labels") or {}).get("csv"):
             _fit_label_groups(cfg, output_dir / "distributions")
         console.print_tables(frame, subjects)
+        phase_report.report(frame, output_dir, loggers)  # phases.csv, console, W&B summary
         correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
         console.print_drift_cosine(correlation)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
@@ -322,7 +320,8 @@ def _stack_dir(folder: Path, stack: str | None) -> Path:
 def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
     """What `cfg` names: one `HFTarget` per revision, or one `CheckpointTarget` per checkpoint."""
     if mode == "hf":
-        revisions = [str(r) for r in (cfg.get("hf_revisions") or [])] or [None]
+        revisions = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
+                                           max_revisions=cfg.get("max_revisions"))
         steps = revision_steps(revisions) if revisions != [None] else [0]
         tokenizer = cfg.get("tokenizer")
         stacks = model_stacks(str(cfg.hf), revision=revisions[0])
@@ -338,7 +337,7 @@ def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
         ckpt = read_checkpoint(path)  # fails early on a missing or foreign file
         found = [(int(ckpt["global_step"]), path)]
     else:
-        found = find_checkpoints(str(cfg.run))
+        found = schedule.run_checkpoints(find_checkpoints(str(cfg.run)), cfg.get("max_revisions"))
     return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""))
             for step, path in found]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,6 +14,7 @@ from repgeom.models.hf.qk import QK_FAMILIES
 from repgeom.models.hf.stacks import STACKS
 
 
+@dataclass
 class HFModel:
     """A loaded Hugging Face model with what the probes need to know about it.
 

@@ -14,6 +14,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
 from repgeom.probes.aggregate import head_means, layer_means
+from repgeom.probes.plots.phase_markers import mark_turns
 from repgeom.probes.plots.style import (
     auto_xscale,
     group_colours,
@@ -128,6 +129,8 @@ def metric_vs_step(
             ax.fill_between(group["step"], group["value"] - group["std"],
                             group["value"] + group["std"], color=colour, alpha=0.15, lw=0,
                             label="spread across layers (±1 std)")
+        if not include_embedding:  # the turns of the expansion and compression (`phases`)
+            mark_turns(ax, rows if name is None else rows.loc[rows[by] == name], metric, colour)
         top = group.loc[group["value"].idxmax()]
         ax.plot([top["step"]], [top["value"]], marker="*", ms=14, color=colour, mec="black",
                 mew=0.8, ls="none", gid="max", zorder=5)

@@ -1,0 +1,180 @@
+"""Phases of a trajectory: known answers on synthetic curves, the noise rule, several seeds, and
+the training probe's per-probe phases and its one W&B alert per turn."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import wandb
+from wandb_records import wandb_history, wandb_records
+
+from repgeom.probes import phase_report, plots, table
+from repgeom.probes.phases import (
+    COMPRESSING,
+    EXPANDING,
+    MEAN_LAYER,
+    PEAK,
+    TO_COMPRESSION,
+    TO_EXPANSION,
+    find_phases,
+    phase_by_step,
+)
+from repgeom.probes.plots import phase_markers
+
+STEPS = [0, 10, 20, 40, 80, 160, 320]
+
+
+def trajectory(curve, *, std=0.1, blocks=2, final_norm=None, metric="twonn", **extra):
+    """A probe table: every block follows `curve` (block i shifted by i, so the mean is
+    ``curve + (blocks + 1) / 2``), the embedding is flat, and an optional final-norm layer."""
+    rows = []
+    for step, value in zip(STEPS, curve, strict=True):
+        rows.append(dict(step=step, layer=0, metric=metric, value=1.0, std=std, **extra))
+        for layer in range(1, blocks + 1):
+            rows.append(dict(step=step, layer=layer, metric=metric, value=value + layer, std=std,
+                             **extra))
+        if final_norm is not None:
+            rows.append(dict(step=step, layer=blocks + 1, layer_name="final_norm", metric=metric,
+                             value=final_norm[STEPS.index(step)], std=std, **extra))
+    return table.rows_to_frame(rows)
+
+
+def mean_rows(events: pd.DataFrame) -> pd.DataFrame:
+    return events.loc[events["layer"] == MEAN_LAYER]
+
+
+def test_rise_then_fall_has_its_peak_and_one_turn() -> None:
+    curve = [2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0]
+    # A final norm that peaks elsewhere must not move the mean's peak: it is not a block.
+    events = find_phases(trajectory(curve, final_norm=[0, 0, 0, 0, 0, 0, 100.0]))
+    mean = mean_rows(events)
+    assert mean[["event", "step"]].values.tolist() == [[PEAK, 40], [TO_COMPRESSION, 40]]
+    # The fall from 9 to 6 (3 > the noise, √2 · 0.1) is seen at the next probe.
+    assert mean["confirmed_step"].tolist()[1] == 80
+    assert mean["value"].tolist()[0] == pytest.approx(9.0 + 1.5)  # blocks 1, 2: +1.5 on average
+    for layer in (1, 2):  # each block turns at the same step
+        rows = events.loc[events["layer"] == layer]
+        assert rows.loc[rows["event"] == TO_COMPRESSION, "step"].tolist() == [40]
+    # The final norm is a layer of its own, with its own peak and no turn (it never falls).
+    norm = events.loc[events["layer_name"] == "final_norm"]
+    assert norm["event"].tolist() == [PEAK] and norm["step"].tolist() == [320]
+    by_step = phase_by_step(trajectory(curve))
+    online = by_step.loc[by_step["layer"] == MEAN_LAYER, "phase"].tolist()
+    # Undecided at the first probe, expanding as soon as 4 − 2 beats the noise, still expanding
+    # at the peak (the fall is not seen yet), compressing from the next probe on.
+    assert online == [0, EXPANDING, EXPANDING, EXPANDING, COMPRESSING, COMPRESSING, COMPRESSING]
+
+
+def test_the_noise_rule_is_the_reports() -> None:
+    # Batch std 0.3 at every point: a change beats the noise when above √(0.3² + 0.3²) = 0.424.
+    below = find_phases(trajectory([0.0, 0.4, 0.0, 0.4, 0.0, 0.4, 0.0], std=0.3), metrics=["twonn"])
+    assert set(below["event"]) == {PEAK}
+    above = find_phases(trajectory([0.0, 0.45, 0.0, 0.45, 0.0, 0.45, 0.0], std=0.3))
+    assert mean_rows(above)["event"].tolist() == [PEAK, TO_COMPRESSION, TO_EXPANSION,
+                                                  TO_COMPRESSION, TO_EXPANSION, TO_COMPRESSION]
+    # The layer mean's batch std is the root mean square of the blocks' (seeds.grid): with
+    # blocks at std 0.3 and 0.4 it is 0.354, so the noise is 0.5: a change of 0.49 is not a
+    # turn, 0.51 is.
+    for step_size, turns in ((0.49, 0), (0.51, 1)):
+        frame = trajectory([0.0, step_size, 0.0, 0.0, 0.0, 0.0, 0.0], std=0.3)
+        frame.loc[frame["layer"] == 2, "std"] = 0.4
+        frame.loc[frame["layer"] == 2, "value"] = frame.loc[frame["layer"] == 1, "value"].to_numpy()
+        assert math.isclose(np.sqrt((0.3**2 + 0.4**2) / 2) * np.sqrt(2), 0.5)
+        mean = mean_rows(find_phases(frame))
+        assert (mean["event"] == TO_COMPRESSION).sum() == turns, step_size
+
+
+def test_noise_monotone_and_no_std() -> None:
+    rng = np.random.default_rng(0)
+    wiggle = (5.0 + rng.uniform(-0.05, 0.05, len(STEPS))).tolist()
+    for curve in (wiggle, [1.0, 2, 3, 4, 5, 6, 7], [7.0, 6, 5, 4, 3, 2, 1]):
+        events = find_phases(trajectory(curve))
+        assert set(events["event"]) == {PEAK}, curve
+    rising = phase_by_step(trajectory([1.0, 2, 3, 4, 5, 6, 7]))
+    assert rising.loc[rising["layer"] == MEAN_LAYER, "phase"].tolist()[1:] == [EXPANDING] * 6
+    flat = phase_by_step(trajectory(wiggle))
+    assert (flat["phase"] == 0).all()
+    # No batch std and one seed: nothing tells a turn from noise (as in the report).
+    events = find_phases(trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0], std=np.nan))
+    assert set(events["event"]) == {PEAK}
+
+
+def test_fall_then_rise_and_several_models() -> None:
+    a = trajectory([9.0, 5.0, 2.0, 4.0, 8.0, 9.0, 9.5], model="a")
+    b = trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0], model="b")
+    events = find_phases(pd.concat([a, b]))
+    turns = mean_rows(events).query("event != 'peak'")
+    assert turns[["model", "event", "step"]].values.tolist() == [
+        ["a", TO_EXPANSION, 20], ["b", TO_COMPRESSION, 40]]
+
+
+def test_several_seeds_use_the_interval_over_seeds() -> None:
+    base = np.array([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0])
+    agree = [trajectory((base + shift).tolist(), std=0.1) for shift in (0.0, 0.2, -0.1)]
+    events = find_phases(agree)
+    mean = mean_rows(events)
+    assert mean["n_seeds"].unique().tolist() == [3]
+    assert mean.loc[mean["event"] == TO_COMPRESSION, "step"].tolist() == [40]
+    # Seeds that disagree: the mean curve rises and falls by 1, but the seeds move by ±3 around
+    # it, so the 95% interval over three seeds covers 0 and no turn is decided.
+    up, down = np.array([0, 3, 6, 9, 6, 3, 0.0]), np.array([0, -3, -6, -9, -6, -3, 0.0])
+    bump = np.array([0, 0.3, 0.6, 1, 0.6, 0.3, 0])
+    disagree = [trajectory((bump + 3 * part).tolist(), std=0.01)
+                for part in (up / 3, down / 3, np.zeros(7))]
+    assert set(find_phases(disagree)["event"]) == {PEAK}
+    with pytest.raises(ValueError, match="different steps"):
+        find_phases([trajectory(base.tolist()), trajectory(base.tolist()).query("step != 80")])
+
+
+def test_turns_are_marked_on_the_metric_vs_step_figure() -> None:
+    frame = trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0])
+    fig = plots.metric_vs_step(frame, "twonn")
+    marked = [line for line in fig.axes[0].get_lines() if line.get_gid() == TO_COMPRESSION]
+    assert len(marked) == 1
+    assert marked[0].get_xdata().tolist() == [40] and marked[0].get_ydata().tolist() == [10.5]
+    assert phase_markers.mark_turns(fig.axes[0], frame.assign(metric="anisotropy"),
+                                    "anisotropy", "k") == 0  # not a dimension: no phases
+
+
+def test_phase_watch_alerts_once_per_turn(tmp_path: Path) -> None:
+    """The training probe's hook on a real offline W&B run: the current phase at each probe,
+    and one alert when the layer mean turns, not repeated at the later probes nor after a
+    resume (the alerted turns are in the checkpoint)."""
+    frame = trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0])
+    run = wandb.init(project="phases", dir=tmp_path, mode="offline")
+    watch = phase_report.PhaseWatch()
+    logged = []
+    for step in STEPS:
+        logged.append(watch.update([run], frame.loc[frame["step"] <= step], step))
+    resumed = phase_report.PhaseWatch()
+    resumed.load_state_dict(watch.state_dict())
+    resumed.update([run], frame, STEPS[-1])
+    run_dir = Path(run.dir).parent
+    run.finish()
+    alerts = wandb_records(run_dir, "alert")
+    assert [a["title"] for a in alerts] == [phase_report.alert_title("twonn")]
+    assert "peaked at step 40" in alerts[0]["text"] and "seen at step 80" in alerts[0]["text"]
+    assert watch.state_dict() == [["twonn", 40]]
+    assert logged[0] == {}  # one probe: no trajectory yet
+    assert [row.get("probe/phase/twonn/mean") for row in logged[1:]] == [1, 1, 1, -1, -1, -1]
+    history = [row for row in wandb_history(run_dir) if "probe/phase/twonn/layer_01" in row]
+    assert [row["probe/step"] for row in history] == [*STEPS[1:], STEPS[-1]]
+
+
+def test_report_writes_phases_csv_and_summary(tmp_path: Path, capsys) -> None:
+    frame = trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0])
+
+    class Run:
+        summary: dict = {}
+
+    events = phase_report.report(frame, tmp_path, [Run])
+    pd.testing.assert_frame_equal(phase_report.read_phases(tmp_path), events)
+    assert "mean over blocks 1..L: peak 10.5 at step 40; expansion -> compression at step 40 " \
+           "(seen at 80)" in capsys.readouterr().out
+    assert Run.summary["probe_summary/phases/twonn/mean/peak_step"] == 40
+    assert Run.summary["probe_summary/phases/twonn/mean/expansion_to_compression"] == [40]
+    assert Run.summary["probe_summary/phases/twonn/layer_01/peak_value"] == pytest.approx(10.0)

@@ -1,0 +1,202 @@
+"""Revision schedules: `hf_revisions=all`, `max_revisions`, the one thinning rule, and revisions
+that do not exist failing before any download (against the tests' local stand-in for the hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import huggingface_hub.constants
+import numpy as np
+import pytest
+from cli_runs import run_probe_py
+from hub_server import FakeHub, commit_of
+
+from repgeom.models import revisions
+from repgeom.probes import schedule, table
+from repgeom.probes.callback import probe_schedule
+from repgeom.probes.schedule import thin_steps
+
+PYTHIA = [0, *[2**i for i in range(10)], *range(1000, 143001, 1000)]
+"""Pythia's 154 revisions (Biderman et al. 2023): step0, 1, 2, 4 ... 512, then every 1,000."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The thinning rule
+
+
+def test_thin_steps_known_answer() -> None:
+    # Steps 0..100, three kept: 0, 100 and the step whose position (log + linear) / 2 is nearest
+    # 0.5. By hand: u(27) = (log 27 / log 100 + 0.27) / 2 = 0.4928, u(28) = 0.5018,
+    # u(29) = 0.5106: 28.
+    assert thin_steps(range(101), 3) == [0, 28, 100]
+    # An independent brute force of the rule on a random set: every kept step is, in turn, the
+    # free step nearest its target.
+    rng = np.random.default_rng(0)
+    steps = sorted({0, *rng.integers(1, 10_000, size=300).tolist()})
+    kept = thin_steps(steps, 25)
+    s = np.asarray(steps, dtype=float)
+    u = (np.log(np.maximum(s, s[1]) / s[1]) / np.log(s[-1] / s[1]) + s / s[-1]) / 2
+    free, expected = set(range(1, len(s) - 1)), {0, len(s) - 1}
+    for target in np.linspace(0, 1, 25)[1:-1]:
+        best = min(sorted(free), key=lambda i: abs(u[i] - target))
+        free.discard(best)
+        expected.add(best)
+    assert kept == [steps[i] for i in sorted(expected)]
+
+
+def test_thin_steps_keeps_the_ends_and_both_regimes() -> None:
+    kept = thin_steps(PYTHIA, 20)
+    assert len(kept) == 20 and kept[0] == 0 and kept[-1] == 143000 and set(kept) <= set(PYTHIA)
+    # Log-spaced early: several of the 11 revisions below step 1000 survive (thinning evenly by
+    # index, the old rule, kept 1 of them); even later: the gaps in the last half are within 25%
+    # of their mean.
+    assert sum(s < 1000 for s in kept) >= 4
+    late = np.diff([s for s in kept if s >= 143000 / 2])
+    assert np.all(np.abs(late - late.mean()) <= 0.25 * late.mean()), late
+    assert thin_steps([5, 1, 3], 10) == [1, 3, 5]  # short enough: all, sorted
+    assert thin_steps(PYTHIA, None) == PYTHIA
+    with pytest.raises(ValueError, match="max_revisions must be >= 2"):
+        thin_steps(PYTHIA, 1, option="max_revisions")
+
+
+def test_training_probe_uses_the_same_rule() -> None:
+    full = probe_schedule(1500, every_n_steps=100, log_spaced_until=100, n_log_spaced=8)
+    thinned = probe_schedule(1500, every_n_steps=100, log_spaced_until=100, n_log_spaced=8,
+                             max_probes=16)
+    assert thinned == thin_steps(full, 16) and len(thinned) == 16
+    with pytest.raises(ValueError, match="probe.max_probes must be >= 2"):
+        probe_schedule(10, every_n_steps=1, log_spaced_until=1, n_log_spaced=1, max_probes=1)
+
+
+def test_run_checkpoints_are_thinned_by_step() -> None:
+    found = [(s, Path(f"step{s}.ckpt")) for s in (0, 10, 20, 30, 40, 1000)]
+    assert schedule.run_checkpoints(found, None) == found
+    kept = schedule.run_checkpoints(found, 3)
+    assert [s for s, _ in kept] == thin_steps([s for s, _ in found], 3)
+    assert kept[0] == found[0] and kept[-1] == found[-1]
+
+
+@pytest.mark.parametrize(
+    "revisions, max_revisions, mode, message",
+    [("every", None, "hf", "give 'all'"),
+     (None, 1, "run", "max_revisions must be an integer >= 2"),
+     (None, "5", "run", "max_revisions must be an integer"),
+     (None, 4, "ckpt", "max_revisions thins a trajectory"),
+     (None, 4, "hf", "max_revisions thins a trajectory")],
+)  # fmt: skip
+def test_bad_schedule_options(revisions, max_revisions, mode, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        schedule.check_options(revisions, max_revisions, mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step-named revisions on the hub
+
+
+def test_step_names() -> None:
+    named = ["step0", "step_1000", "step-7", "global_step12", "checkpoint-20", "ckpt_3",
+             "iter_0001000", "run1/step5"]
+    assert [revisions.step_of(n) for n in named] == [0, 1000, 7, 12, 20, 3, 1000, 5]
+    for other in ("main", "v1.0", "v2", "step1000-tokens4B", "stepwise", "1000"):
+        assert revisions.step_of(other) is None, other
+
+
+@pytest.fixture
+def empty_folder(tmp_path) -> Path:
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+@pytest.fixture
+def hub(monkeypatch, empty_folder):
+    """A hub stand-in whose branches are step revisions out of order, main, and a tag."""
+    names = ["step10", "main", "step2", "checkpoint-5", "step0", "v1.0"]
+    with FakeHub("org/steps", dict.fromkeys(names, empty_folder), tags=("v1.0",)) as fake:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        yield fake
+
+
+def _downloads(hub: FakeHub) -> list[str]:
+    return [path for _, path in hub.requests if "/resolve/" in path or "/revision/" in path]
+
+
+def test_all_lists_step_revisions_sorted_by_step(hub) -> None:
+    assert revisions.step_revisions("org/steps") == [
+        (0, "step0"), (2, "step2"), (5, "checkpoint-5"), (10, "step10")]
+    assert schedule.hub_revisions("org/steps", "all") == ["step0", "step2", "checkpoint-5",
+                                                          "step10"]
+    assert schedule.hub_revisions("org/steps", "all", max_revisions=2) == ["step0", "step10"]
+    # A list works as before, thinned the same way; main and the tag exist, so they pass.
+    assert schedule.hub_revisions("org/steps", ["main", "v1.0"]) == ["main", "v1.0"]
+    assert schedule.hub_revisions("org/steps", ["step10", "step2", "step0"],
+                                  max_revisions=2) == ["step10", "step0"]
+    assert _downloads(hub) == []  # listing only: ``GET /api/models/org/steps/refs``
+
+
+def test_unknown_revision_fails_before_any_download_naming_what_exists(hub) -> None:
+    with pytest.raises(ValueError) as err:
+        schedule.hub_revisions("org/steps", ["step2", "step9", "mian"])
+    message = str(err.value)
+    assert "'step9' (closest: step10, checkpoint-5, step2)" in message
+    assert "'mian' (closest: main" in message
+    assert "it has 6: step0, step2, checkpoint-5, step10, main, v1.0" in message
+    assert "step2 (" not in message  # the existing one is not reported
+    assert _downloads(hub) == []
+    # A commit id is resolved by the hub itself: nothing is listed for it.
+    before = len(hub.requests)
+    assert schedule.hub_revisions("org/steps", ["0123abcd"]) == ["0123abcd"]
+    assert len(hub.requests) == before
+
+
+def test_repository_without_step_revisions_or_unknown_repository(monkeypatch, empty_folder):
+    with FakeHub("org/plain", {"main": empty_folder, "v1.0": empty_folder}) as fake:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        with pytest.raises(ValueError, match=r"no revision named after a training step .* its "
+                                             r"branches and tags: main, v1.0"):
+            schedule.hub_revisions("org/plain", "all")
+        with pytest.raises(OSError, match="hf='org/missing': no such model repository"):
+            schedule.hub_revisions("org/missing", "all")
+        assert _downloads(fake) == []
+    with pytest.raises(ValueError, match="is a local folder"):
+        schedule.hub_revisions(str(empty_folder), "all")
+
+
+# ---------------------------------------------------------------------------------------------
+# probe.py
+
+
+@pytest.fixture
+def text_file(tmp_path, tiny_text) -> Path:
+    path = tmp_path / "text.txt"
+    path.write_text(tiny_text * 3)  # in the tiny tokenizers' vocabulary: no <unk>
+    return path
+
+
+def test_probe_py_all_revisions_thinned(tmp_path, tiny_hf_folder, text_file) -> None:
+    """`hf_revisions=all max_revisions=2`: the first and last step-named revisions are probed,
+    and only theirs are downloaded; offline, `all` reads the refs of the local cache."""
+    model, other = tiny_hf_folder("gpt2"), tiny_hf_folder("gpt2-scaled")
+    folders = {"step100": model, "step200": model, "step300": other, "main": other}
+    out, cache = tmp_path / "out", tmp_path / "hf_home"
+    args = ["hf=org/pythia-like", "hf_revisions=all", "max_revisions=2",
+            f"text_file={text_file}", "window=32", "n_states=192", "settings.max_order=8",
+            "settings.state_batch_size=192", "settings.distributions=false", "device=cpu",
+            "metrics=[default]", "plot_metrics=[]"]  # fmt: skip
+    with FakeHub("org/pythia-like", folders) as hub:
+        done = run_probe_py([*args, f"hydra.run.dir={out}"], HF_ENDPOINT=hub.url,
+                            HF_HOME=str(cache))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {revision for revision, _ in hub.downloads()} == {"step100", "step300"}
+    # Nothing at all was asked of the revisions left out.
+    for left_out in ("step200", "main"):
+        assert not any(left_out in p or commit_of(left_out) in p for _, p in hub.requests)
+    frame = table.read_table(out)
+    assert sorted(frame["step"].unique()) == [100, 300]
+    assert sorted(frame["revision"].unique()) == ["step100", "step300"]
+
+    done = run_probe_py([*args, "max_revisions=null", f"hydra.run.dir={tmp_path / 'offline'}"],
+                        HF_HOME=str(cache), HF_HUB_OFFLINE="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(table.read_table(tmp_path / "offline")["step"].unique()) == [100, 300]
