@@ -19,6 +19,8 @@ $(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyprojec
 	$(BIN)/pip install --no-deps dadapy==0.3.4
 	# IsoScore and CKA references for tests/metrics: --no-deps so pip never touches torch.
 	$(BIN)/pip install --no-deps isoscore==2.0.1 ckatorch==1.0.3
+	# The Shape of Learning authors' code, the reference for metrics.twonn_authors (tests only).
+	$(BIN)/pip install --no-deps llm-microscope==0.0.7
 	touch $@
 
 venv: $(VENV)/.installed

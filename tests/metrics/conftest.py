@@ -54,3 +54,24 @@ def ckatorch_cka_base():
     from ckatorch.core import cka_base
 
     return cka_base
+
+
+@pytest.fixture(scope="session")
+def llm_microscope_functions():
+    """``llm_microscope/functions.py`` (llm-microscope 0.0.7, the Shape of Learning authors'
+    code), the reference for `twonn_authors`, or skip.
+
+    The package cannot be imported as shipped (its ``__init__.py`` does ``from logit_lens
+    import *``, an absolute import of its own module), so ``functions.py`` is loaded by path.
+    """
+    spec = importlib.util.find_spec("llm_microscope")
+    if spec is None:
+        pytest.skip("llm-microscope not installed: pip install --no-deps llm-microscope==0.0.7")
+    import matplotlib
+
+    matplotlib.use("Agg")  # functions.py imports pyplot
+    path = f"{list(spec.submodule_search_locations)[0]}/functions.py"
+    module_spec = importlib.util.spec_from_file_location("llm_microscope_functions", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module

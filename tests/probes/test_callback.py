@@ -122,8 +122,9 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
         whole = model.capture(probes.windows[: probes.attention_windows])
     assert probes.positions.sum(1).eq(4).all() and probes.n_states == 512
     used = json.loads((tmp_path / "probes" / "probe_set.json").read_text())
-    assert used == {"n_states": 512, "n_windows": 128, "window": 32, "positions_per_window": 4,
-                    "attention_windows": 16}
+    assert used == {"protocol": "repgeom", "n_states": 512, "n_windows": 128, "window": 32,
+                    "positions_per_window": 4, "attention_windows": 16,
+                    "twonn_convention": "facco"}
     frame = table.read_table(tmp_path)
     final = frame[frame["step"] == 5]
     # The same permutation as the probe (seed 0), cut into two batches of 256.
@@ -148,6 +149,31 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
         got = final.query(f"metric == 'qk_cosine_concat' and layer == {layer}")["value"].item()
         # float32 Q/K reduced in float64 on both sides
         assert got == pytest.approx(q @ k / (np.linalg.norm(q) * np.linalg.norm(k)), abs=1e-6)
+
+
+def test_llm_microscope_preset_is_the_authors_protocol(tmp_path: Path) -> None:
+    """probe=llm_microscope: whole windows, every state in one set, the authors' TwoNN fit."""
+    # The tiny config's 512 states in one set stand in for the preset's 4,096.
+    overrides = ["logger=csv", "trainer.max_steps=5", "probe=llm_microscope",
+                 "probe.n_states=512", "probe.settings.state_batch_size=512"]
+    result = train(compose_train(tmp_path, overrides))
+    callback = next(cb for cb in result.trainer.callbacks if isinstance(cb, ProbeCallback))
+    probes = callback.probes
+    used = json.loads((tmp_path / "probes" / "probe_set.json").read_text())
+    assert used["protocol"] == "llm_microscope" and used["twonn_convention"] == "llm_microscope"
+    assert used["positions_per_window"] == used["window"] == 32 and used["n_states"] == 512
+    frame = table.read_table(tmp_path)
+    assert "twonn" not in set(frame["metric"])  # one convention per table, named in the rows
+    final = frame[frame["step"] == 5]
+    with torch.no_grad():
+        capture = result.module.model.eval().capture(probes.windows, attention=False)
+    for layer in (1, 2):
+        X = capture.hidden[layer][probes.positions]
+        row = final.query(f"metric == 'twonn_llm_microscope' and layer == {layer}")
+        # The same states in the same process: equal to float64 rounding.
+        assert row["value"].item() == pytest.approx(metrics.twonn_authors(X).dimension,
+                                                    rel=1e-9)
+        assert np.isnan(row["std"].item())  # one set: no spread over batches
 
 
 @pytest.mark.slow

@@ -600,3 +600,22 @@ def test_model_name_labels_the_table(tmp_path, tiny_hf_folder, text_file) -> Non
     result = probe(cfg)
     assert set(result.frame["model"]) == {"tiny-gpt2"}
     assert set(result.drift_cosine["model"]) == {"tiny-gpt2"}
+
+
+def test_protocol_llm_microscope_on_an_hf_model(tmp_path, tiny_hf_folder, text_file,
+                                                capsys) -> None:
+    """protocol=llm_microscope: whole windows of the authors' 512 tokens (at most the model's
+    positions), the authors' TwoNN rows, and probe_info.json naming the protocol."""
+    folder = tiny_hf_folder("gpt2")
+    cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
+                                   "protocol=llm_microscope", "n_states=256",
+                                   "settings.state_batch_size=256", "settings.max_order=8",
+                                   "settings.distributions=false", "plot_metrics=[]",
+                                   "metrics=[default]"])
+    result = probe(cfg)
+    metrics_seen = set(result.frame["metric"])
+    assert "twonn_llm_microscope" in metrics_seen and "twonn" not in metrics_seen
+    info = json.loads((tmp_path / "probe_info.json").read_text())
+    assert info["protocol"] == "llm_microscope" and info["twonn_convention"] == "llm_microscope"
+    # The authors' 512-token chunks, cut to the tiny model's 64 positions; whole windows.
+    assert "256 states from 4 windows of 64 tokens" in capsys.readouterr().out

@@ -10,6 +10,8 @@ Modules:
 - ``drift``: the common offset of the states.
 - ``rank``: effective rank (Roy & Vetterli, centred), RankMe (Garrido et al.), PCA dimension.
 - ``isoscore``: IsoScore (Rudman et al.), uniformity of the variance over dimensions.
+- ``twonn_authors``: TwoNN in the convention of the Shape of Learning authors' llm-microscope.
+- ``linearity``: Procrustes linearity score of two paired state sets (Razzhigaev et al. 2024).
 - ``intrinsic_dimension``: TwoNN, GRIDE, Levina-Bickel MLE, near-duplicate share, from one
   exact kNN search per batch (``neighbors``).
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
@@ -49,11 +51,16 @@ from .intrinsic_dimension import (
     twonn,
 )
 from .isoscore import isoscore
+from .linearity import linearity
 from .neighbors import faiss_has_gpu, nearest_neighbors
 from .rank import effective_rank, pca_dimension, rankme
 from .similarity import pooled_similarity, token_cosine_matrix
+from .twonn_authors import TwoNNAuthorsResult, twonn_authors
 
 __all__ = [
+    "linearity",
+    "twonn_authors",
+    "TwoNNAuthorsResult",
     "batch_indices",
     "anisotropy",
     "mean_cosine_similarity",

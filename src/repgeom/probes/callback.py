@@ -128,7 +128,8 @@ class ProbeCallback(L.Callback):
         if trainer.is_global_zero:
             table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
-                json.dumps(self.probes.describe(), indent=2)
+                json.dumps({"protocol": self.spec.protocol, **self.probes.describe(),
+                            "twonn_convention": self.spec.settings.twonn_convention}, indent=2)
             )
 
     def state_dict(self) -> dict[str, Any]:

@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.metrics._validation import check_matrix
@@ -133,11 +135,15 @@ def _intrinsic_dimension(X, settings) -> list[tuple[str, float, float]]:
     )
     twonn = result.twonn
     spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
-    rows = [
-        ("twonn", twonn.dimension, twonn.dimension_std * spread),
-        ("twonn_mle", twonn.mle, twonn.mle_std * spread),
-        ("duplicates", twonn.n_duplicates, math.nan),
-    ]
+    if settings.twonn_convention == "llm_microscope":  # the authors' fit, on the same batches
+        batch = min(settings.state_batch_size, X.shape[0])
+        dims = [metrics.twonn_authors(X[index.to(X.device)]).dimension
+                for index in metrics.batch_indices(X.shape[0], batch, settings.seed)]
+        rows = [("twonn_llm_microscope", float(np.mean(dims)), float(np.std(dims)) * spread)]
+    else:
+        rows = [("twonn", twonn.dimension, twonn.dimension_std * spread),
+                ("twonn_mle", twonn.mle, twonn.mle_std * spread)]
+    rows.append(("duplicates", twonn.n_duplicates, math.nan))
     gride = result.gride
     for order, dim, std in zip(gride.orders, gride.dimension, gride.dimension_std, strict=True):
         rows.append((f"gride_k{order}", dim, std * spread))
@@ -211,6 +217,9 @@ BUILTIN: dict[str, Metric] = {
         Metric("intrinsic_dimension", "states", _intrinsic_dimension,
                (_id("twonn", "Intrinsic dimension (TwoNN)", figures=("profile", "vs_step"),
                     console=True, wandb=("profile", "layer_step", "peak")),
+                _id("twonn_llm_microscope", "Intrinsic dimension (TwoNN, llm-microscope fit)",
+                    figures=("profile", "vs_step"), console=True,
+                    wandb=("profile", "layer_step", "peak")),
                 _id("twonn_mle", "Intrinsic dimension (TwoNN MLE)"),
                 _id(r"gride_k(?P<k>\d+)", "Intrinsic dimension (GRIDE, k={k})",
                     console=True, member="gride_k16", wandb=("profile", "layer_step", "peak")),

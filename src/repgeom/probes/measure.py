@@ -58,6 +58,10 @@ def layer_names(n_blocks: int, final_norm: bool) -> list[str]:
     )
 
 
+TWONN_CONVENTIONS = ("facco", "llm_microscope")
+"""`ProbeSettings.twonn_convention`'s values."""
+
+
 @dataclass
 class ProbeSettings:
     """What to compute, and the estimator options (see `repgeom.metrics` for each).
@@ -76,6 +80,11 @@ class ProbeSettings:
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = 5000
     seed: int = 0
+    twonn_convention: str = "facco"
+    """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
+    ``llm_microscope``: as the Shape of Learning authors' code does
+    (`repgeom.metrics.twonn_authors`, row ``twonn_llm_microscope``), so a table never mixes the
+    two under one name."""
     metrics: tuple[str, ...] = ("default",)
     """Catalogue names (`repgeom.probes.catalogue.resolve`): built-ins, ``default`` (the cheap
     set), ``all``, or dotted paths of the user's own ``f(X) -> float | dict``. The switches
@@ -95,6 +104,11 @@ class ProbeSettings:
             )
         self.metrics = tuple(str(m) for m in self.metrics)
         catalogue.check_names(self.metrics)
+        if self.twonn_convention not in TWONN_CONVENTIONS:
+            raise ValueError(
+                f"probe setting twonn_convention must be one of {', '.join(TWONN_CONVENTIONS)}, "
+                f"got {self.twonn_convention!r}"
+            )
         check_max_order(self.max_order, "probe setting max_order")
 
 

@@ -359,6 +359,10 @@ def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
     every layer index in the table (``embedding``, ``block_<i>``, ``final_norm``)."""
     info = {
         "mode": mode,
+        # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
+        "protocol": str(cfg.get("protocol") or "repgeom"),
+        "twonn_convention": "llm_microscope" if result.frame is not None and (
+            result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
         "compare": result.compare is not None,
         "layers": _layer_names(result.frame),
         "layer_convention": (

@@ -48,6 +48,8 @@ class ProbeSpec:
     seed : fixes the windows, positions and estimator batches
     metrics : catalogue names (`catalogue.resolve`)
     settings : estimator options (`ProbeSettings`)
+    protocol : the name of the protocol these options make (``repgeom``, ``llm_microscope``:
+        conf/probe/llm_microscope.yaml), written to ``probes/probe_set.json``
     """
 
     n_states: int = DEFAULT_N_STATES
@@ -57,6 +59,7 @@ class ProbeSpec:
     seed: int = 0
     metrics: list[str] = field(default_factory=lambda: ["default"])
     settings: EstimatorOptions = field(default_factory=EstimatorOptions)  # type: ignore[valid-type]
+    protocol: str = "repgeom"
 
     def __post_init__(self) -> None:
         if not isinstance(self.settings, EstimatorOptions):

@@ -38,6 +38,9 @@ from repgeom.probes.texts import byte_windows, default_text, read_text
 
 DEFAULT_HF_WINDOW = 256
 """Tokens per window of a Hugging Face model (at most its positions) unless window= says."""
+PROTOCOL_HF_WINDOW = {"llm_microscope": 512}
+"""Protocols whose windows differ (conf/protocol/): the Shape of Learning authors' 512-token
+chunks."""
 
 
 def gpt_captures(
@@ -390,7 +393,8 @@ def _hf_probe_set(cfg: DictConfig, hf, seed: int) -> tuple[ProbeSet, torch.Tenso
     window = cfg.get("window")
     if window is None:
         positions = getattr(hf.model.config, "max_position_embeddings", None)
-        window = min(DEFAULT_HF_WINDOW, positions) if positions else DEFAULT_HF_WINDOW
+        default = PROTOCOL_HF_WINDOW.get(str(cfg.get("protocol")), DEFAULT_HF_WINDOW)
+        window = min(default, positions) if positions else default
     ids, mask = tokenize_windows(hf, text, window=int(window))
     candidates = mask.bool()
     if not cfg.include_special:
