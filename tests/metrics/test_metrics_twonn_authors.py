@@ -39,7 +39,8 @@ def test_duplicates_are_dropped_and_counted() -> None:
     # the two members of a copied pair): 114 copies and 51 such neighbours here.
     x = X.double() - X.double().mean(0)
     x = x / x.norm(dim=1).mean()
-    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist").fill_diagonal_(float("inf")).sort(dim=1).values
+    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")  # exact, no matmul
+    d = d.fill_diagonal_(float("inf")).sort(dim=1).values
     dropped = (d[:, 0] < 1e-8) | (d[:, 1] / d[:, 0].clamp_min(1e-300) <= 1 + 1e-8)
     assert r.n_dropped == int(dropped.sum()) > 2 * 57
     assert r.n_fitted == (X.shape[0] - r.n_dropped) // 5
