@@ -14,7 +14,8 @@ so that all see the same machine load (minimum over repetitions):
 It also prints the largest relative difference of the state metrics' table between whole and
 sorted-and-cut windows (float rounding only: another batch shape, another summation order).
 
-    python benchmarks/bench_probe_forward.py [--ckpt last.ckpt] [--positions-per-window 4]
+    python benchmarks/bench_probe_forward.py [--ckpt last.ckpt]
+    python benchmarks/bench_probe_forward.py --positions-per-window 4 --n-states 3244
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from repgeom.probes.targets import gpt_captures
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
-def build(ckpt: str | None, positions_per_window: int | None):
+def build(ckpt: str | None, positions_per_window: int | None, n_states: int | None):
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=["experiment=quickstart", "output_dir=/tmp"])
     datamodule = instantiate(cfg.data)
@@ -50,6 +51,8 @@ def build(ckpt: str | None, positions_per_window: int | None):
     spec = ProbeSpec(**{k: v for k, v in cfg.probe.items() if k in ProbeSpec.__dataclass_fields__})
     if positions_per_window is not None:
         spec.positions_per_window = positions_per_window
+    if n_states is not None:
+        spec.n_states = n_states
     probes = probe_set(datamodule, n_states=spec.n_states,
                        positions_per_window=spec.positions_per_window,
                        attention_windows=spec.attention_windows,
@@ -61,9 +64,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", help="a quickstart checkpoint (default: the untrained model)")
     parser.add_argument("--positions-per-window", type=int)
+    parser.add_argument("--n-states", type=int,
+                        help="e.g. 3244 with 4 positions: the sample's 811 windows at the default")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    model, probes, spec = build(args.ckpt, args.positions_per_window)
+    model, probes, spec = build(args.ckpt, args.positions_per_window, args.n_states)
     windows, positions, size = probes.windows, probes.positions, spec.batch_size
 
     def whole():

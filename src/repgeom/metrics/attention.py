@@ -75,8 +75,9 @@ def attention_entropy(probs, *, causal: bool, valid=None, tol: float = 1e-2) -> 
     Parameters
     ----------
     probs : Tensor, shape (B, H, T, T)
-        Softmax probabilities (query dim -2, key dim -1); any float dtype and device
-        (reduced in float64).
+        Softmax probabilities (query dim -2, key dim -1); any float dtype and device. Each
+        row is reduced in the input's precision (float32 at least: ~1e-7 relative for a row of
+        512) and the means over rows in float64.
     causal : bool, keyword-only
         Whether query t may attend only to keys ``j <= t``.
     valid : Tensor of bool, shape (B, T), optional, keyword-only
@@ -243,7 +244,9 @@ def qk_alignment(queries, keys, *, causal: bool = True, valid=None) -> QKAlignme
     ----------
     queries, keys : Tensor, shape (B, H, T, D)
         Per-head queries and keys as they enter ``softmax(Q K^T / sqrt(D))`` (after any rotary
-        embedding); any float dtype and device (reduced in float64).
+        embedding); any float dtype and device. The means and the score mean in float64 (the
+        mean score from a cumulative sum of the keys); the score spread and extreme from
+        float32 products (float64 input: float64) centred on that mean, ~1e-7 relative.
     causal : bool, keyword-only
         Count only ``j <= t`` pairs in the score statistics (default True, the project's GPT).
     valid : Tensor of bool, shape (B, T), optional, keyword-only
