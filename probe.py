@@ -3,7 +3,7 @@
 import hydra
 from omegaconf import DictConfig
 
-from repgeom.probes.runner import probe
+from repgeom.analyses.probe_extras import probe
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="probe")

@@ -25,7 +25,6 @@ import argparse
 import os
 import time
 
-import numpy as np
 import torch
 from bench_probe_protocol import split_windows
 

@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         n_panels = sum(len(s["panels"]) for s in spec["sections"])
         print(f"wrote {args.dry_run}: {len(spec['sections'])} sections, {n_panels} panels")
         return 0
-    from repgeom.train import wandb_logged_in
+    from repgeom.loggers import wandb_logged_in
 
     if not wandb_logged_in():
         print(

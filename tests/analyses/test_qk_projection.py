@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra_configs import CONF_DIR, compose_train
 
-from repgeom.analyses import qk_projection
+from repgeom.analyses import probe_extras, qk_projection
 from repgeom.analyses.qk_projection import common_svd, project, qk_trajectory, svd_basis
 from repgeom.probes import runner, table
 from repgeom.train import train
@@ -168,7 +168,7 @@ def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
     cfg = compose_probe(tmp_path / "probe", [
         f"run={run}", "qk_projection=true", "device=cpu", "metrics=[qk_alignment]",
         "plot_metrics=[]", "settings.distributions=false"])
-    result = runner.probe(cfg)
+    result = probe_extras.probe(cfg)  # probe.py's function: the pipeline and its extras
     drawn = sorted(p.name for p in result.plots)
     assert drawn == [f"qk_projection_layer{layer:02d}_head{head:02d}.png"
                      for layer in (1, 2) for head in (0, 1)]

@@ -545,6 +545,7 @@ def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, t
     group's own token states (checked against the model's hidden states read directly)."""
     from transformers import AutoModel, AutoTokenizer
 
+    from repgeom.analyses.probe_extras import probe as probe_with_analyses
     from repgeom.metrics.distributions import activation_distribution
 
     folder = tiny_hf_folder("gpt2")
@@ -557,7 +558,7 @@ def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, t
     pd.DataFrame(rows).to_csv(csv, index=False)
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL,
                                    f"labels.csv={csv}", "labels.group_by=[subject,tone]"])
-    result = probe(cfg)
+    result = probe_with_analyses(cfg)  # probe.py's function: the pipeline and its extras
     out = result.output_dir / "distributions"
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["group"]) == {"fox:calm", "fox:loud", "dog:calm", "dog:loud"}

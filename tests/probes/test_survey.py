@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from test_probe_run import SMALL, run_probe_py
 
-from repgeom.analyses.godey import CSV_NAME, drift_cosine_correlation
 from repgeom.probes import plots, survey, table
+from repgeom.probes.drift_cosine import CSV_NAME, drift_cosine_correlation
 
 KIND = {"gpt2": "decoder", "bert": "encoder"}
 

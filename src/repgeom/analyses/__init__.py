@@ -4,8 +4,6 @@
   ("Beyond Gaussian", papers/004).
 - ``distinctiveness``: subject/attribute distinctiveness of pooled sentence states (papers/004).
 - ``similarity``: token x token cosine within a text, pooled cosine of text pairs (papers/000).
-- ``godey``: drift norm against mean cosine across layers, Spearman and Pearson (papers/003);
-  probe.py writes it as ``drift_cosine.csv`` and the report states it.
 - ``qk_projection``: queries and keys of every checkpoint of a run in one SVD projection
   (papers/003, Figs. 11-12); also ``probe.py run=... qk_projection=true``.
 - ``scores``: pre-softmax attention scores per block, quantiles and row/sequence extremes
@@ -13,7 +11,9 @@
 - ``subjects``: models (Hugging Face or our checkpoints) as one interface; tokenizer checks.
 - ``example_data``: a small templated subject x attribute data set.
 
-They read models through `repgeom.models.hf` and `CharLM` (``qk_projection``: a run's
-checkpoints and the training probe's windows, `repgeom.models.checkpoints`), and never touch the
-probe pipeline.
+They sit above the probe pipeline: they read models through `repgeom.models.hf` and `CharLM`
+(``qk_projection``: a run's checkpoints and the training probe's windows) and use only the
+pipeline's public names; the pipeline never imports them (``probe.py``'s ``qk_projection=`` and
+``labels.csv=`` are dispatched by `repgeom.analyses.probe_extras` from the entry point). Godey et
+al.'s drift/cosine correlation, which every probe run writes, is `repgeom.probes.drift_cosine`.
 """

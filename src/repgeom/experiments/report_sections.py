@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from repgeom.analyses.godey import drift_cosine_correlation
 from repgeom.experiments import figures as bands
 from repgeom.experiments import seeds
 from repgeom.experiments.report_findings import (
@@ -22,6 +21,7 @@ from repgeom.experiments.report_findings import (
 )
 from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
 from repgeom.probes import plots
+from repgeom.probes.drift_cosine import drift_cosine_correlation
 from repgeom.probes.table import FINAL_NORM, read_table
 
 
@@ -91,7 +91,8 @@ def drift_cosine_lines(sweep: Path) -> list[str]:
         "Drift norm ‖x̄‖ against mean cosine across blocks 1..L at the last probe "
         "(Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson), the mean "
         "over seeds and how many seeds reach p < 0.05. One point per block: Spearman's p is "
-        "exact over all orderings of up to 8 blocks (`repgeom.analyses.godey.spearman_p`), and "
+        "exact over all orderings of up to 8 blocks "
+        "(`repgeom.probes.drift_cosine.spearman_p`), and "
         "with 4 blocks it is at least 2/24 = 0.083 even at rho = 1, so only Pearson's test can "
         "reach p < 0.05 here.",
         "",

@@ -66,7 +66,7 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
 def print_drift_cosine(correlation: pd.DataFrame) -> None:
     """Godey et al. 2024, §3.3 (Fig. 5) and appendix A (Fig. 16): Spearman and Pearson
     correlation of the drift norm and the mean cosine across blocks 1..L, one row per step and
-    model (`repgeom.analyses.godey.drift_cosine_correlation`). Nothing when not measured."""
+    model (`repgeom.probes.drift_cosine.drift_cosine_correlation`). Nothing when not measured."""
     from rich.table import Table
 
     if correlation is None or correlation.empty:

@@ -38,14 +38,13 @@ import json
 import logging
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from repgeom.analyses.godey import save_drift_cosine
 from repgeom.console import quiet_console
 from repgeom.models.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
     CheckpointFormatError,
@@ -66,6 +65,7 @@ from repgeom.probes import (
     table,
 )
 from repgeom.probes.compare import compare
+from repgeom.probes.drift_cosine import save_drift_cosine
 from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
 from repgeom.probes.spec import training_probe  # noqa: F401
@@ -174,7 +174,7 @@ def check_config(cfg: DictConfig) -> str:
 # The run
 
 
-def probe(cfg: DictConfig) -> ProbeRunResult:
+def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     """Probe what `cfg` names (``run``, ``ckpt`` or ``hf``); write the table, plots and logs.
 
     Returns
@@ -185,6 +185,10 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         drift-norm/mean-cosine correlation across blocks per step (Godey et al. 2024, §3.3;
         ``<output_dir>/probes/drift_cosine.csv``), and in compare mode the per-layer pooled
         cosine (``<output_dir>/compare/pooled_cosine.csv``).
+
+    `extras` are functions ``(cfg, output_dir, device) -> figure paths`` run after the probe's
+    own figures: the analyses a run asks for (``repgeom.analyses.probe_extras``, which
+    ``probe.py`` passes; the pipeline does not import the analyses).
     """
     quiet_console()
     mode = check_config(cfg)
@@ -259,13 +263,8 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
             figures += plots.save_figures(
                 model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
             )
-        if cfg.get("qk_projection"):
-            from repgeom.analyses import qk_projection
-
-            figures += qk_projection.write(cfg.run, output_dir / "qk_projection",
-                                           windows=cfg.get("attention_windows"), device=device)[1]
-        if (cfg.get("labels") or {}).get("csv"):
-            _fit_label_groups(cfg, output_dir / "distributions")
+        for extra in extras:  # the analyses asked for (repgeom.analyses.probe_extras)
+            figures += extra(cfg, output_dir, device)
         console.print_tables(frame, subjects)
         phase_report.report(frame, output_dir, loggers)  # phases.csv, console, W&B summary
         correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
@@ -280,24 +279,6 @@ def probe(cfg: DictConfig) -> ProbeRunResult:
         run.finish()
     print(f"Probe outputs: {output_dir}")
     return result
-
-
-def _fit_label_groups(cfg: DictConfig, out: Path) -> dict[str, pd.DataFrame]:
-    """`repgeom.analyses.distributions` on the model of ``ckpt=``/``hf=``, one fit per group
-    of ``labels.csv`` (the post fits each subject:attribute pair), written to `out`."""
-    from repgeom.analyses import distributions
-    from repgeom.analyses.subjects import load_subject
-
-    subject = load_subject(hf=cfg.get("hf"), ckpt=cfg.get("ckpt"), tokenizer=cfg.get("tokenizer"))
-    samples = (cfg.get("settings") or {}).get("distribution_samples")
-    tables = distributions.run(
-        subject, pd.read_csv(Path(str(cfg.labels.csv)).expanduser()), out,
-        group_by=[str(c) for c in cfg.labels.get("group_by") or []],
-        n_samples=samples or ProbeSettings.distribution_samples,
-        seed=0 if cfg.get("seed") is None else int(cfg.seed),
-    )
-    console.print_family_shares(tables["shares"])
-    return tables
 
 
 # -- compare ----------------------------------------------------------------------------------
@@ -388,7 +369,7 @@ def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) ->
         return []
     from lightning.pytorch.loggers import WandbLogger
 
-    from repgeom.train import build_loggers
+    from repgeom.loggers import build_loggers
 
     conf = cfg.copy()
     with open_dict(conf):

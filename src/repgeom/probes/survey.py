@@ -26,7 +26,7 @@ and Hugging Face's alike, and a survey can be redrawn or extended without probin
 Written to the output folder: ``survey.csv`` (the rows drawn: ``model``, ``kind``, ``step``,
 ``layer``, ``layer_name``, ``depth`` (NaN for the final norm), ``metric``, ``value``, ``std``),
 ``survey_<metric>.png`` per metric, and ``drift_cosine.csv``, Godey et al.'s drift/cosine
-correlation per model (`repgeom.analyses.godey`). A folder with several steps (a trajectory, or
+correlation per model (`repgeom.probes.drift_cosine`). A folder with several steps (a trajectory, or
 revisions) contributes its last step.
 """
 
@@ -42,8 +42,8 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from repgeom.analyses.godey import save_drift_cosine
 from repgeom.probes import aggregate, catalogue, table
+from repgeom.probes.drift_cosine import save_drift_cosine
 from repgeom.probes.plots import DPI, survey_profile
 
 INFO_FILE = "probe_info.json"

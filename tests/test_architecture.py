@@ -1,0 +1,125 @@
+"""The package's layers, read from its source with `ast`: imports run downwards only.
+
+    console, resources  <  metrics  <  data, models, loggers, options, progress_bar,
+    model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard (entry points)
+
+A lower floor never imports a higher one (not even inside a function), and no two modules import
+each other, directly or round a cycle. `probe.py` runs without the training stack.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+FLOORS = {
+    "console": 0, "resources": 0,
+    "metrics": 1,
+    "data": 2, "models": 2, "loggers": 2, "options": 2, "progress_bar": 2, "model_summary": 2,
+    "probes": 3,
+    "analyses": 4,
+    "experiments": 5,
+    "train": 6, "dashboard": 6,
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / "repgeom").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every repgeom module `name` imports (module level or inside a function)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target.startswith("repgeom.") and target != name:
+                found.add(target)
+    return found
+
+
+def _floor(module: str) -> int:
+    top = module.split(".")[1]
+    if top not in FLOORS:
+        raise AssertionError(f"{module}: no floor; add repgeom.{top} to FLOORS in this test")
+    return FLOORS[top]
+
+
+GRAPH = {name: _imports(name, path, set(_modules())) for name, path in _modules().items()
+         if name != "repgeom"}
+
+
+def test_every_module_has_a_floor() -> None:
+    for name in GRAPH:
+        _floor(name)
+
+
+def test_no_import_climbs_a_floor() -> None:
+    upward = sorted(f"{a} -> {b}" for a, targets in GRAPH.items() for b in targets
+                    if b != "repgeom" and _floor(b) > _floor(a))
+    assert upward == []
+
+
+def test_no_import_cycle() -> None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH.get(node, ())):
+            # A package's __init__ re-exporting its own modules is not a cycle of jobs.
+            if nxt == "repgeom" or node.startswith(nxt + ".") or nxt.startswith(node + "."):
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join([*path[path.index(nxt):], nxt]))
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_the_layer_check_sees_a_planted_upward_import(tmp_path) -> None:
+    """The checker itself: a metrics module importing the probes is caught."""
+    path = tmp_path / "bad.py"
+    path.write_text("from repgeom.probes import table\n")
+    targets = _imports("repgeom.metrics.bad", path, {*_modules(), "repgeom.metrics.bad"})
+    assert "repgeom.probes.table" in targets
+    assert _floor("repgeom.probes.table") > _floor("repgeom.metrics.bad")
+
+
+@pytest.mark.parametrize("module", ["repgeom.probes.runner", "repgeom.analyses.probe_extras"])
+def test_probe_pipeline_loads_no_training_code(module) -> None:
+    # Lightning itself still loads: our checkpoints are read through CharLM and the validation
+    # windows through Enwik8DataModule, both Lightning classes (issue 17: what is left).
+    code = f"import sys, {module}; print([m for m in ('repgeom.train',) if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
