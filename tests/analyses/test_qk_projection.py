@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra_configs import CONF_DIR, compose_train
@@ -94,6 +95,17 @@ def run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+def test_trajectory_checkpoints_keep_the_weights_not_the_optimizer(run) -> None:
+    """callbacks=trajectory: step checkpoints without AdamW's moments; last.ckpt complete."""
+    step = torch.load(run / "checkpoints" / "step10.ckpt", map_location="cpu", weights_only=True)
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert "optimizer_states" not in step and "optimizer_states" in last
+    assert "Enwik8DataModule" in step and "hyper_parameters" in step  # what probe.py reads
+    # AdamW keeps two moments per weight: a full checkpoint is about three times the weights.
+    size = {p.name: p.stat().st_size for p in (run / "checkpoints").glob("*.ckpt")}
+    assert size["step10.ckpt"] < 0.5 * size["last.ckpt"]
+
+
 def test_run_trajectory_reads_the_probes_queries_and_keys(run) -> None:
     trajectory = qk_trajectory(run, points=None)
     assert trajectory.steps == [10, 20]  # last.ckpt is step 20 too: one entry per step
