@@ -24,7 +24,7 @@ FLOORS = {
     "probes": 3,
     "analyses": 4,
     "experiments": 5,
-    "train": 6, "dashboard": 6,
+    "train": 6, "dashboard": 6, "commands": 7,
 }
 
 
