@@ -112,7 +112,8 @@ def test_probe_that_is_not_a_callback_fails_with_the_options(tmp_path: Path, pre
     if not preset:  # no preset: no probe at all, which is fine
         assert not any(isinstance(cb, ProbeCallback) for cb in build_callbacks(cfg))
         return
-    match = r"probe has no _target_.*probe=<option>, one of \['default', 'full', 'none'\]"
+    match = (r"probe has no _target_.*probe=<option>, one of "
+             r"\['default', 'full', 'llm_microscope', 'none'\]")
     with pytest.raises(ValueError, match=match):
         build_callbacks(cfg)
     with pytest.raises(ValueError, match=match):  # train() refuses before it builds anything

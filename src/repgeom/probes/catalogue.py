@@ -217,9 +217,10 @@ BUILTIN: dict[str, Metric] = {
         Metric("intrinsic_dimension", "states", _intrinsic_dimension,
                (_id("twonn", "Intrinsic dimension (TwoNN)", figures=("profile", "vs_step"),
                     console=True, wandb=("profile", "layer_step", "peak")),
+                # Only where settings.twonn_convention=llm_microscope: no dashboard panels of
+                # its own (the dashboard plots what every run logs); phases and peaks follow it.
                 _id("twonn_llm_microscope", "Intrinsic dimension (TwoNN, llm-microscope fit)",
-                    figures=("profile", "vs_step"), console=True,
-                    wandb=("profile", "layer_step", "peak")),
+                    figures=("profile", "vs_step"), console=True, wandb=("peak",)),
                 _id("twonn_mle", "Intrinsic dimension (TwoNN MLE)"),
                 _id(r"gride_k(?P<k>\d+)", "Intrinsic dimension (GRIDE, k={k})",
                     console=True, member="gride_k16", wandb=("profile", "layer_step", "peak")),
