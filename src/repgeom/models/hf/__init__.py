@@ -65,15 +65,8 @@ Encoder-decoder models (``is_encoder_decoder``: T5, ByT5) are probed as two mode
 stack (``HFModel.stack``), each with its own embedding, blocks and final norm (T5's
 ``final_layer_norm`` in both stacks, measured as the layer ``final_norm`` as above):
 
-- the encoder: ``model.encoder`` alone on the text's windows, bidirectional;
-- the decoder: the whole model with the same window as ``input_ids`` and as
-  ``decoder_input_ids`` (not shifted right behind a start token), so the decoder reads the text
-  causally while its cross-attention reads the encoder's states of that same window. This keeps
-  the two stacks' rows on the same tokens and positions (the same probe set, special tokens and
-  padding masks), and position t of the decoder holds token t as input, as in a decoder-only
-  model. It is a reconstruction setting, not T5's span-corruption pre-training task: the
-  decoder can read the whole window through cross-attention, so it is causal in its own
-  self-attention only.
+the encoder alone on the text's windows, and the decoder reading the same window causally while
+cross-attending to the encoder (`repgeom.models.hf.stacks` says how and why).
 """
 
 from __future__ import annotations
