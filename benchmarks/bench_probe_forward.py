@@ -53,10 +53,7 @@ def build(ckpt: str | None, positions_per_window: int | None, n_states: int | No
         spec.positions_per_window = positions_per_window
     if n_states is not None:
         spec.n_states = n_states
-    probes = probe_set(datamodule, n_states=spec.n_states,
-                       positions_per_window=spec.positions_per_window,
-                       attention_windows=spec.attention_windows,
-                       block_size=model.config.block_size, seed=spec.seed)
+    probes = probe_set(datamodule.validation_windows(), spec)
     return model.eval(), probes, spec
 
 

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from repgeom.data.datamodule import Enwik8DataModule, choose_windows
+from repgeom.data.datamodule import Enwik8DataModule
+from repgeom.data.tokens import choose_windows
 from repgeom.models.lightning_module import CharLM
 from repgeom.probes.measure import ProbeSettings, measure_states
 from repgeom.probes.sampling import choose_positions, windows_needed

@@ -117,9 +117,10 @@ def test_the_layer_check_sees_a_planted_upward_import(tmp_path) -> None:
 
 @pytest.mark.parametrize("module", ["repgeom.probes.runner", "repgeom.analyses.probe_extras"])
 def test_probe_pipeline_loads_no_training_code(module) -> None:
-    # Lightning itself still loads: our checkpoints are read through CharLM and the validation
-    # windows through Enwik8DataModule, both Lightning classes (issue 17: what is left).
-    code = f"import sys, {module}; print([m for m in ('repgeom.train',) if m in sys.modules])"
+    # Our checkpoints are read by models.checkpoints.load_gpt and their validation windows by
+    # data.tokens: neither the training code nor Lightning's Trainer is imported.
+    unwanted = ("repgeom.train", "lightning.pytorch.trainer", "lightning.pytorch")
+    code = f"import sys, {module}; print([m for m in {unwanted!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert done.stdout.strip() == "[]"

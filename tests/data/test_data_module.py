@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from repgeom.data import datamodule as dm_module
 from repgeom.data import enwik8
+from repgeom.data import tokens as dm_module
 from repgeom.data.datamodule import Enwik8DataModule
 from repgeom.data.enwik8 import DataError
 from repgeom.data.vocab import Vocab

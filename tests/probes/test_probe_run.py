@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.probes import phase_report, phases, runner, table
-from repgeom.probes.measure import PER_HEAD_METRICS, ProbeSettings
+from repgeom.probes.measure import PER_HEAD_METRICS
 from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
 from repgeom.train import train
 
@@ -333,14 +333,14 @@ def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> N
 def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run) -> None:
     """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
     ckpt = runner.read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
-    saved = runner.training_probe(ckpt, trained_run)
-    assert saved.origin == "checkpoint" and saved.n_states == 512
+    saved, origin = runner.training_probe(ckpt, trained_run)
+    assert origin == "checkpoint" and saved.n_states == 512
     ckpt["callbacks"] = {key: {"done": [0]} for key in ckpt["callbacks"]}
-    from_run = runner.training_probe(ckpt, trained_run)
-    assert from_run.origin.startswith("run config")
+    from_run, origin = runner.training_probe(ckpt, trained_run)
+    assert origin.startswith("run config")
     assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (512, 4, 0)
     # The run config lists what conf/probe/default.yaml sets; ProbeSettings fills the rest.
-    assert ProbeSettings(**from_run.settings) == ProbeSettings(**saved.settings)
+    assert from_run.probe_settings() == saved.probe_settings()
 
 
 @pytest.mark.slow
@@ -358,8 +358,8 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
     text.write_text(runner.default_text("sample"), encoding="utf-8")  # markup, non-ASCII
     # Every option the ckpt= path would otherwise take from the training probe is given
     # explicitly, so the two runs differ in nothing but the model they load.
-    trained = runner.training_probe(runner.read_checkpoint(ckpt), trained_run)
-    settings = asdict(ProbeSettings(**trained.settings))
+    trained, _ = runner.training_probe(runner.read_checkpoint(ckpt), trained_run)
+    settings = asdict(trained.probe_settings())
     settings.update(max_order=8, state_batch_size=256, distribution_samples=500, distributions=True)
     settings.pop("seed")  # the top-level seed= below sets it for both
     settings.pop("metrics")  # probe.py's own metrics= (all) chooses them for both
@@ -437,7 +437,7 @@ def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
                                  f"compare.text_b='{text}'"])
     )  # fmt: skip
     pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
-    assert pooled["layer"].tolist() == [0, 1, 2]
+    assert pooled["layer"].tolist() == [0, 1, 2]  # BERT is post-LN: no final norm
     np.testing.assert_allclose(pooled["pooled_cosine"], 1.0, atol=1e-6)  # float32 states
     assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
     matrix = pd.read_csv(tmp_path / "compare" / "token_cosine_last_layer.csv", index_col=0)
@@ -454,7 +454,10 @@ def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_fol
         pd.read_csv(tmp_path / "compare" / f"pooled_cosine_step0_{stack}.csv")
         for stack in ("encoder", "decoder")
     )
-    assert encoder["layer"].tolist() == [0, 1, 2] and decoder["layer"].tolist() == [0, 1, 2, 3]
+    # Every probed layer, as in the probe table: T5's stacks end in a final norm.
+    assert encoder["layer"].tolist() == [0, 1, 2, 3]
+    assert decoder["layer"].tolist() == [0, 1, 2, 3, 4]
+    assert encoder["layer_name"].tolist() == ["embedding", "block_1", "block_2", "final_norm"]
     assert set(encoder["model"]) == {f"{folder}:encoder"} and set(decoder["kind"]) == {"decoder"}
     # Layer 0 is the embedding of the same tokens in both stacks (T5 shares one table).
     assert encoder["pooled_cosine"][0] == pytest.approx(decoder["pooled_cosine"][0], abs=1e-6)
@@ -466,7 +469,9 @@ def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
     pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
-    assert len(pooled) == 3 and (pooled["pooled_cosine"] < 1 - 1e-4).all()
+    # The probe table's layers: embedding, two blocks, our GPT's final norm.
+    assert pooled["layer_name"].tolist() == ["embedding", "block_1", "block_2", "final_norm"]
+    assert (pooled["pooled_cosine"] < 1 - 1e-4).all()
     matrix = pd.read_csv(tmp_path / "compare" / "token_cosine_last_layer.csv", index_col=0)
     assert matrix.shape == (3, 4)
     assert (tmp_path / "compare" / "compare.png").exists()

@@ -9,7 +9,7 @@ norm), and, for models that have one, a last layer ``final_norm``. Layer names f
 Special tokens (CLS, SEP, BOS, ...) are left out, as in the probes (`hf_capture`'s ``valid``).
 
 This module reads models only through `repgeom.models.hf` (loading, capture) and
-`CharLM.load_from_checkpoint`; it does not touch the probe pipeline.
+`repgeom.models.checkpoints.load_gpt`; it does not touch the probe pipeline.
 """
 
 from __future__ import annotations
@@ -63,11 +63,6 @@ class AttentionInputs:
     causal: bool
 
 
-def _layer_names(n_blocks: int, final_norm: bool) -> list[str]:
-    names = ["embedding"] + [f"block_{i}" for i in range(1, n_blocks + 1)]
-    return names + (["final_norm"] if final_norm else [])
-
-
 class HFSubject(Subject):
     """A Hugging Face model, loaded with `repgeom.models.hf.load_hf_model`.
 
@@ -88,7 +83,7 @@ class HFSubject(Subject):
         self.name = str(name_or_folder)
         self.max_tokens = int(max_tokens)
         cap = self._capture("a b")
-        self.layer_names = _layer_names(len(cap.hidden) - 1, cap.final_norm is not None)
+        self.layer_names = cap.layer_names()
 
     def _encode(self, text: str) -> dict:
         limit = min(self.max_tokens, getattr(self.hf.model.config, "max_position_embeddings",
@@ -105,10 +100,7 @@ class HFSubject(Subject):
         return hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False)
 
     def states(self, text: str) -> list[torch.Tensor]:
-        cap = self._capture(text)
-        valid = cap.valid[0] if cap.valid is not None else slice(None)
-        layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
-        out = [h[0][valid].float().cpu() for h in layers]
+        out = self._capture(text).text_states()
         if out[0].shape[0] == 0:
             raise ValueError(f"{self.name}: {text[:40]!r} has no token besides special tokens")
         return out
@@ -140,26 +132,28 @@ class HFSubject(Subject):
 
 
 class CheckpointSubject(Subject):
-    """One of our character-level checkpoints (`CharLM`), or a loaded `CharLM`.
+    """One of our character-level checkpoints (`repgeom.models.checkpoints.load_gpt`), or a
+    loaded `CharLM`.
 
     Text is UTF-8 encoded and cut into the model's ``block_size`` bytes; every byte is a token.
     """
 
     def __init__(self, ckpt, *, max_tokens: int | None = None) -> None:
-        from repgeom.models.lightning_module import CharLM
+        from repgeom.models.checkpoints import load_gpt
 
-        if isinstance(ckpt, CharLM):
-            lm, self.name = ckpt, "CharLM"
+        if hasattr(ckpt, "model") and hasattr(ckpt, "vocab"):  # a CharLM or a loaded checkpoint
+            lm, self.name = ckpt, type(ckpt).__name__
         else:
             if not Path(ckpt).is_file():
                 raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
-            lm = CharLM.load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
+            lm = load_gpt(ckpt)
             self.name = str(ckpt)
-        self.lm = lm.eval()
+        self.lm = lm
+        self.lm.model.eval()
         block = self.lm.model.config.block_size
         self.max_tokens = block if max_tokens is None else min(int(max_tokens), block)
         cap = self.lm.model.capture(torch.zeros(1, 1, dtype=torch.long), attention=False)
-        self.layer_names = _layer_names(len(cap.hidden) - 1, cap.final_norm is not None)
+        self.layer_names = cap.layer_names()
 
     def _ids(self, text: str) -> torch.Tensor:
         ids = np.asarray(self.lm.vocab.encode(text.encode("utf-8")), dtype=np.int64)
@@ -169,9 +163,7 @@ class CheckpointSubject(Subject):
 
     @torch.no_grad()
     def states(self, text: str) -> list[torch.Tensor]:
-        cap = self.lm.model.capture(self._ids(text), attention=False)
-        layers = list(cap.hidden) + ([cap.final_norm] if cap.final_norm is not None else [])
-        return [h[0].float().cpu() for h in layers]
+        return self.lm.model.capture(self._ids(text), attention=False).text_states()
 
     @torch.no_grad()
     def queries_keys(self, text: str) -> AttentionInputs:

@@ -43,6 +43,7 @@ import yaml
 
 from repgeom.experiments.figures import profile_bands, profiles_side_by_side
 from repgeom.probes import catalogue, similarity
+from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.plots import DPI, layer_profile
 from repgeom.probes.table import PROBE_DIR, read_table, rows_to_frame
 
@@ -125,9 +126,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--similarity", choices=catalogue.PAIR_NAMES,
                         help="instead of profiles: this similarity of the same layer of two runs, "
                              "from their saved probe states (exactly two RUNs)")
-    parser.add_argument("--batch-size", type=int, default=4096,
+    parser.add_argument("--batch-size", type=int, default=ProbeSettings.state_batch_size,
                         help="--similarity: states per batch (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=int, default=ProbeSettings.seed,
                         help="--similarity: seed of the batches (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.labels is not None and len(args.labels) != len(args.runs):
@@ -140,7 +141,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def run_similarity(runs: Sequence[str], labels: Sequence[str], metric: str, *,
-                   step: int | str = "last", batch_size: int = 4096, seed: int = 0):
+                   step: int | str = "last",
+                   batch_size: int = ProbeSettings.state_batch_size,
+                   seed: int = ProbeSettings.seed):
     """Rows of `metric` between the same layer of two runs (`similarity.run_vs_run_rows`)."""
     folders = [_run_folder(run) / PROBE_DIR for run in runs]
     rows = similarity.run_vs_run_rows(

@@ -10,6 +10,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+FINAL_NORM = "final_norm"
+"""`layer_name` of the final norm's output, probed as layer L + 1 where a model has one."""
+
+
+def layer_names(n_blocks: int, final_norm: bool) -> list[str]:
+    """Names of the probed layers by index: ``embedding``, ``block_1`` .. ``block_L``, and
+    ``final_norm`` when the model has one.
+
+    >>> layer_names(2, True)
+    ['embedding', 'block_1', 'block_2', 'final_norm']
+    """
+    return ["embedding", *(f"block_{i}" for i in range(1, n_blocks + 1))] + (
+        [FINAL_NORM] if final_norm else []
+    )
+
 
 @dataclass
 class Capture:
@@ -50,3 +65,18 @@ class Capture:
     def n_layers(self) -> int:
         """Number of blocks (the embedding state is not counted)."""
         return len(self.hidden) - 1
+
+    def layers(self) -> list[torch.Tensor]:
+        """The probed layers, the one rule for every reader: the embedding output, each block's
+        output, then the final norm's output where the model has one (`layer_names`)."""
+        return [*self.hidden, *([] if self.final_norm is None else [self.final_norm])]
+
+    def layer_names(self) -> list[str]:
+        """The names of `layers`: ``embedding``, ``block_<i>``, ``final_norm``."""
+        return layer_names(self.n_layers, self.final_norm is not None)
+
+    def text_states(self, row: int = 0) -> list[torch.Tensor]:
+        """Per layer (`layers`), the (T, C) float32 CPU states of window `row` at its valid
+        positions: what one text gives every reader (compare mode, the analyses)."""
+        keep = slice(None) if self.valid is None else self.valid[row]
+        return [h[row][keep].float().cpu() for h in self.layers()]

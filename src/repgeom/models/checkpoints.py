@@ -1,5 +1,7 @@
 """Our training checkpoints: reading and checking them, finding a run's, the run's config and
-data they carry, loading the model, and the device to load it on.
+data they carry, loading the model, and the device to load it on; all without Lightning (a
+checkpoint is a dict: ``hyper_parameters`` rebuild the `GPT`, ``state_dict`` holds its weights
+under ``model.``).
 
 The training probe's options saved in a checkpoint are read by `repgeom.probes.spec`.
 """
@@ -7,12 +9,15 @@ The training probe's options saved in a checkpoint are read by `repgeom.probes.s
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from repgeom.data.datamodule import Enwik8DataModule
+from repgeom.data.tokens import TokenCache, ValidationWindows
+from repgeom.data.vocab import Vocab
+from repgeom.models.gpt import GPT, GPTConfig
 
 
 class CheckpointFormatError(ValueError):
@@ -127,24 +132,20 @@ def run_config(run_dir: Path) -> dict | None:
     return None
 
 
-def datamodule_for(ckpt: dict, run_dir: Path, block_size: int, batch_size: int):
-    """The datamodule of the checkpoint's data: source/clean from the checkpoint, path, cache and
-    verify from the run config where there is one."""
+def validation_windows_for(ckpt: dict, run_dir: Path, block_size: int) -> ValidationWindows:
+    """The validation windows of the checkpoint's data: source/clean from the checkpoint, path,
+    cache and verify from the run config where there is one (the token cache is built if
+    missing)."""
     state = ckpt.get("Enwik8DataModule") or {}
     data = (run_config(run_dir) or {}).get("data") or {}
-    kwargs = {
-        "source": state.get("source", data.get("source", "sample")),
-        "clean": state.get("clean", data.get("clean", False)),
-        "path": data.get("path"),
-        "cache_dir": data.get("cache_dir"),
-        "verify": data.get("verify", True),
-    }
-    datamodule = Enwik8DataModule(
-        **kwargs, block_size=block_size, batch_size=batch_size, num_workers=0
+    cache = TokenCache(
+        source=state.get("source", data.get("source", "sample")),
+        path=data.get("path"),
+        cache_dir=data.get("cache_dir"),
+        clean=state.get("clean", data.get("clean", False)),
+        verify=data.get("verify", True),
     )
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    return datamodule
+    return ValidationWindows.of_cache(cache, block_size)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -156,10 +157,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def load_charlm(path: Path, device: torch.device):
-    """The `CharLM` of checkpoint `path` on `device`, in eval mode."""
-    from repgeom.models.lightning_module import CharLM
+@dataclass
+class CheckpointModel:
+    """Our `GPT` and its vocabulary, as a checkpoint rebuilds them."""
 
-    return CharLM.load_from_checkpoint(path, map_location=device, weights_only=True).eval()
+    model: GPT
+    vocab: Vocab
 
 
+def load_gpt(path: str | os.PathLike, device: torch.device | str = "cpu") -> CheckpointModel:
+    """The `GPT` of checkpoint `path` (weights only, on `device`, eval mode) and its vocabulary,
+    rebuilt from the checkpoint's ``hyper_parameters`` as `CharLM` would, without Lightning."""
+    ckpt = read_checkpoint(path)
+    hparams = ckpt["hyper_parameters"]
+    config = {k: v for k, v in dict(hparams["model"]).items() if k != "_target_"}
+    model = GPT(GPTConfig(**config))
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()
+               if k.startswith("model.")}
+    model.load_state_dict(weights)
+    return CheckpointModel(model.to(device).eval(), Vocab.from_dict(hparams["vocab"]))

@@ -115,14 +115,7 @@ class ProbeCallback(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self.probes = probe_set(
-            trainer.datamodule,
-            n_states=self.spec.n_states,
-            positions_per_window=self.spec.positions_per_window,
-            attention_windows=self.spec.attention_windows,
-            block_size=pl_module.model.config.block_size,
-            seed=self.spec.seed,
-        )
+        self.probes = probe_set(trainer.datamodule.validation_windows(), self.spec)
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
         if trainer.is_global_zero:
@@ -208,9 +201,7 @@ class ProbeCallback(L.Callback):
         runs = [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
         if runs and not self._wandb_ready:
             for run in runs:
-                run.define_metric("probe/step")
-                run.define_metric("probe/*", step_metric="probe/step")
-                run.config.update({"probe": self._config()}, allow_val_change=True)
+                sink.prepare_wandb_run(run, {"probe": self._config()})
             self._wandb_ready = True
         return runs
 

@@ -1,5 +1,6 @@
-"""probe.py's compare mode: per-layer pooled cosine of two texts and the last layer's token x
-token cosine map, for one target (`repgeom.probes.targets`)."""
+"""probe.py's compare mode: per-layer pooled cosine of two texts (every probed layer, the final
+norm included where the model has one) and the last block's token x token cosine map, for one
+target (`repgeom.probes.targets`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from omegaconf import DictConfig
 
 from repgeom import metrics
+from repgeom.models.capture import FINAL_NORM
 from repgeom.probes import plots
 
 
@@ -18,12 +20,14 @@ def compare(
     cfg: DictConfig, subject, loaded: Any, output_dir: Path, *, several: bool
 ) -> tuple[pd.DataFrame, list[Path]]:
     include = bool(cfg.include_special)
-    A, tokens_a = subject.text_states(loaded, str(cfg.compare.text_a), include_special=include)
-    B, tokens_b = subject.text_states(loaded, str(cfg.compare.text_b), include_special=include)
+    A, tokens_a, names = subject.text_states(loaded, str(cfg.compare.text_a),
+                                             include_special=include)
+    B, tokens_b, _ = subject.text_states(loaded, str(cfg.compare.text_b), include_special=include)
     pooled = [metrics.pooled_similarity(a, b) for a, b in zip(A, B, strict=True)]
-    n = A[-1].shape[0]
+    last = max(i for i, name in enumerate(names) if name != FINAL_NORM)  # the last block
+    n = A[last].shape[0]
     # Cross cosines from the one-text matrix of both texts stacked: rows A, columns B.
-    matrix = metrics.token_cosine_matrix(torch.cat([A[-1], B[-1]]))[:n, n:].numpy()
+    matrix = metrics.token_cosine_matrix(torch.cat([A[last], B[last]]))[:n, n:].numpy()
     folder = output_dir / "compare"
     folder.mkdir(parents=True, exist_ok=True)
     suffix = (f"_step{subject.step}" if several else "") + (
@@ -32,6 +36,7 @@ def compare(
     frame = pd.DataFrame(
         {
             "layer": range(len(pooled)),
+            "layer_name": names,
             "pooled_cosine": pooled,
             "step": subject.step,
             **subject.id_columns(),

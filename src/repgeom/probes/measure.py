@@ -33,29 +33,13 @@ import torch
 from repgeom import metrics
 from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension import check_max_order
-from repgeom.models.capture import Capture
+from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
 from repgeom.probes import catalogue
 
 PER_HEAD_METRICS: tuple[str, ...] = tuple(
     o.pattern for m in catalogue.BUILTIN.values() if m.per_head for o in m.outputs
 )
 """The metrics `measure` reports once per attention head (rows with head >= 0)."""
-
-
-FINAL_NORM = "final_norm"
-"""`layer_name` of the final norm's output, probed as layer L + 1 where a model has one."""
-
-
-def layer_names(n_blocks: int, final_norm: bool) -> list[str]:
-    """Names of the probed layers by index: ``embedding``, ``block_1`` .. ``block_L``, and
-    ``final_norm`` when the model has one.
-
-    >>> layer_names(2, True)
-    ['embedding', 'block_1', 'block_2', 'final_norm']
-    """
-    return ["embedding", *(f"block_{i}" for i in range(1, n_blocks + 1))] + (
-        [FINAL_NORM] if final_norm else []
-    )
 
 
 TWONN_CONVENTIONS = ("facco", "llm_microscope")

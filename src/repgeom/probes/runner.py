@@ -39,7 +39,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -66,9 +66,8 @@ from repgeom.probes import (
 )
 from repgeom.probes.compare import compare
 from repgeom.probes.drift_cosine import save_drift_cosine
-from repgeom.probes.measure import ProbeSettings
 from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
-from repgeom.probes.spec import training_probe  # noqa: F401
+from repgeom.probes.spec import ProbeRequest, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
 
@@ -155,16 +154,7 @@ def check_config(cfg: DictConfig) -> str:
             f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
             "or leave qk_projection=false"
         )
-    for key in ("n_states", "batch_size", "window"):
-        value = cfg.get(key)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise ValueError(f"{key} must be a positive integer or null, got {value!r}")
-    unknown = set(cfg.get("settings") or {}) - {f.name for f in fields(ProbeSettings)}
-    if unknown:
-        raise ValueError(
-            f"settings: unknown key(s) {sorted(unknown)}; known: "
-            f"{[f.name for f in fields(ProbeSettings)]}"
-        )
+    ProbeRequest.from_config(cfg)  # checks the probe options, naming the bad one
     return mode
 
 
@@ -195,6 +185,7 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     output_dir = Path(cfg.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.get("device"))
+    request = ProbeRequest.from_config(cfg)  # the probe options, read once
     subjects = targets(cfg, mode)
     comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
 
@@ -213,7 +204,7 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
             figures += paths
             console.print_compare(subject, pooled)
             continue
-        output = subject.probe(cfg, loaded)
+        output = subject.probe(request, loaded)
         for message in dict.fromkeys(output.warnings):
             warnings.warn(message, stacklevel=2)
         all_warnings += output.warnings
@@ -380,12 +371,8 @@ def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) ->
     for logger in build_loggers(conf, output_dir):
         if isinstance(logger, WandbLogger):
             run = logger.experiment
-            run.define_metric("probe/step")
-            run.define_metric("probe/*", step_metric="probe/step")
-            run.config.update(
-                {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode},
-                allow_val_change=True,
-            )
+            sink.prepare_wandb_run(
+                run, {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode})
             runs.append(run)
     return runs
 

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+
+from repgeom.data.tokens import choose_windows
 
 DEFAULT_N_STATES = 8192
 """States per layer: two batches of 4096, so every state metric has a spread over batches."""
@@ -41,11 +45,14 @@ class ProbeSet:
     windows : (n_windows, T) int64 tensor of token ids
     positions : (n_windows, T) bool tensor, True at the positions whose states are probed
     attention_windows : int, the first this many windows are read whole by attention metrics
+    attention_mask : (n_windows, T) tensor or None, the tokenizer's mask (padding is 0)
     """
 
     windows: torch.Tensor
     positions: torch.Tensor
     attention_windows: int
+    attention_mask: torch.Tensor | None = None
+    """(n_windows, T) 0/1 tensor of real tokens (Hugging Face windows); None: every token."""
 
     @property
     def n_states(self) -> int:
@@ -134,27 +141,59 @@ def choose_positions(
     return chosen & candidates
 
 
-def probe_set(
-    datamodule: Any,
-    *,
-    n_states: int = DEFAULT_N_STATES,
-    positions_per_window: int | None = DEFAULT_POSITIONS_PER_WINDOW,
-    attention_windows: int = DEFAULT_ATTENTION_WINDOWS,
-    block_size: int,
-    seed: int,
-) -> ProbeSet:
-    """The fixed probe set of a datamodule's validation split.
+@dataclass(frozen=True)
+class WindowPool:
+    """The windows a probe set is drawn from, whatever their source.
 
-    ``ceil(n_states / positions_per_window)`` windows from
-    ``datamodule.probe_windows(n, seed=seed)`` (the same windows for a causal and a
-    bidirectional run) and `positions_per_window` random positions in each, drawn once from
-    `seed`.
+    count : how many windows there are
+    usable : positions per window that may be probed (`fit_to_text`'s window)
+    take : sorted window indices -> (windows (n, T) int64, candidates (n, T) bool, attention
+        mask (n, T) or None): the chosen windows, the positions that may be probed in each
+        (False for padding or left-out special tokens) and the tokenizer's mask
     """
-    n_windows, positions_per_window = fit_to_text(
-        n_states, positions_per_window, datamodule.n_probe_windows, block_size
+
+    count: int
+    usable: int
+    take: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+
+    @classmethod
+    def of_windows(cls, windows: torch.Tensor) -> WindowPool:
+        """Every position of every window may be probed (our byte windows)."""
+        return cls(len(windows), windows.shape[1], lambda chosen: (
+            windows[torch.from_numpy(chosen)], torch.ones((len(chosen), windows.shape[1]),
+                                                          dtype=torch.bool), None))
+
+
+def draw(pool: WindowPool, spec: Any) -> ProbeSet:
+    """The probe set of every source (the training probe's validation windows, a text file, an
+    HF tokenizer's windows): ``ceil(n_states / positions_per_window)`` windows drawn from
+    ``spec.seed`` (`choose_windows`: spread over the whole text), `positions_per_window` random
+    positions among each one's candidates (`choose_positions`), and the first
+    ``attention_windows`` of them whole for attention. `spec` is a `ProbeSpec`.
+
+    A pool with fewer windows than needed gives every window at more positions (`fit_to_text`);
+    one that still falls short of ``n_states`` warns.
+    """
+    wanted, per_window = fit_to_text(
+        spec.n_states, spec.positions_per_window, pool.count, pool.usable
     )
-    windows = datamodule.probe_windows(n_windows, seed=seed)
-    positions = choose_positions(
-        torch.ones(windows.shape, dtype=torch.bool), positions_per_window, seed
-    )
-    return ProbeSet(windows, positions, min(attention_windows, len(windows)))
+    windows, candidates, mask = pool.take(choose_windows(pool.count, wanted, spec.seed))
+    positions = choose_positions(candidates, per_window, spec.seed)
+    probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask)
+    if probes.n_states < spec.n_states:
+        warnings.warn(
+            f"the text gives {probes.n_states} states per layer, fewer than "
+            f"n_states={spec.n_states}; probing all of them",
+            stacklevel=2,
+        )
+    return probes
+
+
+def probe_set(validation: Any, spec: Any) -> ProbeSet:
+    """The fixed probe set of a run's validation split (`draw` on its aligned windows of
+    ``block_size``, a `repgeom.data.tokens.ValidationWindows`: the same windows for a causal
+    and a bidirectional run)."""
+    block_size = validation.block_size
+    return draw(WindowPool(validation.n_probe_windows, block_size, lambda chosen: (
+        validation.slot_windows(chosen),
+        torch.ones((len(chosen), block_size), dtype=torch.bool), None)), spec)

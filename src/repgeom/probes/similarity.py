@@ -26,7 +26,7 @@ import torch
 
 from repgeom import metrics
 from repgeom.probes import catalogue
-from repgeom.probes.measure import pair_value
+from repgeom.probes.measure import ProbeSettings, pair_value
 
 STATES_DIR = "states"
 
@@ -89,8 +89,8 @@ def vs_final_rows(
     probe_folder: str | os.PathLike,
     entries: Sequence[catalogue.Metric],
     *,
-    batch_size: int = 4096,
-    seed: int = 0,
+    batch_size: int = ProbeSettings.state_batch_size,
+    seed: int = ProbeSettings.seed,
 ) -> list[dict]:
     """Every saved step's layers against the same layers at the last saved step."""
     steps = saved_steps(probe_folder)
@@ -113,8 +113,8 @@ def run_vs_run_rows(
     *,
     run_b: str,
     step: int | None = None,
-    batch_size: int = 4096,
-    seed: int = 0,
+    batch_size: int = ProbeSettings.state_batch_size,
+    seed: int = ProbeSettings.seed,
 ) -> list[dict]:
     """Run A's layers against run B's at `step` (default: the last step both saved)."""
     steps_a, steps_b = saved_steps(folder_a), saved_steps(folder_b)

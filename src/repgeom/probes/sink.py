@@ -56,6 +56,15 @@ def write_step(run_dir: str | os.PathLike, rows: list[dict]) -> pd.DataFrame:
     return table.append_rows(table.probe_dir(run_dir), rows)
 
 
+def prepare_wandb_run(run: Any, config: Mapping[str, Any]) -> None:
+    """A W&B run ready for the probe's scalars: every ``probe/*`` key plotted against
+    ``probe/step`` (the training step or revision step), and `config` in the run's config (the
+    training callback and probe.py alike)."""
+    run.define_metric("probe/step")
+    run.define_metric("probe/*", step_metric="probe/step")
+    run.config.update(dict(config), allow_val_change=True)
+
+
 def log_scalars(
     runs: Iterable,
     step: int,

@@ -56,7 +56,7 @@ class ProbeSpec:
     positions_per_window: Optional[int] = DEFAULT_POSITIONS_PER_WINDOW  # noqa: UP045 (OmegaConf)
     attention_windows: int = DEFAULT_ATTENTION_WINDOWS
     batch_size: int = 16
-    seed: int = 0
+    seed: int = ProbeSettings.seed
     metrics: list[str] = field(default_factory=lambda: ["default"])
     settings: EstimatorOptions = field(default_factory=EstimatorOptions)  # type: ignore[valid-type]
     protocol: str = "repgeom"
@@ -84,8 +84,8 @@ class ProbeSpec:
         if "spec" in state:
             return cls(**state["spec"])
         config = dict(state["config"])
-        settings = dict(config.get("settings") or {})
-        seed = config.get("seed", settings.get("seed", 0))
+        settings = {k: v for k, v in (config.get("settings") or {}).items() if v is not None}
+        seed = config.get("seed", settings.get("seed", cls.seed))
         settings.pop("seed", None)
         metrics = settings.pop("metrics", ["default"])
         known = {f.name for f in dataclasses.fields(cls)}
@@ -93,51 +93,114 @@ class ProbeSpec:
         return cls(**{**given, "seed": seed, "metrics": list(metrics), "settings": settings})
 
 
-@dataclass
-class TrainingProbe:
-    """How the training probe of a run built its probe set (None where unknown)."""
+POSITIONS_ALL = "all"
+"""``positions_per_window=all``: every position of every window."""
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """What probe.py's command line asks (``conf/probe.yaml``): None is "as the checkpoint's
+    training probe, else the default" (`resolve`), so each default stays written once, in
+    `ProbeSpec` and `ProbeSettings`.
+
+    The first fields are `ProbeSpec`'s (``positions_per_window`` also takes ``"all"``;
+    ``settings`` holds the non-null estimator options). The last four say where the windows come
+    from besides a checkpoint's own validation data: ``text_file`` (any text), ``text_source``
+    (HF models without a text file: ``sample`` or ``enwik8``), ``window`` (HF tokens per window)
+    and ``include_special`` (keep BOS/CLS/SEP positions of HF models).
+    """
 
     n_states: int | None = None
-    positions_per_window: int | None = None
+    positions_per_window: int | str | None = None
     attention_windows: int | None = None
     batch_size: int | None = None
     seed: int | None = None
+    metrics: tuple[str, ...] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
-    origin: str = "none"
+    protocol: str | None = None
+    text_file: str | None = None
+    text_source: str = "sample"
+    window: int | None = None
+    include_special: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n_states", "attention_windows", "batch_size", "window"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a positive integer or null, got {value!r}")
+        per_window = self.positions_per_window
+        if per_window is not None and per_window != POSITIONS_ALL and (
+            isinstance(per_window, bool) or not isinstance(per_window, int) or per_window < 1
+        ):
+            raise ValueError(
+                f"positions_per_window must be a positive integer, 'all' or null, got "
+                f"{per_window!r}"
+            )
+        known = [f.name for f in dataclasses.fields(EstimatorOptions)]
+        misplaced = {"seed": "seed=", "metrics": "metrics=[...]"}
+        for key in self.settings:
+            if key in misplaced:
+                raise ValueError(f"settings.{key}: give it as {misplaced[key]} (top level)")
+            if key not in known:
+                raise ValueError(f"settings: unknown key {key!r}; known: {known}")
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> ProbeRequest:
+        """probe.py's config (a DictConfig or mapping): the one place its probe options are read;
+        every field by its name, absent keys as the field's default."""
+        given = {f.name: cfg.get(f.name) for f in dataclasses.fields(cls)
+                 if cfg.get(f.name) is not None}
+        if "metrics" in given:
+            given["metrics"] = tuple(str(m) for m in given["metrics"])
+        given["settings"] = {str(k): v for k, v in dict(given.get("settings") or {}).items()
+                             if v is not None}
+        if "text_file" in given:
+            given["text_file"] = str(given["text_file"])
+        return cls(**given)
 
 
-def training_probe(ckpt: dict, run_dir: Path) -> TrainingProbe:
-    """The training probe's config: from the checkpoint, else the run folder's config."""
+def resolve(request: ProbeRequest, trained: ProbeSpec | None = None, *,
+            seed: int | None = None) -> ProbeSpec:
+    """The probe's one resolved spec: `request`'s values, then the training probe's
+    (`trained`, from `training_probe`), then the defaults of `ProbeSpec` and `ProbeSettings`.
+
+    `seed` is the fallback seed when neither gives one (a run's training seed), else
+    `ProbeSpec`'s. The training callback's spec is already resolved (Hydra composes it).
+    """
+    base = trained if trained is not None else (
+        ProbeSpec() if seed is None else ProbeSpec(seed=int(seed)))
+    chosen = {}
+    for f in dataclasses.fields(ProbeSpec):  # a new field of both is resolved with no new line
+        value = getattr(request, f.name)
+        chosen[f.name] = getattr(base, f.name) if value is None else value
+    if request.positions_per_window == POSITIONS_ALL:
+        chosen["positions_per_window"] = None
+    chosen["settings"] = {**asdict(base.settings), **request.settings}
+    chosen["metrics"] = list(chosen["metrics"])
+    return ProbeSpec(**chosen)
+
+
+def training_probe(ckpt: dict, run_dir: Path) -> tuple[ProbeSpec | None, str]:
+    """The training probe's spec and where it was found: ``"checkpoint"`` (saved by the
+    callback), ``"run config in <run>"`` (checkpoints written before), or None and ``"none"``.
+
+    A run config without a probe seed takes the run's training seed.
+    """
     for key, state in (ckpt.get("callbacks") or {}).items():
         if key.startswith("ProbeCallback") and isinstance(state, dict) and (
             "spec" in state or "config" in state
         ):
-            spec = ProbeSpec.from_checkpoint(state)
-            return TrainingProbe(
-                n_states=spec.n_states,
-                positions_per_window=spec.positions_per_window,
-                attention_windows=spec.attention_windows,
-                batch_size=spec.batch_size,
-                seed=spec.seed,
-                settings=asdict(spec.probe_settings()),
-                origin="checkpoint",
-            )
+            return ProbeSpec.from_checkpoint(state), "checkpoint"
     conf = run_config(run_dir) or {}
     probe = conf.get("probe")
     if isinstance(probe, dict) and probe.get("_target_", "").endswith("ProbeCallback"):
-        settings = dict(probe.get("settings") or {})
-        seed = probe.get("seed")
-        settings.setdefault("seed", seed)
-        return TrainingProbe(
-            n_states=probe.get("n_states"),
-            positions_per_window=probe.get("positions_per_window"),
-            attention_windows=probe.get("attention_windows"),
-            batch_size=probe.get("batch_size"),
-            seed=seed,
-            settings=settings,
-            origin=f"run config in {run_dir}",
-        )
-    return TrainingProbe()
+        given = {k: v for k, v in probe.items() if v is not None}
+        if "seed" not in given:
+            given["seed"] = ckpt["hyper_parameters"].get("seed", ProbeSpec.seed)
+        spec = ProbeSpec.from_checkpoint({"config": given})
+        return spec, f"run config in {run_dir}"
+    return None, "none"
 
 
 @dataclass

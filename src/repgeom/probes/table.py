@@ -61,6 +61,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
+
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
 
 
@@ -69,8 +71,6 @@ REQUIRED: tuple[str, ...] = ("step", "layer", "metric", "value")
 them out."""
 
 
-FINAL_NORM = "final_norm"
-"""`layer_name` of the final norm's output (`repgeom.probes.measure.layer_names`)."""
 
 
 ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")

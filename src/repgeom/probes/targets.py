@@ -2,38 +2,32 @@
 
 `probe_gpt` is the one function that runs our GPT on a probe set and measures it, for the
 training callback and for probe.py's checkpoints alike. `CheckpointTarget` (ours) and
-`HFTarget` (Hugging Face) share one interface: ``load(device)``, ``probe(cfg, loaded)`` (the
+`HFTarget` (Hugging Face) share one interface: ``load(device)``, ``probe(request, loaded)`` (the
 probe set, captures and `measure`), ``text_states(loaded, text)`` (compare mode) and
 ``id_columns()`` (the table's ``model``/``revision``).
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from repgeom.data.datamodule import choose_windows
 from repgeom.models.capture import Capture
-from repgeom.models.checkpoints import datamodule_for, load_charlm, read_checkpoint, run_dir_of
+from repgeom.models.checkpoints import (
+    load_gpt,
+    read_checkpoint,
+    run_dir_of,
+    validation_windows_for,
+)
 from repgeom.probes import catalogue
 from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
-from repgeom.probes.sampling import (
-    DEFAULT_ATTENTION_WINDOWS,
-    DEFAULT_N_STATES,
-    DEFAULT_POSITIONS_PER_WINDOW,
-    ProbeSet,
-    choose_positions,
-    fit_to_text,
-    probe_set,
-)
-from repgeom.probes.spec import training_probe
+from repgeom.probes.sampling import ProbeSet, WindowPool, draw, probe_set
+from repgeom.probes.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.texts import byte_windows, default_text, read_text
 
 DEFAULT_HF_WINDOW = 256
@@ -97,19 +91,26 @@ def probe_gpt(
 # probe.py's targets: one class per kind of model, one interface (load, probe, text_states)
 
 
-def probe_settings(cfg: DictConfig, base: dict[str, Any], seed: int) -> ProbeSettings:
-    """`ProbeSettings`: defaults < the training probe's (`base`) < non-null values of cfg."""
-    chosen = {"seed": seed, **{k: v for k, v in base.items() if v is not None}}
-    if "twonn_batch_size" in chosen:  # checkpoints written before the batches served every metric
-        chosen.setdefault("state_batch_size", chosen.pop("twonn_batch_size"))
-    overrides = OmegaConf.to_container(cfg.get("settings") or {}, resolve=True)
-    chosen.update({k: v for k, v in overrides.items() if v is not None})
-    if cfg.get("seed") is not None and overrides.get("seed") is None:
-        chosen["seed"] = int(cfg.seed)
-    if cfg.get("metrics") is not None:
-        chosen["metrics"] = [str(m) for m in cfg.metrics]
-    known = {f.name for f in fields(ProbeSettings)}
-    return ProbeSettings(**{k: v for k, v in chosen.items() if k in known})
+def checkpoint_spec(request: ProbeRequest, path: Path, ckpt: dict) -> tuple[ProbeSpec, str]:
+    """The resolved spec of checkpoint `path` (read as `ckpt`): `request`, then its training
+    probe's spec, then the defaults; the seed falls back to the run's training seed. Also where
+    the training probe's spec was found (`training_probe`)."""
+    trained, origin = training_probe(ckpt, run_dir_of(path))
+    seed = ckpt["hyper_parameters"].get("seed", ProbeSpec.seed)
+    return resolve(request, trained, seed=seed), origin
+
+
+def checkpoint_probe_set(path: Path, ckpt: dict, vocab, block_size: int,
+                         spec: ProbeSpec) -> ProbeSet:
+    """The probe set drawn from the validation data of checkpoint `path` (read as `ckpt`), as
+    the training probe drew it given its spec."""
+    validation = validation_windows_for(ckpt, run_dir_of(path), block_size)
+    if validation.vocab != vocab:
+        raise ValueError(
+            f"{path}: the checkpoint's vocabulary ({vocab}) differs from its data's "
+            f"({validation.vocab}); was the data changed?"
+        )
+    return probe_set(validation, spec)
 
 
 @dataclass
@@ -136,61 +137,48 @@ class CheckpointTarget:
         return {"model": self.model}
 
     def load(self, device: torch.device):
-        module = load_charlm(self.path, device)
-        self.kind = "decoder" if module.model.config.causal else "encoder"
-        return module
+        loaded = load_gpt(self.path, device)
+        self.kind = "decoder" if loaded.model.config.causal else "encoder"
+        return loaded
 
-    def probe(self, cfg: DictConfig, loaded: Any) -> ProbeOutput:
-        """`probe_gpt` on the training probe's probe set (or `cfg.text_file`'s windows)."""
+    def probe(self, request: ProbeRequest, loaded: Any) -> ProbeOutput:
+        """`probe_gpt` on the training probe's probe set (or `request.text_file`'s windows)."""
         ckpt = read_checkpoint(self.path)
-        run_dir = run_dir_of(self.path)
-        trained = training_probe(ckpt, run_dir)
-        model = loaded.model
-        block_size = model.config.block_size
-        options = probe_set_options(cfg, trained, ckpt)
-        seed, n_states = options["seed"], options["n_states"]
-        per_window = options["positions_per_window"]
-        attention_windows, batch_size = options["attention_windows"], options["batch_size"]
-        settings = probe_settings(cfg, trained.settings, seed)
-        recorded = trained.origin != "none"
-        window = cfg.get("window")
-        if window is not None and window != block_size:
+        spec, origin = checkpoint_spec(request, self.path, ckpt)
+        block_size = loaded.model.config.block_size
+        if request.window is not None and request.window != block_size:
             raise ValueError(
-                f"window={window}: our checkpoints are probed on windows of their block_size "
-                f"({block_size}); leave window unset"
+                f"window={request.window}: our checkpoints are probed on windows of their "
+                f"block_size ({block_size}); leave window unset"
             )
-        if not recorded and cfg.get("text_file") is None:
-            print(
-                f"note: {self.path} carries no training probe config and its run folder none "
-                f"either; probing n_states={n_states}, seed={seed} (numbers need not match a "
-                "training probe)"
-            )
-        if cfg.get("text_file") is None:
-            probes = checkpoint_probe_set(self.path, ckpt, loaded.vocab, block_size,
-                                          **options)
+        if request.text_file is None:
+            if origin == "none":
+                print(
+                    f"note: {self.path} carries no training probe config and its run folder "
+                    f"none either; probing n_states={spec.n_states}, seed={spec.seed} (numbers "
+                    "need not match a training probe)"
+                )
+            probes = checkpoint_probe_set(self.path, ckpt, loaded.vocab, block_size, spec)
         else:
-            all_windows = byte_windows(loaded.vocab, read_text(cfg.text_file), window=block_size)
-            wanted, per_window = fit_to_text(n_states, per_window, len(all_windows), block_size)
-            windows = all_windows[torch.from_numpy(choose_windows(len(all_windows), wanted, seed))]
-            positions = choose_positions(torch.ones(windows.shape, dtype=torch.bool), per_window,
-                                         seed)
-            probes = ProbeSet(windows, positions, min(attention_windows, len(windows)))
-            _note_short(probes.n_states, n_states)
+            windows = byte_windows(loaded.vocab, read_text(request.text_file), window=block_size)
+            probes = draw(WindowPool.of_windows(windows), spec)
         print(
             f"Probing {self.label} ({self.kind}): {probes.n_states} states from "
             f"{len(probes.windows)} windows of {block_size} characters (probe config: "
-            f"{trained.origin})"
+            f"{origin})"
         )
+        settings = spec.probe_settings()
         return probe_gpt(
-            model,
+            loaded.model,
             probes,
-            batch_size=batch_size,
+            batch_size=spec.batch_size,
             settings=settings,
             keep_states=bool(catalogue.select(settings).pairs),
         )
 
     def text_states(self, loaded: Any, text: str, *, include_special: bool):
-        """Hidden states of one text at every layer and its characters (`HFTarget.text_states`)."""
+        """One text's states at every layer, its characters and the layer names
+        (`HFTarget.text_states`)."""
         encoded = loaded.vocab.encode(text.encode("utf-8"))
         block_size = loaded.model.config.block_size
         if len(encoded) > block_size:
@@ -202,12 +190,8 @@ class CheckpointTarget:
         device = next(loaded.model.parameters()).device
         with torch.no_grad():
             capture = loaded.model.eval().capture(ids.to(device), attention=False)
-        keep = torch.ones(ids.shape[1], dtype=torch.bool)
         tokens = [loaded.vocab.decode([i]).decode("utf-8", errors="replace") for i in ids[0]]
-        if not keep.any():
-            raise ValueError(f"the text {text!r} has no tokens left after removing special tokens")
-        states = [h[0][keep.to(h.device)].float().cpu() for h in capture.hidden]
-        return states, tokens
+        return capture.text_states(), tokens, capture.layer_names()
 
 
 @dataclass
@@ -256,29 +240,27 @@ class HFTarget:
         self.kind = model.kind
         return model
 
-    def probe(self, cfg: DictConfig, loaded: Any) -> ProbeOutput:
+    def probe(self, request: ProbeRequest, loaded: Any) -> ProbeOutput:
         """`measure` on random positions of the text's windows (special tokens left out)."""
-        seed_cfg = cfg.get("seed")
-        seed = 0 if seed_cfg is None else int(seed_cfg)
-        settings = probe_settings(cfg, {}, seed)
-        probes, mask = _hf_probe_set(cfg, loaded, seed)
+        from repgeom.models.hf import hf_capture
+
+        spec = resolve(request)
+        settings = spec.probe_settings()
+        probes = hf_probe_set(loaded, request, spec)
         print(
             f"Probing {self.label} ({self.kind}, {loaded.family}): {probes.n_states} "
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
-        from repgeom.models.hf import hf_capture
-
-        batch_size = int(cfg.batch_size or 16)
 
         def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
-            for start in range(0, n_windows, batch_size):
-                stop = min(start + batch_size, n_windows)
+            for start in range(0, n_windows, spec.batch_size):
+                stop = min(start + spec.batch_size, n_windows)
                 capture = hf_capture(
                     loaded,
                     probes.windows[start:stop],
-                    mask[start:stop],
+                    probes.attention_mask[start:stop],
                     attention=attention,
-                    include_special=bool(cfg.include_special),
+                    include_special=request.include_special,
                 )
                 if positions is not None:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
@@ -293,12 +275,15 @@ class HFTarget:
             )
 
     def text_states(self, loaded: Any, text: str, *, include_special: bool):
-        """Hidden states of one text at every layer, valid positions only, and its tokens.
+        """One text's states at every layer (valid positions only), its tokens and the layer
+        names.
 
         Returns
         -------
-        states : list of (T, C) float tensors, layer 0 (embedding) .. L
+        states : list of (T, C) float tensors: the embedding, each block, the final norm where
+            the model has one (`Capture.layers`, the probe table's layers)
         tokens : list of str, length T
+        names : list of str, the layer names (`Capture.layer_names`)
         """
         from repgeom.models.hf import hf_capture
 
@@ -310,103 +295,33 @@ class HFTarget:
             )
         capture = hf_capture(loaded, ids, attention=False, include_special=include_special)
         keep = capture.valid[0].cpu()
-        tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0][keep].tolist())
         if not keep.any():
             raise ValueError(f"the text {text!r} has no tokens left after removing special tokens")
-        states = [h[0][keep.to(h.device)].float().cpu() for h in capture.hidden]
-        return states, tokens
+        tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0][keep].tolist())
+        return capture.text_states(), tokens, capture.layer_names()
 
 
-def probe_set_options(cfg: Mapping[str, Any], trained, ckpt: dict) -> dict[str, Any]:
-    """The probe set's options for a checkpoint: `cfg`'s (probe.py's command line), else the
-    training probe's (`trained`, from `training_probe`), else the defaults of
-    `repgeom.probes.sampling`; the seed falls back to the run's training seed."""
-    recorded = trained.origin != "none"
-    seed = cfg.get("seed")
-    if seed is None:
-        seed = trained.seed
-    if seed is None:
-        seed = ckpt["hyper_parameters"].get("seed", 0)
-    return {
-        "seed": int(seed),
-        "n_states": int(cfg.get("n_states") or trained.n_states or DEFAULT_N_STATES),
-        "positions_per_window": _positions_per_window(
-            cfg, trained.positions_per_window if recorded else None, default=not recorded),
-        "attention_windows": int(
-            cfg.get("attention_windows") or trained.attention_windows or DEFAULT_ATTENTION_WINDOWS
-        ),
-        "batch_size": int(cfg.get("batch_size") or trained.batch_size or 16),
-    }
-
-
-def checkpoint_probe_set(path: Path, ckpt: dict, vocab, block_size: int, *, seed: int,
-                         n_states: int, positions_per_window: int | None,
-                         attention_windows: int, batch_size: int) -> ProbeSet:
-    """The probe set drawn from the validation data of checkpoint `path` (read as `ckpt`), as
-    the training probe drew it given its options (`probe_set_options`)."""
-    datamodule = datamodule_for(ckpt, run_dir_of(path), block_size, batch_size)
-    if datamodule.vocab != vocab:
-        raise ValueError(
-            f"{path}: the checkpoint's vocabulary ({vocab}) differs from its data's "
-            f"({datamodule.vocab}); was the data changed?"
-        )
-    return probe_set(
-        datamodule,
-        n_states=n_states,
-        positions_per_window=positions_per_window,
-        attention_windows=attention_windows,
-        block_size=block_size,
-        seed=seed,
-    )
-
-
-def _positions_per_window(cfg: DictConfig, trained: int | None, *, default: bool) -> int | None:
-    """``positions_per_window``: the command line's (``all``: every position), else the training
-    probe's, else (`default`) `DEFAULT_POSITIONS_PER_WINDOW`."""
-    value = cfg.get("positions_per_window")
-    if value is None:
-        return DEFAULT_POSITIONS_PER_WINDOW if default else trained
-    if value == "all":
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"positions_per_window must be a positive integer, 'all' or null, got {value!r}"
-        )
-    return value
-
-
-def _note_short(n_got: int, n_states: int) -> None:
-    if n_got < n_states:
-        warnings.warn(
-            f"the text gives {n_got} states per layer, fewer than n_states={n_states}; "
-            "probing all of them",
-            stacklevel=3,
-        )
-
-
-def _hf_probe_set(cfg: DictConfig, hf, seed: int) -> tuple[ProbeSet, torch.Tensor]:
-    """The probe set of a Hugging Face model's text and the windows' attention mask: random
-    positions among each window's tokens (special tokens left out unless include_special)."""
+def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
+    """The probe set of a Hugging Face model's text (`request.text_file`, else the
+    `request.text_source`) in windows of `request.window` tokens (else the protocol's, at most
+    the model's positions): random positions among each window's tokens, special tokens left out
+    unless `request.include_special`; the windows' attention mask comes with it."""
     from repgeom.models.hf import special_token_ids, tokenize_windows
 
-    text = read_text(cfg.text_file) if cfg.get("text_file") else default_text(cfg.text_source)
-    window = cfg.get("window")
+    text = read_text(request.text_file) if request.text_file else default_text(
+        request.text_source)
+    window = request.window
     if window is None:
         positions = getattr(hf.model.config, "max_position_embeddings", None)
-        default = PROTOCOL_HF_WINDOW.get(str(cfg.get("protocol")), DEFAULT_HF_WINDOW)
+        default = PROTOCOL_HF_WINDOW.get(spec.protocol, DEFAULT_HF_WINDOW)
         window = min(default, positions) if positions else default
     ids, mask = tokenize_windows(hf, text, window=int(window))
     candidates = mask.bool()
-    if not cfg.include_special:
+    if not request.include_special:
         candidates &= ~torch.isin(ids, torch.tensor(special_token_ids(hf.tokenizer)))
-    usable = int(candidates[0].sum())
-    n_states = int(cfg.n_states or DEFAULT_N_STATES)
-    wanted, per_window = fit_to_text(
-        n_states, _positions_per_window(cfg, None, default=True), len(ids), usable
-    )
-    chosen = torch.from_numpy(choose_windows(len(ids), wanted, seed))
-    positions = choose_positions(candidates[chosen], per_window, seed)
-    attention_windows = int(cfg.get("attention_windows") or DEFAULT_ATTENTION_WINDOWS)
-    probes = ProbeSet(ids[chosen], positions, min(attention_windows, len(chosen)))
-    _note_short(probes.n_states, n_states)
-    return probes, mask[chosen]
+
+    def take(chosen: np.ndarray):
+        index = torch.from_numpy(chosen)
+        return ids[index], candidates[index], mask[index]
+
+    return draw(WindowPool(len(ids), int(candidates[0].sum()), take), spec)

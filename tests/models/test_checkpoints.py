@@ -1,0 +1,92 @@
+"""Our checkpoints read without Lightning (`repgeom.models.checkpoints.load_gpt`): the same model
+as `CharLM.load_from_checkpoint`, and a probe of a checkpoint that never loads the Trainer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning
+import pytest
+import torch
+
+from repgeom.data.tokens import TokenCache
+from repgeom.models.checkpoints import CheckpointFormatError, load_gpt
+from repgeom.models.lightning_module import CharLM
+
+MODEL = {"_target_": "repgeom.models.gpt.GPTConfig", "name": "tiny", "block_size": 32,
+         "n_layer": 2, "n_head": 2, "n_embd": 16, "dropout": 0.0, "bias": True, "norm": "pre"}
+
+
+def _save_checkpoint(path: Path, *, causal: bool, cache_dir: Path) -> CharLM:
+    """A checkpoint laid out as Lightning writes one (``state_dict``, ``hyper_parameters`` and
+    the datamodule's state), of a randomly initialised `CharLM` on the bundled sample's vocab."""
+    vocab, _ = _sample(cache_dir)
+    torch.manual_seed(0)
+    lm = CharLM(model={**MODEL, "vocab_size": vocab.size, "causal": causal},
+                masking={"causal": causal}, optim={}, vocab=vocab.to_dict(), seed=7)
+    torch.save({
+        "state_dict": lm.state_dict(),
+        "hyper_parameters": dict(lm.hparams),
+        "global_step": 3,
+        "pytorch-lightning_version": lightning.__version__,
+        "Enwik8DataModule": {"vocab": vocab.to_dict(), "source": "sample", "clean": False},
+    }, path)
+    return lm
+
+
+def _sample(cache_dir: Path):
+    cache = TokenCache("sample", cache_dir=cache_dir)
+    cache.prepare()
+    return cache.open()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_load_gpt_is_the_charlm_model(tmp_path, causal) -> None:
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    _save_checkpoint(path, causal=causal, cache_dir=tmp_path / "cache")
+    ours = load_gpt(path)
+    lightning_module = CharLM.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+    ids = torch.randint(0, ours.vocab.size, (3, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = lightning_module.eval().model(ids)[0]
+        got = ours.model(ids)[0]
+    assert not ours.model.training and ours.model.config.causal is causal
+    assert ours.vocab == lightning_module.vocab
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)  # same weights, same process
+
+
+def test_load_gpt_refuses_a_plain_state_dict(tmp_path) -> None:
+    path = tmp_path / "weights.pt"
+    torch.save({"x": torch.zeros(2)}, path)
+    with pytest.raises(CheckpointFormatError, match="not a Lightning checkpoint"):
+        load_gpt(path)
+
+
+@pytest.mark.slow  # a fresh interpreter imports torch, transformers and FAISS
+def test_probing_a_checkpoint_never_loads_the_trainer(tmp_path) -> None:
+    """probe.py's path for our checkpoints (`CheckpointTarget`: model, validation windows,
+    probe set, measure) runs end to end with Lightning's Trainer never imported."""
+    path = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    path.parent.mkdir(parents=True)
+    _save_checkpoint(path, causal=True, cache_dir=tmp_path / "cache")
+    code = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        os.environ["REPGEOM_DATA"] = {str(tmp_path / "cache")!r}
+        from repgeom.probes.spec import ProbeRequest
+        from repgeom.probes.targets import CheckpointTarget
+        target = CheckpointTarget(Path({str(path)!r}), 3)
+        loaded = target.load("cpu")
+        out = target.probe(ProbeRequest(n_states=256, metrics=("anisotropy",)), loaded)
+        print(len(out.rows), target.kind)
+        print(sorted(m for m in sys.modules if m.startswith("lightning.pytorch")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows, loaded_modules = done.stdout.strip().splitlines()[-2:]
+    assert int(rows.split()[0]) > 0 and rows.split()[1] == "decoder"
+    assert loaded_modules == "[]"
