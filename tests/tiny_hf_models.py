@@ -4,7 +4,7 @@
 a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
 `PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
 for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral and OPT (whose BOS is
-"</s>"), EOS last for T5, nothing for GPT-2 and GPT-NeoX. The probes' fixtures
+"</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX and BLOOM. The probes' fixtures
 (tests/probes/conftest.py) and the analyses' tests build their models with it.
 """
 
@@ -72,6 +72,14 @@ FAMILIES = {
         # rotary_pct < 1 as in Pythia (0.25): only part of each head's dims is rotated.
         dict(_SMALL, intermediate_size=64, rotary_pct=0.5, bos_token_id=6, eos_token_id=6),
         dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<unk>"),
+        None,
+    ),
+    # ALiBi instead of learned or rotary positions: no max_position_embeddings. BLOOM's
+    # tokenizer adds no special tokens; its <pad>, <s>, </s> are the config's ids.
+    "bloom": (
+        "BloomConfig",
+        dict(hidden_size=32, n_layer=2, n_head=4, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+        dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
         None,
     ),
     "opt": (

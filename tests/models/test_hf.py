@@ -91,6 +91,7 @@ LAYOUT = {
     "gpt2": ("h", "ln_f"),
     "gpt2-scaled": ("h", "ln_f"),
     "gpt_neox": ("layers", "final_layer_norm"),
+    "bloom": ("h", "ln_f"),  # beside ln_f, the embedding norm word_embeddings_layernorm
     "opt": ("decoder.layers", "decoder.final_layer_norm"),
     "opt-post": ("decoder.layers", None),
     "llama": ("layers", "norm"),

@@ -98,7 +98,7 @@ def text_file(tmp_path_factory, tiny_text) -> Path:
 
 @pytest.mark.parametrize(
     "family, kind", [("gpt2", "decoder"), ("bert", "encoder"), ("gpt_neox", "decoder"),
-                     ("llama", "decoder")]
+                     ("llama", "decoder"), ("bloom", "decoder")]
 )  # fmt: skip
 @pytest.mark.slow
 def test_hf_folder_every_metric_every_layer(

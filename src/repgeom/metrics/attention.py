@@ -423,8 +423,9 @@ def attention_scores(queries, keys, *, causal: bool) -> torch.Tensor:
     :math:`QK^T/\sqrt{d_k}`) and whose extremes over whole sequences they compare in Fig. 10.
     Positions a query may not attend to (``j > t`` when ``causal``) are ``-inf``, so
     ``scores.softmax(-1)`` is the model's attention (``output_attentions``) when ``queries`` and
-    ``keys`` are what the model multiplies (`repgeom.models.capture.Capture`), and a row's
-    maximum is its largest attendable score.
+    ``keys`` are what the model multiplies (`repgeom.models.capture.Capture`) and it adds no
+    position bias to the scores (T5's relative bias and BLOOM's ALiBi are not part of Q K^T:
+    `repgeom.models.hf`), and a row's maximum is its largest attendable score.
 
     Parameters
     ----------

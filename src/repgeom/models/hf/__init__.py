@@ -11,27 +11,31 @@ decoder), `windows` (text to token windows), `qk` (per-family query/key hooks), 
 - hidden states: the residual stream, as `GPT.capture()` returns it: the embedding output at
   index 0 and the output of every block, *before* any final norm. Hugging Face's
   `output_hidden_states` gives the embedding output and the input of every block, but for
-  pre-LN models (GPT-2, GPT-NeoX, OPT, Llama, Mistral, XLM-RoBERTa-XL) its last entry is the
-  final norm's output; so the last entry is replaced by the last block's output, read with a
+  pre-LN models (GPT-2, GPT-NeoX, BLOOM, OPT, Llama, Mistral, XLM-RoBERTa-XL) its last entry is
+  the final norm's output; so the last entry is replaced by the last block's output, read with a
   forward hook on that block.
 - final norm: the output of the norm the base model applies after its stack of blocks
   (``Capture.final_norm``, probed as its own layer ``final_norm``). The rule that finds it: the
   stack of blocks is the ``nn.ModuleList`` with ``num_hidden_layers`` entries; the final norm is
   the normalisation module (a ``LayerNorm``/``RMSNorm``, by class name) that is a direct child
   of the stack's parent or of the base model itself, outside the embeddings: GPT-2 ``ln_f``,
-  GPT-NeoX ``final_layer_norm``, OPT ``decoder.final_layer_norm`` (absent for post-LN OPT
-  configs), Llama/Mistral ``norm``, XLM-RoBERTa-XL ``encoder.LayerNorm``. BERT, RoBERTa and
-  ELECTRA (post-LN) have none. A hook checks on every pass that the module's input is the last
-  block's output, so a family laid out differently fails loudly instead of being mismeasured.
+  GPT-NeoX ``final_layer_norm``, BLOOM ``ln_f``, OPT ``decoder.final_layer_norm`` (absent for
+  post-LN OPT configs), Llama/Mistral ``norm``, XLM-RoBERTa-XL ``encoder.LayerNorm``. BLOOM's
+  ``word_embeddings_layernorm`` is part of its embedding output (index 0), not a final norm.
+  BERT, RoBERTa and ELECTRA (post-LN) have none. A hook checks on every pass that the module's
+  input is the last block's output, so a family laid out differently fails loudly instead of
+  being mismeasured.
 - attention probabilities: `output_attentions`; the model is loaded with eager attention, the only
   implementation that materialises them.
 - queries and keys: forward hooks on the attention projections of the families below, split into
   heads, rotated by the model's own rotary function where the family uses one, and with
   grouped-query key heads repeated to the number of query heads. A "query" is defined so that
-  ``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention: where a model scales
-  its scores by something other than 1/sqrt(D) (GPT-2's ``scale_attn_by_inverse_layer_idx``),
-  the extra factor is folded into Q. OPT multiplies the output of ``q_proj`` by 1/sqrt(D) before
-  the product; our Q is the unscaled ``q_proj`` output, as for every other family.
+  ``softmax(Q @ K.T / sqrt(D) + bias + mask)`` is exactly the model's attention, where ``bias``
+  is the family's position bias on the scores (T5's relative bias, BLOOM's ALiBi; none for the
+  others). Where a model scales its scores by something other than 1/sqrt(D) (GPT-2's
+  ``scale_attn_by_inverse_layer_idx``), the extra factor is folded into Q. OPT multiplies the
+  output of ``q_proj`` by 1/sqrt(D) before the product; our Q is the unscaled ``q_proj``
+  output, as for every other family.
 
   ==============  =============================  ==============================================
   family          hooked modules                 queries and keys
@@ -42,6 +46,9 @@ decoder), `windows` (text to token windows), `qk` (per-family query/key hooks), 
   xlm-roberta-xl
   gpt_neox        ``attention.query_key_value``  per head [q | k | v] interleaved, then rotary on
                                                  the first ``rotary_pct`` of each head's dims
+  bloom           ``query_key_value`` (of        per head [q | k | v] interleaved (BLOOM's
+                  ``self_attention``)            ``view(B, T, H, 3, D)``); no position in Q or
+                                                 K: its ALiBi bias is added to the scores
   opt             ``self_attn.q_proj/.k_proj``   the two Linear outputs (before OPT's scaling)
   llama,          ``self_attn.q_proj/.k_proj``   rotary, then KV heads repeated (grouped-query)
   mistral
@@ -56,6 +63,16 @@ decoder), `windows` (text to token windows), `qk` (per-family query/key hooks), 
   family's own modeling module, so partial rotary (Pythia) and scaled RoPE variants are exactly
   the model's. Any other family still gets hidden states and attention; its queries and keys are
   left empty with one warning per loaded model.
+
+  ALiBi (BLOOM) is a bias on the scores, not a rotation of Q and K, so it stays out of them, as
+  T5's relative bias does: the query/key metrics (`repgeom.metrics.qk_alignment`,
+  ``qk_cosine_concat``, `repgeom.metrics.attention_scores`) read the content part q·k/√D of
+  the score. The model's attention is ``softmax(Q K^T/sqrt(D) + m_h j + mask)`` for query
+  position t and key position j (``BloomModel`` builds ``m_h j`` from the attention mask, j
+  counting real tokens only, with ``beta = 1``), and since ``m_h j`` differs from the ALiBi
+  paper's ``-m_h (t - j)`` by a constant per query row, both give the same softmax; the slope
+  of head h (from 0) is ``m_h = 2^(-8 (h+1) / H)`` for a power-of-two H. BLOOM's
+  ``inv_norm_factor`` is 1/sqrt(D), so its Q is the unscaled fused output.
 
 Encoder or decoder is read from the config (``is_decoder``, the family name, then the
 architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when the config says nothing,

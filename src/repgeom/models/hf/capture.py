@@ -53,7 +53,7 @@ def hf_capture(
         On the model's device, in its dtype. ``hidden`` is the residual stream before the final
         norm, ``final_norm`` that norm's output (None for post-LN families); see the module
         docstring. ``queries``/``keys`` are empty for families other than gpt2, bert, roberta,
-        xlm-roberta-xl, gpt_neox, opt, llama, mistral and t5 (one warning per model).
+        xlm-roberta-xl, gpt_neox, bloom, opt, llama, mistral and t5 (one warning per model).
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:

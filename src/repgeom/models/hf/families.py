@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 # Families known by name. Others are told apart by their architecture names or by experiment.
-DECODER_FAMILIES = frozenset({"gpt2", "gpt_neox", "opt", "llama", "mistral"})
+DECODER_FAMILIES = frozenset({"gpt2", "gpt_neox", "bloom", "opt", "llama", "mistral"})
 ENCODER_FAMILIES = frozenset({"bert", "roberta", "xlm-roberta-xl"})
 
 

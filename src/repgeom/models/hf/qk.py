@@ -3,8 +3,10 @@
 Forward hooks on the attention projections of the families below, split into heads, rotated by
 the model's own rotary function where the family uses one, and with grouped-query key heads
 repeated to the number of query heads. A "query" is defined so that
-``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention (the family table and
-the scaling rules are in `repgeom.models.hf`'s docstring).
+``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention, with the family's
+position bias added to the scores where it has one (T5's relative bias, BLOOM's ALiBi): that
+bias is not part of Q or K. The family table and the scaling and bias rules are in
+`repgeom.models.hf`'s docstring.
 """
 
 from __future__ import annotations
@@ -36,13 +38,22 @@ def _qk_bert(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return _heads(out["query"], D), _heads(out["key"], D)
 
 
-def _qk_neox(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    # The fused output is laid out per head as [q_h | k_h | v_h], not as [q | k | v].
-    qkv = out["query_key_value"]  # (B, T, 3C)
+def _per_head_fused(qkv: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k of a fused (B, T, 3C) output laid out per head as [q_h | k_h | v_h] (not as
+    [q | k | v]): GPT-NeoX's ``view(B, T, H, 3D)``, BLOOM's ``view(B, T, H, 3, D)``."""
     B, T, _ = qkv.shape
-    qkv = qkv.view(B, T, -1, 3 * attn.head_size).transpose(1, 2)  # (B, H, T, 3D)
+    qkv = qkv.view(B, T, -1, 3 * head_dim).transpose(1, 2)  # (B, H, T, 3D)
     q, k, _ = qkv.chunk(3, dim=-1)
     return q, k
+
+
+def _qk_neox(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    return _per_head_fused(out["query_key_value"], attn.head_size)
+
+
+def _qk_bloom(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    # No position in q or k: BLOOM adds its ALiBi bias to the scores (module docstring).
+    return _per_head_fused(out["query_key_value"], attn.head_dim)
 
 
 def _qk_proj(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +81,7 @@ QK_FAMILIES: dict[str, _QKFamily] = {
     "roberta": _QKFamily(("RobertaSelfAttention",), ("query", "key"), _qk_bert),
     "xlm-roberta-xl": _QKFamily(("XLMRobertaXLSelfAttention",), ("query", "key"), _qk_bert),
     "gpt_neox": _QKFamily(("GPTNeoXAttention",), ("query_key_value",), _qk_neox, rotary=True),
+    "bloom": _QKFamily(("BloomAttention",), ("query_key_value",), _qk_bloom),
     "opt": _QKFamily(("OPTAttention",), ("q_proj", "k_proj"), _qk_proj),
     "llama": _QKFamily(("LlamaAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
     "mistral": _QKFamily(("MistralAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
@@ -130,12 +142,22 @@ class QKRecorder:
                 k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, H, T, D)
             # Fold any score scale other than 1/sqrt(D) into Q, so Q K^T / sqrt(D) is the score.
             D = q.size(-1)
-            factor = getattr(attn, "scaling", D**-0.5) * math.sqrt(D)
+            factor = _score_scale(attn, D) * math.sqrt(D)
             if not math.isclose(factor, 1.0, rel_tol=1e-9):
                 q = q * factor
             queries.append(q.contiguous())
             keys.append(k.contiguous())
         return queries, keys
+
+
+def _score_scale(attn: nn.Module, head_dim: int) -> float:
+    """What the module multiplies q.k by: ``scaling`` (transformers' attention modules),
+    BLOOM's ``inv_norm_factor`` (its ``baddbmm`` alpha), else 1/sqrt(D)."""
+    for name in ("scaling", "inv_norm_factor"):
+        value = getattr(attn, name, None)
+        if value is not None:
+            return float(value)
+    return head_dim**-0.5
 
 
 def _store(seen: dict, name: str) -> Callable:
