@@ -207,3 +207,47 @@ def test_submitit_sweep_of_two_jobs_completes(slurm: LocalSlurm, tmp_path: Path)
         frame = csv_metrics(job)
         assert frame["step"].max() == steps - 1
     assert len(ids) == 2  # one W&B run per job (the group per sweep: tests/test_multirun.py)
+
+
+def test_probe_shards_on_slurm_merge_to_the_single_job_table(
+    slurm: LocalSlurm, tmp_path: Path, tiny_hf_folder, tiny_text
+) -> None:
+    """`probe.py -m ... shard=0,1,2 shards=3 hydra/launcher=slurm`: three SLURM jobs probe a hub
+    model's revisions (the hub stand-in on 127.0.0.1, reached from the node), and the sweep's end
+    merges them into the table a single job writes."""
+    from hub_server import FakeHub
+
+    from repgeom.probes import table
+    from repgeom.probes.shards import KEYS
+
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    folders = {f"step{s}": tiny_hf_folder("gpt2" if i % 2 == 0 else "gpt2-scaled")
+               for i, s in enumerate((10, 20, 30, 40))}
+    common = ["hf=org/sharded", "hf_revisions=all", f"text_file={text}", "window=32",
+              "n_states=128", "settings.state_batch_size=128", "settings.max_order=8",
+              "settings.distributions=false", "metrics=[anisotropy,linear_cka]",
+              "plot_metrics=[anisotropy]", "device=cpu"]
+    launcher = ["hydra/launcher=slurm", "hydra.launcher.partition=debug",
+                "hydra.launcher.gpus_per_node=null", "hydra.launcher.tasks_per_node=1",
+                "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=1",
+                "hydra.launcher.timeout_min=10"]
+    sweep, single = tmp_path / "sweep", tmp_path / "single"
+    with FakeHub("org/sharded", folders) as hub:
+        env = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+        proc = slurm.run([PYTHON, "probe.py", "-m", *common, *launcher, "shard=0,1,2",
+                          "shards=3", f"hydra.sweep.dir={sweep}"],
+                         check=False, cwd=ROOT, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        proc = slurm.run([PYTHON, "probe.py", *common, f"hydra.run.dir={single}"],
+                         check=False, cwd=ROOT, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    owned = [sorted(table.read_table(sweep / str(k))["step"].unique()) for k in range(3)]
+    assert owned == [[10, 40], [20], [30]]
+    merged, whole = table.read_table(sweep / "merged"), table.read_table(single)
+    keys = [k for k in KEYS if k in whole.columns]
+    merged, whole = (f.sort_values(keys, na_position="first").reset_index(drop=True)
+                     for f in (merged, whole))
+    pd.testing.assert_frame_equal(merged[keys], whole[keys], check_dtype=False)
+    # Other processes on the same CPU: float32 kernels only.
+    assert (merged["value"] - whole["value"]).abs().max() <= 1e-6 * whole["value"].abs().max()

@@ -67,7 +67,7 @@ from repgeom.probes import (
 from repgeom.probes.compare import compare
 from repgeom.probes.drift_cosine import save_drift_cosine
 from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
-from repgeom.probes.spec import ProbeRequest, training_probe  # noqa: F401
+from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
 
@@ -125,6 +125,7 @@ def check_config(cfg: DictConfig) -> str:
         if cfg.get(key) and mode != "hf":
             raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
     schedule.check_options(cfg.get("hf_revisions"), cfg.get("max_revisions"), mode)
+    schedule.check_shard(cfg.get("shard"), cfg.get("shards"), mode)
     compare = cfg.get("compare") or {}
     texts = [compare.get("text_a"), compare.get("text_b")]
     if any(t is not None for t in texts):
@@ -186,7 +187,8 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     output_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.get("device"))
     request = ProbeRequest.from_config(cfg)  # the probe options, read once
-    subjects = targets(cfg, mode)
+    pairwise = bool(catalogue.select(resolve(request).probe_settings()).pairs)
+    subjects = targets(cfg, mode, reference_final=pairwise)
     comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
 
     loggers = _wandb_runs(cfg, output_dir, mode, subjects)
@@ -215,6 +217,9 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
                 output.states,
                 output.layer_names,
             )
+        if subject.reference:  # another shard writes its rows
+            del loaded
+            continue
         rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         frame = sink.write_step(output_dir, rows)
         seconds = {"probe/seconds_total": time.perf_counter() - started}
@@ -235,7 +240,9 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
             seed=output.settings.seed,
         )
         by_step = {s.step: s.id_columns() for s in members}
-        rows = [{**row, **by_step.get(row["step"], {})} for row in rows]
+        reference = {s.step for s in members if s.reference}
+        rows = [{**row, **by_step.get(row["step"], {})} for row in rows
+                if row["step"] not in reference]
         if rows:
             frame = sink.write_step(output_dir, rows)
             for step, part in table.rows_to_frame(rows).groupby("step"):
@@ -247,19 +254,12 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         )
     else:
         wanted = cfg.get("plot_metrics")
-        wanted = None if wanted is None else [str(m) for m in wanted]
-        figures = []
-        for stack, model in stacks.items():  # `save_figures` draws one model at a time
-            model_rows = frame if stack is None else frame.loc[frame["model"] == model]
-            figures += plots.save_figures(
-                model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
-            )
+        figures = save_figures(frame, stacks, output_dir,
+                               None if wanted is None else [str(m) for m in wanted])
         for extra in extras:  # the analyses asked for (repgeom.analyses.probe_extras)
             figures += extra(cfg, output_dir, device)
         console.print_tables(frame, subjects)
-        phase_report.report(frame, output_dir, loggers)  # phases.csv, console, W&B summary
-        correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
-        console.print_drift_cosine(correlation)
+        correlation = summarise(frame, output_dir, loggers)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
                                 drift_cosine=correlation)
     _write_info(result, cfg, mode)
@@ -270,6 +270,27 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         run.finish()
     print(f"Probe outputs: {output_dir}")
     return result
+
+
+def save_figures(frame: pd.DataFrame, stacks: dict[str | None, str], output_dir: Path,
+                 wanted: list[str] | None) -> list[Path]:
+    """The figures of a finished table, one model (or stack, ``{stack: model}``) at a time."""
+    figures = []
+    for stack, model in stacks.items():  # `save_figures` draws one model at a time
+        model_rows = frame if stack is None else frame.loc[frame["model"] == model]
+        figures += plots.save_figures(
+            model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
+        )
+    return figures
+
+
+def summarise(frame: pd.DataFrame, output_dir: Path, loggers: list) -> pd.DataFrame:
+    """What a finished table adds: the phases (``phases.csv``, console, W&B summary) and Godey et
+    al.'s drift/cosine correlation (``drift_cosine.csv``, console), which it returns."""
+    phase_report.report(frame, output_dir, loggers)
+    correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
+    console.print_drift_cosine(correlation)
+    return correlation
 
 
 # -- compare ----------------------------------------------------------------------------------
@@ -289,29 +310,44 @@ def _stack_dir(folder: Path, stack: str | None) -> Path:
     return folder if stack is None else folder / stack
 
 
-def targets(cfg: DictConfig, mode: str) -> list[CheckpointTarget | HFTarget]:
-    """What `cfg` names: one `HFTarget` per revision, or one `CheckpointTarget` per checkpoint."""
+def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
+            ) -> list[CheckpointTarget | HFTarget]:
+    """What `cfg` names: one `HFTarget` per revision (and stack), or one `CheckpointTarget` per
+    checkpoint; with ``shard``/``shards``, this job's share (`schedule.shard_of`), plus the final
+    revision as a `reference` when `reference_final` (pairwise metrics compare with it) and
+    another shard owns it."""
     if mode == "hf":
         revisions = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
                                            max_revisions=cfg.get("max_revisions"))
         steps = revision_steps(revisions) if revisions != [None] else [0]
-        tokenizer = cfg.get("tokenizer")
-        stacks = model_stacks(str(cfg.hf), revision=revisions[0])
-        return [
-            HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
-                     tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
-                     alias=str(cfg.get("model_name") or ""))
-            for revision, step in zip(revisions, steps, strict=True)
-            for stack in stacks
-        ]
-    if mode == "ckpt":
+        found = list(zip(steps, revisions, strict=True))
+    elif mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
         ckpt = read_checkpoint(path)  # fails early on a missing or foreign file
         found = [(int(ckpt["global_step"]), path)]
     else:
         found = schedule.run_checkpoints(find_checkpoints(str(cfg.run)), cfg.get("max_revisions"))
-    return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""))
-            for step, path in found]
+    chosen = [(step, where, False) for step, where in
+              schedule.shard_of(found, cfg.get("shard"), cfg.get("shards"))]
+    if not chosen:
+        raise ValueError(
+            f"shard={cfg.shard} of shards={cfg.shards} gets none of the {len(found)} "
+            f"revisions or checkpoints; use at most shards={len(found)}"
+        )
+    if reference_final and found[-1] not in [(step, where) for step, where, _ in chosen]:
+        chosen.append((*found[-1], True))
+    if mode != "hf":
+        return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""),
+                                 reference=reference) for step, path, reference in chosen]
+    tokenizer = cfg.get("tokenizer")
+    stacks = model_stacks(str(cfg.hf), revision=found[0][1])
+    return [
+        HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
+                 tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
+                 alias=str(cfg.get("model_name") or ""), reference=reference)
+        for step, revision, reference in chosen
+        for stack in stacks
+    ]
 
 
 def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:

@@ -22,11 +22,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from repgeom.models import revisions as hub
+
+T = TypeVar("T")
 
 ALL = "all"
 """``hf_revisions=all``: every step-named revision of the repository."""
@@ -119,6 +121,37 @@ def check_options(hf_revisions: Any, max_revisions: Any, mode: str) -> None:
             f"max_revisions thins a trajectory: it needs run=<train run folder> or hf=<name> "
             f"with hf_revisions=all or a list (got {mode}= alone)"
         )
+
+
+def check_shard(shard: Any, shards: Any, mode: str) -> None:
+    """Raise ValueError on a bad ``shard``/``shards`` pair before anything runs."""
+    if shard is None and shards is None:
+        return
+    if shard is None or shards is None:
+        raise ValueError(
+            f"give shard= and shards= together (got shard={shard}, shards={shards}); e.g. "
+            "python probe.py -m hf=... hf_revisions=all shard=0,1,2,3 shards=4"
+        )
+    for name, value in (("shard", shard), ("shards", shards)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard={shard} must lie in 0..shards-1 = 0..{shards - 1}")
+    if mode == "ckpt":
+        raise ValueError("shards split a trajectory: give run=<train run folder> or hf=<name> "
+                         "with hf_revisions, not ckpt=")
+
+
+def shard_of(items: Sequence[T], shard: int | None, shards: int | None) -> list[T]:
+    """Every `shards`-th item from index `shard` (all of them without shards): revisions spread
+    evenly, early and late, over the jobs of ``probe.py -m shard=0,1,2,3 shards=4``.
+
+    >>> shard_of(["s0", "s1", "s2", "s3", "s4"], 1, 2)
+    ['s1', 's3']
+    """
+    if shards is None:
+        return list(items)
+    return list(items[shard::shards])
 
 
 def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = None

@@ -170,6 +170,12 @@ def save_survey(
     return paths
 
 
+def _whole(folder: Path) -> bool:
+    """False for one shard of a trajectory (``shards=``; `repgeom.probes.shards` merges them)."""
+    info = json.loads((folder / INFO_FILE).read_text())
+    return (info.get("config") or {}).get("shards") is None
+
+
 class SurveyCallback(Callback):
     """Hydra callback of ``probe.py -m``: when the sweep ends, survey its probe folders into
     ``<sweep dir>/survey/`` (``conf/probe.yaml``, ``hydra.callbacks``). A sweep of one model, or
@@ -179,7 +185,8 @@ class SurveyCallback(Callback):
         sweep = Path(str(config.hydra.sweep.dir))
         if not any(sweep.glob(f"*/{INFO_FILE}")):
             return
-        folders = [f for f in probe_folders([sweep]) if table.probe_dir(f).is_dir()]
+        folders = [f for f in probe_folders([sweep]) if table.probe_dir(f).is_dir()
+                   and _whole(f)]  # a trajectory's shards count once: their merged folder
         if len(folders) < 2:
             return
         wanted = config.get("plot_metrics")

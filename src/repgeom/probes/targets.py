@@ -127,6 +127,7 @@ class CheckpointTarget:
     model: str = ""  # the `model` column: the run folder's name
     kind: str = ""  # "decoder" or "encoder", known once loaded
     source: str = "ours"
+    reference: bool = False  # probed for its states only (`HFTarget.reference`)
     stack: ClassVar[str | None] = None  # our models have one stack of layers (`HFTarget.stack`)
 
     def __post_init__(self) -> None:
@@ -213,6 +214,10 @@ class HFTarget:
     tokenizer: str | None = None
     stack: str | None = None
     alias: str = ""  # the `model` column when not `name` (probe.py's model_name=)
+    reference: bool = False
+    """Probed for its states only, and none of its rows written: the final revision that a
+    shard of a trajectory (``shard=``) compares its own revisions with when another shard owns
+    it."""
 
     @property
     def model(self) -> str:

@@ -1,0 +1,113 @@
+"""A trajectory spread over jobs (`shard=`/`shards=`) and merged back into one table that equals
+a single job's (`repgeom.probes.shards`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from cli_runs import run_probe_py
+from hub_server import FakeHub
+
+from repgeom.probes import schedule, table
+from repgeom.probes.shards import KEYS, merge_shards, shard_groups
+
+STEPS = (100, 200, 300, 400, 500)
+
+
+def test_shard_of_spreads_every_revision_once() -> None:
+    items = [f"step{s}" for s in range(11)]
+    shares = [schedule.shard_of(items, k, 4) for k in range(4)]
+    assert shares[1] == ["step1", "step5", "step9"]
+    assert sorted(sum(shares, [])) == sorted(items)
+    assert schedule.shard_of(items, None, None) == items
+
+
+@pytest.mark.parametrize(("shard", "shards", "mode", "message"), [
+    (0, None, "hf", "give shard= and shards= together"),
+    (4, 4, "hf", r"shard=4 must lie in 0..shards-1 = 0..3"),
+    (-1, 2, "run", "shard must be a non-negative integer"),
+    (0, "2", "run", "shards must be a non-negative integer"),
+    (0, 2, "ckpt", "shards split a trajectory"),
+])
+def test_bad_shard_options(shard, shards, mode, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        schedule.check_shard(shard, shards, mode)
+
+
+@pytest.fixture(scope="module")
+def hub(tiny_hf_folder):
+    """Five step revisions of one tiny GPT-2, two different models in turn."""
+    folders = {f"step{s}": tiny_hf_folder("gpt2" if i % 2 == 0 else "gpt2-scaled")
+               for i, s in enumerate(STEPS)}
+    with FakeHub("org/sharded", folders) as fake:
+        yield fake
+
+
+def _probe(hub, tmp_path: Path, text_file: Path, *args: str):
+    common = ["hf=org/sharded", "hf_revisions=all", f"text_file={text_file}", "window=32",
+              "n_states=128", "settings.state_batch_size=128", "settings.max_order=8",
+              "settings.distributions=false", "settings.attention=false",
+              "metrics=[anisotropy,intrinsic_dimension,linear_cka]",
+              "plot_metrics=[anisotropy]", "device=cpu"]
+    flags = [a for a in args if a.startswith("-")]  # -m goes before the overrides
+    done = run_probe_py([*flags, *common, *(a for a in args if a not in flags)],
+                        HF_ENDPOINT=hub.url,
+                        HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory, tiny_text) -> Path:
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text(tiny_text * 3)
+    return path
+
+
+@pytest.mark.slow  # three probe.py processes
+def test_shards_merge_to_the_single_job_table(hub, tmp_path, text_file) -> None:
+    sweep, single = tmp_path / "sweep", tmp_path / "single"
+    done = _probe(hub, tmp_path, text_file, "-m", "shard=0,1", "shards=2",
+                  f"hydra.sweep.dir={sweep}")
+    _probe(hub, tmp_path, text_file, f"hydra.run.dir={single}")
+
+    # Each job probed its share: shard 1 owns steps 200 and 400, and probed the final revision
+    # (owned by shard 0) only for the states its comparisons with the final need.
+    owned = {k: sorted(table.read_table(sweep / str(k))["step"].unique()) for k in (0, 1)}
+    assert owned == {0: [100, 300, 500], 1: [200, 400]}
+    shard_1 = table.read_table(sweep / "1")
+    vs_final = shard_1.loc[shard_1["step_b"] == 500]  # each revision against the final one
+    assert sorted(vs_final["step"].unique()) == [200, 400]
+    assert set(vs_final["metric"]) == {"linear_cka"}
+    info = json.loads((sweep / "1" / "probe_info.json").read_text())
+    assert [s["reference"] for s in info["subjects"]] == [False, False, True]
+
+    # Merged when the sweep ended; equal to the single job's table row for row.
+    assert "Merged 2 shards" in done.stdout
+    merged, whole = table.read_table(sweep / "merged"), table.read_table(single)
+    keys = [k for k in KEYS if k in whole.columns]
+    merged, whole = (f.sort_values(keys, na_position="first").reset_index(drop=True)
+                     for f in (merged, whole))
+    pd.testing.assert_frame_equal(merged[keys], whole[keys], check_dtype=False)
+    # Same revisions, windows and seeds in another process: float32 kernels only.
+    np.testing.assert_allclose(merged["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    assert (sweep / "merged" / "probes" / "plots" / "vs_step_anisotropy.png").exists()
+    assert (sweep / "merged" / "probes" / "phases.csv").exists()
+    assert not (sweep / "survey").exists()  # the shards of one model are no survey
+
+
+def test_a_missing_shard_is_named(tmp_path) -> None:
+    for shard in (0, 2):
+        folder = tmp_path / str(shard)
+        folder.mkdir()
+        (folder / "probe_info.json").write_text(json.dumps(
+            {"config": {"shard": shard, "shards": 3, "hf": "x", "output_dir": str(folder)},
+             "subjects": [], "mode": "hf"}))
+    (folders,) = shard_groups(tmp_path)
+    with pytest.raises(ValueError, match=r"shards=3 but the folders hold shards \[0, 2\]: "
+                                         r"shard\(s\) \[1\] missing"):
+        merge_shards(folders, tmp_path / "merged")
