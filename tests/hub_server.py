@@ -6,7 +6,8 @@ downloads, checks and caches files exactly as it does from huggingface.co. It se
 `/{repo_id}/resolve/{revision}/{filename}` from one folder per revision, with the headers the
 client reads (`X-Repo-Commit`, `ETag`, `Content-Length`) and the hub's error codes on a 404, and
 `/api/models/{repo_id}/refs` (what `HfApi.list_repo_refs` reads): every revision as a branch, or
-as a tag when named in `tags`.
+as a tag when named in `tags`. `broken` makes the first file downloads of a revision fail (HTTP
+500), as a network that drops does.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ class FakeHub:
     """
 
     def __init__(
-        self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = ()
+        self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = (),
+        broken: dict[str, int] | None = None,
     ) -> None:
         self.repo_id = repo_id
+        self.broken = dict(broken or {})  # revision -> how many file downloads fail (HTTP 500)
         self.revisions = {rev: Path(folder) for rev, folder in revisions.items()}
         self.tags = tuple(tags)
         self.requests: list[tuple[str, str]] = []
@@ -107,6 +110,9 @@ class FakeHub:
                     return self._error(404, "RevisionNotFound", send_body)
                 folder = hub.revisions[revision]
                 file = folder / filename
+                if send_body and hub.broken.get(revision, 0) > 0:  # a download that breaks
+                    hub.broken[revision] -= 1
+                    return self._error(500, "InternalError", send_body)
                 if not file.is_file():
                     return self._error(404, "EntryNotFound", send_body, commit_of(revision))
                 data = file.read_bytes()
@@ -141,7 +147,8 @@ class FakeHub:
                 if revision is None:
                     return self._error(404, "RevisionNotFound", send_body)
                 folder = hub.revisions[revision]
-                siblings = [{"rfilename": p.name} for p in sorted(folder.iterdir())]
+                siblings = [{"rfilename": p.name, "size": p.stat().st_size}
+                            for p in sorted(folder.iterdir())]
                 info = {"id": hub.repo_id, "sha": commit_of(revision), "siblings": siblings}
                 self._json(info, send_body)
 

@@ -107,6 +107,9 @@ class ProbeOutput:
     """Each layer's states, (N, D) float32, kept when pairwise metrics are wanted (`measure`
     with ``keep_states``), for similarity across steps and runs."""
     settings: ProbeSettings | None = None
+    forward_seconds: float = 0.0
+    """Seconds in the model's forward passes (the rest of a probe is the metrics), set by the
+    targets (`repgeom.probes.targets`)."""
 
     def add(
         self,

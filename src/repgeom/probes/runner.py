@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,7 +58,6 @@ from repgeom.probes import (
     phase_report,
     plots,
     schedule,
-    similarity,
     sink,
     table,
 )
@@ -70,6 +67,7 @@ from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, 
 from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
+from repgeom.probes.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -192,61 +190,27 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
 
     loggers = _wandb_runs(cfg, output_dir, mode, subjects)
-    all_warnings: list[str] = []
     frame = table.rows_to_frame([])
     compare_frames: list[pd.DataFrame] = []
     figures: list[Path] = []
-    started = time.perf_counter()
-    pairs: list = []
-    for subject in subjects:
-        loaded = subject.load(device)
-        if comparing:
+    all_warnings: list[str] = []
+    if comparing:
+        for subject in subjects:
+            loaded = subject.load(device)
             pooled, paths = compare(cfg, subject, loaded, output_dir, several=len(subjects) > 1)
             compare_frames.append(pooled)
             figures += paths
             console.print_compare(subject, pooled)
-            continue
-        output = subject.probe(request, loaded)
-        for message in dict.fromkeys(output.warnings):
-            warnings.warn(message, stacklevel=2)
-        all_warnings += output.warnings
-        if output.states:  # for the comparison with the last subject, or with another run
-            similarity.save_states(
-                _stack_dir(table.probe_dir(output_dir), subject.stack),
-                subject.step,
-                output.states,
-                output.layer_names,
-            )
-        if subject.reference:  # another shard writes its rows
             del loaded
-            continue
-        rows = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
-        frame = sink.write_step(output_dir, rows)
-        seconds = {"probe/seconds_total": time.perf_counter() - started}
-        sink.log_scalars(loggers, subject.step, table.rows_to_frame(rows), seconds,
-                         prefix=_wandb_prefix(subject.stack))
-        pairs = catalogue.select(output.settings).pairs if output.settings else []
-        del loaded
-    # An encoder-decoder model is two models (`HFTarget.stack`): each is compared with itself.
+    else:  # streamed: bounded disk and memory, resumable (`trajectory`)
+        work_dir = cfg.get("work_dir")
+        loop = Trajectory(request, device, output_dir, loggers,
+                          work_dir=None if work_dir is None else Path(str(work_dir)),
+                          keep_weights=bool(cfg.get("keep_weights")), pairwise=pairwise,
+                          stack_dir=_stack_dir, prefix=_wandb_prefix)
+        frame = loop.run(subjects)
+        all_warnings = loop.warnings
     stacks = {s.stack: s.model for s in subjects}
-    for stack in stacks:
-        members = [s for s in subjects if s.stack == stack]
-        if comparing or len(members) < 2 or not pairs:
-            continue
-        rows = similarity.vs_final_rows(
-            _stack_dir(table.probe_dir(output_dir), stack),
-            pairs,
-            batch_size=output.settings.state_batch_size,
-            seed=output.settings.seed,
-        )
-        by_step = {s.step: s.id_columns() for s in members}
-        reference = {s.step for s in members if s.reference}
-        rows = [{**row, **by_step.get(row["step"], {})} for row in rows
-                if row["step"] not in reference]
-        if rows:
-            frame = sink.write_step(output_dir, rows)
-            for step, part in table.rows_to_frame(rows).groupby("step"):
-                sink.log_scalars(loggers, int(step), part, {}, prefix=_wandb_prefix(stack))
 
     if comparing:
         result = ProbeRunResult(

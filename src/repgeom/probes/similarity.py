@@ -42,10 +42,12 @@ def save_states(probe_folder: str | os.PathLike, step: int, states: Sequence[tor
     folder = states_dir(probe_folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{int(step)}.pt"
+    partial = path.with_suffix(".pt.partial")  # a kill mid-write leaves no file that looks whole
     torch.save(
         {"states": [s.detach().half().cpu() for s in states], "layer_names": list(layer_names)},
-        path,
+        partial,
     )
+    os.replace(partial, path)
     return path
 
 
@@ -104,6 +106,27 @@ def vs_final_rows(
         for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed):
             rows.append({"step": step, "step_b": final, **row})
     return rows
+
+
+def vs_final_step_rows(
+    states: Sequence[torch.Tensor],
+    probe_folder: str | os.PathLike,
+    entries: Sequence[catalogue.Metric],
+    *,
+    batch_size: int = ProbeSettings.state_batch_size,
+    seed: int = ProbeSettings.seed,
+) -> list[dict]:
+    """One step's layers (`states`, just probed) against the same layers at the last step saved
+    in `probe_folder`: `vs_final_rows` for one step, without keeping its states. The states are
+    rounded to float16 as saved ones are, so the numbers equal `vs_final_rows`'."""
+    steps = saved_steps(probe_folder)
+    if not steps or not entries:
+        return []
+    final = max(steps)
+    B, names = load_states(steps[final])
+    A = [s.detach().half().float().cpu() for s in states]
+    return [{"step_b": final, **row}
+            for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed)]
 
 
 def run_vs_run_rows(

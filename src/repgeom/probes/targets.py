@@ -9,10 +9,11 @@ probe set, captures and `measure`), ``text_states(loaded, text)`` (compare mode)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -29,6 +30,8 @@ from repgeom.probes.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.sampling import ProbeSet, WindowPool, draw, probe_set
 from repgeom.probes.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.texts import byte_windows, default_text, read_text
+
+T = TypeVar("T")
 
 DEFAULT_HF_WINDOW = 256
 """Tokens per window of a Hugging Face model (at most its positions) unless window= says."""
@@ -55,6 +58,25 @@ def gpt_captures(
         yield capture
 
 
+class Stopwatch:
+    """Seconds spent inside an iterator's ``next`` (the forward passes of lazy captures)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, items: Iterable[T]) -> Iterator[T]:
+        iterator = iter(items)
+        while True:
+            started = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - started
+            yield item
+
+
 def probe_gpt(
     model: torch.nn.Module,
     probes: ProbeSet,
@@ -77,12 +99,17 @@ def probe_gpt(
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             # each window only up to its last sampled position where the model is causal
+            clock = Stopwatch()
+            started = time.perf_counter()
             states = [model.capture_positions(probes.windows, probes.positions,
                                               batch_size=batch_size)]
-            attention = gpt_captures(
+            clock.seconds += time.perf_counter() - started
+            attention = clock.timed(gpt_captures(
                 model, whole, None, batch_size=batch_size, attention=settings.attention
-            )
-            return measure(states, attention, settings, keep_states=keep_states)
+            ))
+            output = measure(states, attention, settings, keep_states=keep_states)
+            output.forward_seconds = clock.seconds
+            return output
     finally:
         model.train(was_training)
 
@@ -214,6 +241,9 @@ class HFTarget:
     tokenizer: str | None = None
     stack: str | None = None
     alias: str = ""  # the `model` column when not `name` (probe.py's model_name=)
+    files: str | None = None
+    """The folder of this revision's files when the trajectory loop fetched them
+    (`repgeom.models.hf.downloads`); None: ``from_pretrained`` fetches them itself."""
     reference: bool = False
     """Probed for its states only, and none of its rows written: the final revision that a
     shard of a trajectory (``shard=``) compares its own revisions with when another shard owns
@@ -235,8 +265,8 @@ class HFTarget:
         from repgeom.models import hf as hf_module
 
         model = hf_module.load_hf_model(
-            self.name,
-            revision=self.revision,
+            self.files or self.name,  # the revision's files where the trajectory fetched them
+            revision=None if self.files else self.revision,
             device=device,
             dtype=self.dtype,
             tokenizer=self.tokenizer,
@@ -271,13 +301,17 @@ class HFTarget:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
                 yield capture
 
+        clock = Stopwatch()
         with torch.random.fork_rng(devices=[]):
-            return measure(
-                captures(len(probes.windows), probes.positions, attention=False),
-                captures(probes.attention_windows, None, attention=settings.attention),
+            output = measure(
+                clock.timed(captures(len(probes.windows), probes.positions, attention=False)),
+                clock.timed(captures(probes.attention_windows, None,
+                                     attention=settings.attention)),
                 settings,
                 keep_states=bool(catalogue.select(settings).pairs),
             )
+        output.forward_seconds = clock.seconds
+        return output
 
     def text_states(self, loaded: Any, text: str, *, include_special: bool):
         """One text's states at every layer (valid positions only), its tokens and the layer
