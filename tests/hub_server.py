@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
@@ -34,9 +35,10 @@ class FakeHub:
 
     def __init__(
         self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = (),
-        broken: dict[str, int] | None = None,
+        broken: dict[str, int] | None = None, bytes_per_second: float | None = None,
     ) -> None:
         self.repo_id = repo_id
+        self.bytes_per_second = bytes_per_second  # a slow network (benchmarks), None: no limit
         self.broken = dict(broken or {})  # revision -> how many file downloads fail (HTTP 500)
         self.revisions = {rev: Path(folder) for rev, folder in revisions.items()}
         self.tags = tuple(tags)
@@ -123,7 +125,17 @@ class FakeHub:
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 if send_body:
+                    self._send_throttled(data)
+
+            def _send_throttled(self, data: bytes) -> None:
+                rate = hub.bytes_per_second
+                if rate is None:
                     self.wfile.write(data)
+                    return
+                chunk = max(1, int(rate / 20))  # 20 writes a second
+                for start in range(0, len(data), chunk):
+                    self.wfile.write(data[start:start + chunk])
+                    time.sleep(min(chunk, len(data) - start) / rate)
 
             def _refs(self, repo_id: str, send_body: bool) -> None:
                 # The hub's JSON (huggingface_hub.HfApi.list_repo_refs reads name, ref and

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from cli_runs import run_probe_py
+from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -22,6 +23,7 @@ from wandb_records import wandb_history, wandb_records
 from repgeom.probes import phase_report, phases, runner, table
 from repgeom.probes.measure import PER_HEAD_METRICS
 from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
+from repgeom.probes.trajectory import timings
 from repgeom.train import train
 
 # The training probe's metrics on a tiny model (max_order=16) plus the distribution fits that
@@ -237,7 +239,8 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     tmp_path, tiny_hf_folder, text_file
 ) -> None:
     """`hf=ORG/NAME hf_revisions=[...]` against a local stand-in for the hub: every revision is
-    downloaded into the cache and probed as one step."""
+    downloaded into the run's working folder, probed as one step, and deleted; a revision in the
+    user's cache is read from there, offline too."""
     folders = {"step100": tiny_hf_folder("gpt2"), "step300": tiny_hf_folder("gpt2-scaled")}
     out, cache = tmp_path / "out", tmp_path / "hf_home"
     args = ["hf=org/pythia-like", "hf_revisions=[step100,step300]", f"text_file={text_file}",
@@ -246,10 +249,16 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
         done = run_probe_py(
             [*args, f"hydra.run.dir={out}"], HF_ENDPOINT=hub.url, HF_HOME=str(cache)
         )
-    assert done.returncode == 0, done.stderr[-3000:]
-    # Each revision's files came from the hub into its snapshot of the cache (files with equal
-    # content, here the weights, are stored once and fetched once, as from huggingface.co).
-    assert {revision for revision, _ in hub.downloads()} == set(folders)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert {revision for revision, _ in hub.downloads()} == set(folders)
+        # The user's cache holds no weights (the config a first look reads at most), and the
+        # working folder is empty again.
+        assert not any(cache.rglob("*.safetensors")) and not any((out / "work").rglob("*.*"))
+        # Later the user downloads both revisions into their cache, as huggingface_hub does.
+        code = ("import huggingface_hub as h; [h.snapshot_download('org/pythia-like', "
+                "revision=r) for r in ('step100', 'step300')]")
+        subprocess.run([PYTHON, "-c", code], check=True,
+                       env=subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(cache)))
     for revision, folder in folders.items():
         snapshot = cache / "hub" / "models--org--pythia-like" / "snapshots" / commit_of(revision)
         for name in ("config.json", "model.safetensors", "tokenizer.json"):
@@ -264,14 +273,18 @@ def test_each_hub_revision_is_downloaded_and_is_one_step(
     assert not np.allclose(a.to_numpy(), b.to_numpy())
     assert (out / "probes" / "plots" / "vs_step_anisotropy.png").exists()
 
-    # Offline, with the hub gone, the same revisions come from the cache with the same numbers.
+    # Offline, with the hub gone, the same revisions come from the cache with the same numbers,
+    # and the cache is left as it was.
     offline_out = tmp_path / "offline"
+    before = sorted(cache.rglob("*"))
     done = run_probe_py(
         [*args, f"hydra.run.dir={offline_out}"], HF_HOME=str(cache), HF_HUB_OFFLINE="1"
     )
     assert done.returncode == 0, done.stderr[-3000:]
     again = table.read_table(offline_out)
     pd.testing.assert_series_equal(again["value"], frame["value"])
+    assert all(p.exists() for p in before)
+    assert (timings(offline_out)["download_bytes"] == 0).all()
 
 
 @pytest.mark.slow

@@ -3,12 +3,13 @@ that do not exist failing before any download (against the tests' local stand-in
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import huggingface_hub.constants
 import numpy as np
 import pytest
-from cli_runs import run_probe_py
+from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
 
 from repgeom.models import revisions
@@ -196,6 +197,12 @@ def test_probe_py_all_revisions_thinned(tmp_path, tiny_hf_folder, text_file) -> 
     assert sorted(frame["step"].unique()) == [100, 300]
     assert sorted(frame["revision"].unique()) == ["step100", "step300"]
 
+    # Offline, `all` reads the refs of the user's cache: the revisions they downloaded there.
+    with FakeHub("org/pythia-like", folders) as hub:
+        code = ("import huggingface_hub as h; [h.snapshot_download('org/pythia-like', "
+                "revision=r) for r in ('step100', 'step300')]")
+        subprocess.run([PYTHON, "-c", code], check=True,
+                       env=subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(cache)))
     done = run_probe_py([*args, "max_revisions=null", f"hydra.run.dir={tmp_path / 'offline'}"],
                         HF_HOME=str(cache), HF_HUB_OFFLINE="1")
     assert done.returncode == 0, done.stderr[-3000:]
