@@ -19,6 +19,7 @@ the ratio is near 1).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -56,8 +57,15 @@ def build_model(folder: Path) -> int:
 
 
 def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() \
-        else 0
+    """Bytes under `folder`, read while the probe deletes and writes files there."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_size
+            except OSError:  # deleted meanwhile
+                pass
+    return total
 
 
 def main() -> None:
@@ -65,7 +73,9 @@ def main() -> None:
     parser.add_argument("--revisions", type=int, default=40, help="at most 154 (default: 40)")
     parser.add_argument("--mbps", type=float, default=8.0,
                         help="the hub's throughput in MB/s (default: %(default)s)")
-    parser.add_argument("--n-states", type=int, default=2048)
+    parser.add_argument("--n-states", type=int, default=512)
+    parser.add_argument("--metrics", default="[anisotropy,intrinsic_dimension,linear_cka]",
+                        help="probe.py's metrics= (default: %(default)s)")
     args = parser.parse_args()
     steps = PYTHIA_STEPS[:: max(1, len(PYTHIA_STEPS) // args.revisions)][: args.revisions]
     steps[-1] = PYTHIA_STEPS[-1]
@@ -85,7 +95,7 @@ def main() -> None:
                 time.sleep(0.05)
 
         with FakeHub("bench/pythia-tiny", revisions, bytes_per_second=args.mbps * 1e6) as hub:
-            env = {**__import__("os").environ, "HF_ENDPOINT": hub.url,
+            env = {**os.environ, "HF_ENDPOINT": hub.url,
                    "HF_HOME": str(tmp / "hf_home"), "WANDB_MODE": "offline"}
             env.pop("HF_HUB_OFFLINE", None)
             watcher = threading.Thread(target=watch, daemon=True)
@@ -94,13 +104,14 @@ def main() -> None:
             subprocess.run(
                 [sys.executable, "probe.py", "hf=bench/pythia-tiny", "hf_revisions=all",
                  f"text_file={text}", "window=128", f"n_states={args.n_states}",
-                 "metrics=[default,linear_cka]", "plot_metrics=[anisotropy,twonn]",
-                 "settings.distributions=false", "device=cpu", f"hydra.run.dir={out}"],
+                 f"metrics={args.metrics}", "plot_metrics=[anisotropy,twonn]",
+                 "settings.distributions=false", "settings.state_batch_size=256",
+                 "settings.attention=false", "device=cpu", f"hydra.run.dir={out}"],
                 cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
             wall = time.perf_counter() - started
             running[0] = False
             watcher.join()
-        costs = pd.read_csv(out / "probes" / "timings.csv").sort_values("step")
+        costs = pd.read_csv(out / "probes" / "timings.csv")  # in the order probed
         compute = costs[["load_s", "forward_s", "metrics_s"]].sum(axis=1)
         print(f"{len(costs)} revisions of a {size / 1e6:.1f} MB model, hub at {args.mbps} MB/s, "
               f"{torch.get_num_threads()} threads")

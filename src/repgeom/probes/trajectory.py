@@ -131,6 +131,12 @@ class Trajectory:
             print(f"Resuming: {len(steps) - len(todo)} of {len(steps)} steps already in "
                   f"{table.probe_dir(self.output_dir)}")
         self._clear_leftovers(todo)
+        if len(todo) > 1:  # one bar for the whole trajectory, not one per file and model
+            from huggingface_hub.utils import disable_progress_bars
+            from transformers.utils import logging as transformers_logging
+
+            disable_progress_bars()
+            transformers_logging.disable_progress_bar()
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="Probing steps", unit="step", disable=len(todo) < 2)
