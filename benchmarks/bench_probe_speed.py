@@ -41,24 +41,27 @@ def worker(ckpt: str | None, probes: int, threads: int | None) -> dict:
     from repgeom.probes import aggregate, plots, table, wandb_charts
     from repgeom.probes.targets import probe_gpt
 
+    torch.manual_seed(0)  # the untrained model: the same weights in both processes
     model, probe_set, spec = build(ckpt, None, None)
     settings = spec.probe_settings()
-    seconds, output = [], None
+    seconds, cpu, output = [], [], None
     for _ in range(probes):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         output = probe_gpt(model, probe_set, batch_size=spec.batch_size, settings=settings)
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     rows = output.rows
     frame = table.rows_to_frame([{"step": step, **row} for step in (0, 125, 500) for row in rows])
-    figures = []
+    figures, figures_cpu = [], []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(2):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             plots.save_figures(frame, folder, metrics=PLOT_METRICS)
             wandb_charts.charts(aggregate.single_set(frame))
             figures.append(time.perf_counter() - start)
-    return {"probe": seconds, "figures": figures, "rows": rows,
-            "threads": torch.get_num_threads()}
+            figures_cpu.append(time.process_time() - start_cpu)
+    return {"probe": seconds, "probe_cpu": cpu, "figures": figures, "figures_cpu": figures_cpu,
+            "rows": rows, "threads": torch.get_num_threads()}
 
 
 def run_version(src: Path, args) -> dict:
@@ -116,14 +119,20 @@ def main() -> None:
           f"{args.probes} probes each; checkpoint {args.ckpt or 'none (untrained)'}")
     best = {}
     for name, runs in results.items():
-        probe = min(s for r in runs for s in r["probe"])
-        figures = min(s for r in runs for s in r["figures"])
-        best[name] = (probe, figures)
+        low = {k: min(s for r in runs for s in r[k])
+               for k in ("probe", "probe_cpu", "figures", "figures_cpu")}
+        best[name] = low
         every = ", ".join(f"{s:.2f}" for r in runs for s in r["probe"])
-        print(f"{name:22s} probe {probe:6.2f} s (all: {every}); end figures {figures:5.2f} s")
-    (p0, f0), (p1, f1) = best.values()
-    print(f"per probe: {p1 / p0:.2f}x the time; three probes and the figures: "
-          f"{3 * p0 + f0:.1f} s -> {3 * p1 + f1:.1f} s")
+        print(f"{name:18s} probe {low['probe']:6.2f} s wall, {low['probe_cpu']:6.2f} s CPU "
+              f"(walls: {every}); end figures {low['figures']:5.2f} s wall, "
+              f"{low['figures_cpu']:5.2f} s CPU")
+    old, now = best.values()
+    for clock in ("", "_cpu"):
+        probe, figures = f"probe{clock}", f"figures{clock}"
+        before, after = (3 * b[probe] + b[figures] for b in (old, now))
+        print(f"{'CPU' if clock else 'wall'}: per probe {now[probe] / old[probe]:.2f}x, figures "
+              f"{now[figures] / old[figures]:.2f}x; three probes and the figures {before:.1f} s "
+              f"-> {after:.1f} s ({after / before:.2f}x)")
     worst, n = largest_difference(first["rows"], results["now"][0]["rows"])
     print(f"probe table, before vs now: {n} values, largest relative difference {worst:.1e}")
 
