@@ -3,128 +3,143 @@
 What `ProbeCallback` spends per probe on the quickstart (`probe_gpt` on all 811 validation
 windows of the bundled sample: the forward pass, every default metric, attention and Q/K), and
 what it spends once at the end of the run on the figures (`plots.save_figures` with the
-quickstart's ``plot_metrics`` and the W&B charts, on a three-step table). Each version runs in
-its own process (the earlier one from ``git archive <commit> src``), the two alternating so
-that both see the same machine load; the minimum over the repetitions is reported. The probe
-tables of the two versions are compared value by value (largest relative difference).
+quickstart's ``plot_metrics`` and the W&B charts, on a three-step table). The earlier commit's
+``src/repgeom`` is extracted (``git archive``) and imported as the package ``repgeom_before``,
+so both versions run in one process on the same weights and the same probe set, alternating
+after one warm-up round each, and the minimum over the repetitions is reported (wall and CPU
+seconds): on a shared machine the ratio holds where absolute seconds do not. The two probe
+tables are compared value by value (largest relative difference).
 
     python benchmarks/bench_probe_speed.py --before <commit> --ckpt runs/qs/checkpoints/last.ckpt
-    python benchmarks/bench_probe_speed.py --before <commit> --repeats 3 --threads 1
+    python benchmarks/bench_probe_speed.py --before <commit> --repeats 5 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
+import importlib
 import math
-import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 PLOT_METRICS = ["anisotropy", "mean_cosine", "twonn", "gride_k16", "attention_entropy",
                 "qk_cosine"]  # conf/probe/default.yaml's plot_metrics
+BEFORE = "repgeom_before"
 
 
-def worker(ckpt: str | None, probes: int, threads: int | None) -> dict:
-    """Time `probes` probes and the end-of-run figures in this process (its `repgeom`)."""
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_probe_forward import build
-
-    from repgeom.probes import aggregate, plots, table, wandb_charts
-    from repgeom.probes.targets import probe_gpt
-
-    torch.manual_seed(0)  # the untrained model: the same weights in both processes
-    model, probe_set, spec = build(ckpt, None, None)
-    settings = spec.probe_settings()
-    seconds, cpu, output = [], [], None
-    for _ in range(probes):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        output = probe_gpt(model, probe_set, batch_size=spec.batch_size, settings=settings)
-        seconds.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    rows = output.rows
-    frame = table.rows_to_frame([{"step": step, **row} for step in (0, 125, 500) for row in rows])
-    figures, figures_cpu = [], []
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(2):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            plots.save_figures(frame, folder, metrics=PLOT_METRICS)
-            wandb_charts.charts(aggregate.single_set(frame))
-            figures.append(time.perf_counter() - start)
-            figures_cpu.append(time.process_time() - start_cpu)
-    return {"probe": seconds, "probe_cpu": cpu, "figures": figures, "figures_cpu": figures_cpu,
-            "rows": rows, "threads": torch.get_num_threads()}
+def import_commit(commit: str, folder: Path):
+    """The `repgeom` package of `commit`, importable as `BEFORE` (its imports renamed)."""
+    archive = subprocess.run(["git", "archive", commit, "src/repgeom"], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    package = folder / BEFORE
+    (folder / "src" / "repgeom").rename(package)
+    pattern = re.compile(r"\brepgeom(?=[. ]|$)", re.M)
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        path.write_text(pattern.sub(BEFORE, text))
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(BEFORE)
 
 
-def run_version(src: Path, args) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        command = [sys.executable, __file__, "--worker", out.name, "--probes", str(args.probes)]
-        command += ["--ckpt", args.ckpt] if args.ckpt else []
-        command += ["--threads", str(args.threads)] if args.threads else []
-        env = {**os.environ, "PYTHONPATH": str(src)}
-        subprocess.run(command, check=True, env=env, cwd=ROOT, stderr=subprocess.DEVNULL)
-        return json.loads(Path(out.name).read_text())
+def version(name: str, model: torch.nn.Module, spec):
+    """`probe_gpt`, the figures' functions, the model and the settings of package `name`."""
+    gpt = importlib.import_module(f"{name}.models.gpt")
+    measure = importlib.import_module(f"{name}.probes.measure")
+    targets = importlib.import_module(f"{name}.probes.targets")
+    same = gpt.GPT(gpt.GPTConfig(**dataclasses.asdict(model.config))).eval()
+    same.load_state_dict(model.state_dict())
+    options = dataclasses.asdict(spec.probe_settings())
+    known = {f.name for f in dataclasses.fields(measure.ProbeSettings)}
+    settings = measure.ProbeSettings(**{k: v for k, v in options.items() if k in known})
+    modules = {m: importlib.import_module(f"{name}.probes.{m}")
+               for m in ("aggregate", "plots", "table", "wandb_charts")}
+    return targets.probe_gpt, modules, same, settings
+
+
+def clocked(fn) -> tuple[float, float, object]:
+    start, start_cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - start, time.process_time() - start_cpu, out
+
+
+def one_round(parts, probe_set, batch_size: int):
+    """(wall, CPU) seconds of one probe and of the end figures, and the probe's rows."""
+    probe_gpt, modules, model, settings = parts
+    probe = clocked(lambda: probe_gpt(model, probe_set, batch_size=batch_size, settings=settings))
+    rows = probe[2].rows
+    frame = modules["table"].rows_to_frame(
+        [{"step": step, **row} for step in (0, 125, 500) for row in rows])
+
+    def figures() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            modules["plots"].save_figures(frame, folder, metrics=PLOT_METRICS)
+        modules["wandb_charts"].charts(modules["aggregate"].single_set(frame))
+
+    return probe[:2], clocked(figures)[:2], rows
 
 
 def largest_difference(before: list[dict], now: list[dict]) -> tuple[float, int]:
-    key = lambda r: (r["layer"], r["head"], r["metric"])  # noqa: E731
-    old = {key(r): r["value"] for r in before}
+    if [(r["layer"], r["head"], r["metric"]) for r in before] != [
+        (r["layer"], r["head"], r["metric"]) for r in now
+    ]:
+        raise SystemExit("the two versions write different rows")
     worst, n = 0.0, 0
-    for row in now:
-        a, b = old.get(key(row)), row["value"]
-        if a is None:
-            raise SystemExit(f"row {key(row)} is new: the two versions do not write one table")
+    for a, b in zip((r["value"] for r in before), (r["value"] for r in now), strict=True):
         if math.isnan(a) and math.isnan(b):
             continue
         n += 1
         worst = max(worst, abs(a - b) / max(abs(a), 1e-12))
-    if n != sum(1 for r in before if not math.isnan(r["value"])):
-        raise SystemExit("the two versions write different rows")
     return worst, n
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", help="commit of the version to compare with")
+    parser.add_argument("--before", required=True, help="commit of the version to compare with")
     parser.add_argument("--ckpt", help="a quickstart checkpoint (default: the untrained model)")
-    parser.add_argument("--repeats", type=int, default=2, help="processes per version")
-    parser.add_argument("--probes", type=int, default=2, help="probes per process")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        Path(args.worker).write_text(json.dumps(worker(args.ckpt, args.probes, args.threads)))
-        return
-    if not args.before:
-        parser.error("--before is required")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_probe_forward import build
+
+    torch.manual_seed(0)  # the untrained model: fixed weights
+    model, probe_set, spec = build(args.ckpt, None, None)
     with tempfile.TemporaryDirectory() as folder:
-        archive = subprocess.run(["git", "archive", args.before, "src"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-        versions = {f"before ({args.before[:10]})": Path(folder) / "src", "now": ROOT / "src"}
-        results: dict[str, list[dict]] = {name: [] for name in versions}
+        import_commit(args.before, Path(folder))
+        versions = {f"before ({args.before[:10]})": version(BEFORE, model, spec),
+                    "now": version("repgeom", model, spec)}
+        seconds = {name: {"probe": [], "figures": []} for name in versions}
+        rows = {}
+        for parts in versions.values():  # warm-up: first calls, fonts, caches
+            one_round(parts, probe_set, spec.batch_size)
         for _ in range(args.repeats):
-            for name, src in versions.items():
-                results[name].append(run_version(src, args))
-    first = next(iter(results.values()))[0]
-    print(f"torch threads {first['threads']}; {args.repeats} processes per version, "
-          f"{args.probes} probes each; checkpoint {args.ckpt or 'none (untrained)'}")
+            for name, parts in versions.items():
+                probe, figures, rows[name] = one_round(parts, probe_set, spec.batch_size)
+                seconds[name]["probe"].append(probe)
+                seconds[name]["figures"].append(figures)
+    described = probe_set.describe()
+    print(f"torch threads {torch.get_num_threads()}; {described['n_windows']} windows x "
+          f"{described['positions_per_window']} positions; checkpoint "
+          f"{args.ckpt or 'none (untrained)'}; min of {args.repeats}, alternating")
     best = {}
-    for name, runs in results.items():
-        low = {k: min(s for r in runs for s in r[k])
-               for k in ("probe", "probe_cpu", "figures", "figures_cpu")}
-        best[name] = low
-        every = ", ".join(f"{s:.2f}" for r in runs for s in r["probe"])
+    for name, parts in seconds.items():
+        best[name] = {f"{part}{clock}": min(t[i] for t in times) for part, times in parts.items()
+                      for i, clock in enumerate(("", "_cpu"))}
+        low = best[name]
+        walls = ", ".join(f"{t[0]:.2f}" for t in parts["probe"])
         print(f"{name:18s} probe {low['probe']:6.2f} s wall, {low['probe_cpu']:6.2f} s CPU "
-              f"(walls: {every}); end figures {low['figures']:5.2f} s wall, "
+              f"(walls: {walls}); end figures {low['figures']:5.2f} s wall, "
               f"{low['figures_cpu']:5.2f} s CPU")
     old, now = best.values()
     for clock in ("", "_cpu"):
@@ -133,7 +148,7 @@ def main() -> None:
         print(f"{'CPU' if clock else 'wall'}: per probe {now[probe] / old[probe]:.2f}x, figures "
               f"{now[figures] / old[figures]:.2f}x; three probes and the figures {before:.1f} s "
               f"-> {after:.1f} s ({after / before:.2f}x)")
-    worst, n = largest_difference(first["rows"], results["now"][0]["rows"])
+    worst, n = largest_difference(*rows.values())
     print(f"probe table, before vs now: {n} values, largest relative difference {worst:.1e}")
 
 
