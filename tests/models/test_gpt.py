@@ -92,37 +92,62 @@ def test_too_long_input_is_refused() -> None:
         _model(True)(torch.zeros(1, 17, dtype=torch.long))
 
 
+@pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_capture_positions_equals_whole_windows_at_the_positions(causal: bool) -> None:
-    model = _model(causal)
+def test_capture_positions_equals_whole_windows_at_the_positions(causal: bool, norm: str) -> None:
+    model = _model(causal, norm)
     g = torch.Generator().manual_seed(3)
     windows = torch.randint(0, 50, (7, 16), generator=g)
     positions = torch.rand(7, 16, generator=g) < 0.2
     positions[2] = False  # a window with nothing to read
     positions[4, 15] = True  # one that needs every position
-    seen: list[tuple[int, ...]] = []
-    capture_whole = model.capture
-
-    def recording(idx, attention=True):
-        seen.append(tuple(idx.shape))
-        return capture_whole(idx, attention=attention)
-
-    model.capture = recording  # what the model is run on
+    positions[5, :3] = True  # windows with different numbers of marked positions
+    seen: list[tuple[int, ...]] = []  # what the model is run on
+    hook = model.transformer.wte.register_forward_hook(
+        lambda module, args, out: seen.append(tuple(args[0].shape)))
     got = model.capture_positions(windows, positions, batch_size=3)
-    del model.capture
+    hook.remove()
     whole = model.capture(windows, attention=False)
     n = int(positions.sum())
-    assert [h.shape for h in got.hidden] == [(1, n, 32)] * 3 and got.final_norm.shape == (1, n, 32)
-    for ours, reference in zip([*got.hidden, got.final_norm],
-                               [*whole.hidden, whole.final_norm], strict=True):
+    final = norm == "pre"
+    assert [h.shape for h in got.hidden] == [(1, n, 32)] * 3
+    assert (got.final_norm is not None) == final
+    for ours, reference in zip([*got.hidden, got.final_norm][: 3 + final],
+                               [*whole.hidden, whole.final_norm][: 3 + final], strict=True):
         # another batch shape: float32 rounding of the same sums, a few ulps of values ~1
         torch.testing.assert_close(ours[0], reference[positions], rtol=1e-5, atol=1e-6)
     last = torch.where(positions, torch.arange(16), -1).amax(dim=1) + 1
     if causal:  # windows by length (2 at 0 is skipped), each batch cut at its longest
         lengths = sorted(int(n) for n in last if n > 0)
         assert seen == [(len(lengths[i:i + 3]), lengths[i:i + 3][-1]) for i in range(0, 6, 3)]
-    else:  # every window whole
-        assert all(shape[1] == 16 for shape in seen) and sum(s[0] for s in seen) == 7
+    else:  # every window whole, but the one with no marked position
+        assert all(shape[1] == 16 for shape in seen) and sum(s[0] for s in seen) == 6
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_last_block_at_some_rows_equals_the_whole_block(causal: bool, norm: str) -> None:
+    """`Block.forward_at` (keys and values from every position, the rest at a few rows) gives
+    the whole block's output at those rows; so do the states of `_states_at` on either path
+    (the last block at the rows when they are at most half the window, else whole)."""
+    model = _model(causal, norm)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 16, 32, generator=g)
+    at = torch.tensor([[0, 3, 9], [15, 15, 2], [7, 8, 0], [1, 14, 5]])
+    block = model.transformer.h[-1]
+    with torch.no_grad():
+        whole = block(x)
+        rows = block.forward_at(x, at)
+        expected = whole.gather(1, at[..., None].expand(-1, -1, 32))
+        torch.testing.assert_close(rows, expected, rtol=1e-5, atol=1e-6)
+        idx = torch.randint(0, 50, (4, 16), generator=g)
+        reference = model.capture(idx, attention=False)
+        wanted = [*reference.hidden] + ([reference.final_norm] if norm == "pre" else [])
+        for positions in (at, torch.arange(16).repeat(4, 1)):  # rows only, then whole
+            got = model._states_at(idx, positions)
+            index = positions[..., None].expand(-1, -1, 32)
+            for ours, states in zip(got, wanted, strict=True):
+                torch.testing.assert_close(ours, states.gather(1, index), rtol=1e-5, atol=1e-6)
 
 
 def test_capture_positions_checks_its_inputs() -> None:

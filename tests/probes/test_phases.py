@@ -22,6 +22,7 @@ from repgeom.probes.phases import (
     TO_EXPANSION,
     find_phases,
     phase_by_step,
+    phases_and_events,
 )
 from repgeom.probes.plots import phase_markers
 
@@ -138,6 +139,14 @@ def test_turns_are_marked_on_the_metric_vs_step_figure() -> None:
     assert marked[0].get_xdata().tolist() == [40] and marked[0].get_ydata().tolist() == [10.5]
     assert phase_markers.mark_turns(fig.axes[0], frame.assign(metric="anisotropy"),
                                     "anisotropy", "k") == 0  # not a dimension: no phases
+
+
+def test_phases_and_events_in_one_pass() -> None:
+    frame = pd.concat([trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0], final_norm=[5.0] * 7),
+                       trajectory([1.0, 2.0, 3.0, 3.5, 3.6, 3.7, 3.8], metric="gride_k16")])
+    every, events = phases_and_events(frame)
+    pd.testing.assert_frame_equal(every, phase_by_step(frame))
+    pd.testing.assert_frame_equal(events, find_phases(frame))
 
 
 def test_phase_watch_alerts_once_per_turn(tmp_path: Path) -> None:

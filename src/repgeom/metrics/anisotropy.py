@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ._spectrum import centred, scatter_eigenvalues
 from ._validation import check_matrix
 
 __all__ = ["anisotropy"]
@@ -62,15 +63,14 @@ def anisotropy(X, *, method: str = "auto") -> float:
 
 def _anisotropy(X: torch.Tensor, method: str) -> float:
     n, d = X.shape
-    Xc = X.to(torch.float64)
-    Xc = Xc - Xc.mean(dim=0, keepdim=True)
+    Xc = centred(X)
     total = float(torch.linalg.vector_norm(Xc) ** 2)  # = sum of sigma_i^2 = trace(Xc^T Xc)
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows are identical); anisotropy is undefined")
     if method == "auto":
         method = "covariance" if n >= d else "svd"
     if method == "covariance":
-        top = float(torch.linalg.eigvalsh(Xc.T @ Xc)[-1])
+        top = float(scatter_eigenvalues(X)[-1])
     else:
         top = float(torch.linalg.svdvals(Xc)[0] ** 2)
     return top / total

@@ -573,22 +573,24 @@ def _mle_from_distances(r: np.ndarray, k: int) -> float:
     return 1.0 / mean_inv if mean_inv > 0 else math.inf
 
 
-def _gride_score(d: float, mus, n1: int, n2: int, eps: float) -> float:
-    # negative derivative of the GRIDE log-likelihood in d (DADApy _neg_dloglik_did)
-    one_m = 1.0 - mus ** (-d)
+def _gride_score(d: float, log_mus, n1: int, n2: int, eps: float) -> float:
+    # negative derivative of the GRIDE log-likelihood in d (DADApy _neg_dloglik_did), from the
+    # logarithms of the ratios: mu^-d = exp(-d log mu), one transcendental per ratio and step
+    one_m = 1.0 - np.exp(-d * log_mus)
     one_m = np.maximum(one_m, 2 * eps)
-    return float(np.sum(((1 - n2 + n1) / one_m + n2 - 1.0) * np.log(mus))) - (len(mus) - 1) / d
+    return float(np.sum(((1 - n2 + n1) / one_m + n2 - 1.0) * log_mus)) - (len(log_mus) - 1) / d
 
 
 def _gride_single(mus: np.ndarray, n1: int, n2: int, d0: float, d1: float, eps: float) -> float:
     mus = mus.copy()
     mus[mus == 1] += 10 * np.finfo(np.float64).eps
     q95, q50 = np.percentile(mus, [95, 50])
-    mus = mus[mus < 20 * (q95 - q50) + q50]  # drop overlap artefacts (DADApy _filter_mus)
-    l1 = _gride_score(d1, mus, n1, n2, eps)
+    # drop overlap artefacts (DADApy _filter_mus)
+    log_mus = np.log(mus[mus < 20 * (q95 - q50) + q50])
+    l1 = _gride_score(d1, log_mus, n1, n2, eps)
     while abs(d0 - d1) > eps:  # bisection on the sign of the score, as DADApy
         d2 = (d0 + d1) / 2.0
-        if _gride_score(d2, mus, n1, n2, eps) * l1 > 0:
+        if _gride_score(d2, log_mus, n1, n2, eps) * l1 > 0:
             d1 = d2
         else:
             d0 = d2

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ._spectrum import scatter_eigenvalues
 from ._validation import check_matrix
 
 __all__ = ["isoscore"]
@@ -71,9 +72,7 @@ def isoscore(X) -> float:
 
 def _isoscore(X: torch.Tensor) -> float:
     D = X.shape[1]
-    Xc = X.to(torch.float64)
-    Xc = Xc - Xc.mean(dim=0, keepdim=True)
-    var = torch.linalg.eigvalsh(Xc.T @ Xc).clamp_min(0.0)  # steps 1-2, up to the factor n - 1
+    var = scatter_eigenvalues(X).clamp_min(0.0)  # steps 1-2, up to the factor n - 1
     norm = float(torch.linalg.vector_norm(var))
     if norm <= 0.0:
         raise ValueError("X has zero variance (all rows are identical); IsoScore is undefined")

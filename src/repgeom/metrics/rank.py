@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ._spectrum import centred, scatter_eigenvalues
 from ._validation import check_fraction, check_matrix
 
 __all__ = ["effective_rank", "rankme", "pca_dimension"]
@@ -74,9 +75,7 @@ def effective_rank(X) -> float:
 
 
 def _effective_rank(X: torch.Tensor) -> float:
-    Xc = X.to(torch.float64)
-    Xc = Xc - Xc.mean(dim=0, keepdim=True)
-    s = torch.linalg.svdvals(Xc)
+    s = torch.linalg.svdvals(centred(X))
     total = float(s.sum())
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows identical); effective rank is undefined")
@@ -199,10 +198,12 @@ def pca_dimension(X, *, variance: float | Sequence[float] = 0.9) -> int | tuple[
 
 def _pca_dimension(X: torch.Tensor, levels: list[float]) -> list[int]:
     n, d = X.shape
-    Xc = X.to(torch.float64)
-    Xc = Xc - Xc.mean(dim=0, keepdim=True)
-    gram = Xc.T @ Xc if n >= d else Xc @ Xc.T  # (d, d) or (n, n), same nonzero eigenvalues
-    lam = torch.linalg.eigvalsh(gram).flip(0).clamp_min(0.0)  # descending
+    if n >= d:  # the (d, d) scatter matrix, else the (n, n) Gram: same nonzero eigenvalues
+        lam = scatter_eigenvalues(X)
+    else:
+        Xc = centred(X)
+        lam = torch.linalg.eigvalsh(Xc @ Xc.T)
+    lam = lam.flip(0).clamp_min(0.0)  # descending
     total = float(lam.sum())
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows are identical); PCA dimension is undefined")

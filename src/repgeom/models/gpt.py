@@ -90,6 +90,31 @@ class SelfAttention(nn.Module):
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
+    def forward_at(self, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """The attention output at positions `at` of each window only: (B, M, C).
+
+        `at` is (B, M) position indices into x's T positions. Keys and values come from every
+        position, queries only from `at` (under a causal mask a query at position p sees keys
+        0..p): what `forward` gives at those rows, up to float rounding, at a fraction of the
+        cost when M << T.
+        """
+        B, T, C = x.size()
+        M = at.shape[1]
+        H, D = self.n_head, C // self.n_head
+        weight, bias = self.c_attn.weight, self.c_attn.bias
+        rows = x.gather(1, at[..., None].expand(B, M, C))
+        q = F.linear(rows, weight[:C], None if bias is None else bias[:C])
+        k, v = F.linear(x, weight[C:], None if bias is None else bias[C:]).split(C, dim=2)
+        q = q.view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
+        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = v.view(B, T, H, D).transpose(1, 2)
+        mask = None
+        if self.causal:  # (B, 1, M, T): key s is visible to the query at position p if s <= p
+            mask = (torch.arange(T, device=x.device) <= at[..., None])[:, None]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, M, C)
+        return self.resid_dropout(self.c_proj(y))
+
 
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
@@ -120,6 +145,17 @@ class Block(nn.Module):
             return x + self.mlp(self.ln_2(x))
         x = self.ln_1(x + self.attn(x, record))
         return self.ln_2(x + self.mlp(x))
+
+    def forward_at(self, x: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """The block's output at positions `at` (B, M) of each window only: (B, M, C), what
+        `forward` gives at those rows (`SelfAttention.forward_at`: every position still feeds
+        the keys and values; the queries, the attention output and the MLP run on M rows)."""
+        rows = x.gather(1, at[..., None].expand(*at.shape, x.shape[-1]))
+        if self.pre_norm:
+            rows = rows + self.attn.forward_at(self.ln_1(x), at)
+            return rows + self.mlp(self.ln_2(rows))
+        rows = self.ln_1(rows + self.attn.forward_at(x, at))
+        return self.ln_2(rows + self.mlp(rows))
 
 
 class GPT(nn.Module):
@@ -157,22 +193,23 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
-    def _run(
-        self, idx: torch.Tensor, record: dict[str, list] | None, logits: bool = True
-    ) -> torch.Tensor | None:
-        B, T = idx.size()
+    def _embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings of `idx` (B, T), and post-LN's embedding norm."""
+        T = idx.size(1)
         if T > self.config.block_size:
             raise ValueError(
                 f"input length {T} exceeds model.block_size {self.config.block_size}; "
                 "use shorter windows or a model with a larger block_size"
             )
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
-        x = self.transformer.drop(
-            self.transformer.wte(idx) + self.transformer.wpe(pos)
-        )  # (B, T, C)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        return x if self.config.norm == "pre" else self.transformer.ln(x)
+
+    def _run(
+        self, idx: torch.Tensor, record: dict[str, list] | None, logits: bool = True
+    ) -> torch.Tensor | None:
+        x = self._embed(idx)  # (B, T, C)
         pre_norm = self.config.norm == "pre"
-        if not pre_norm:
-            x = self.transformer.ln(x)
         if record is not None:
             record["hidden"].append(x)
         for block in self.transformer.h:
@@ -205,6 +242,26 @@ class GPT(nn.Module):
             causal=self.config.causal,
         )
 
+    def _states_at(self, idx: torch.Tensor, at: torch.Tensor) -> list[torch.Tensor]:
+        """The residual stream after the embedding and every block, and the final norm's output
+        (pre-LN), at positions `at` (B, M) of windows `idx` (B, T): (B, M, C) tensors. The last
+        block runs on those rows only (`Block.forward_at`) when they are at most half of T."""
+        blocks = self.transformer.h
+        index = at[..., None].expand(*at.shape, self.config.n_embd)
+        x = self._embed(idx)
+        states = [x.gather(1, index)]
+        for block in blocks[:-1]:
+            x = block(x)
+            states.append(x.gather(1, index))
+        if 2 * at.shape[1] <= idx.shape[1]:
+            x = blocks[-1].forward_at(x, at)
+        else:
+            x = blocks[-1](x).gather(1, index)
+        states.append(x)
+        if self.config.norm == "pre":
+            states.append(self.transformer.ln(x))
+        return states
+
     @torch.no_grad()
     def capture_positions(
         self, windows: torch.Tensor, positions: torch.Tensor, *, batch_size: int
@@ -228,9 +285,13 @@ class GPT(nn.Module):
         Under a causal mask the state at position p depends only on tokens 0..p, so each window
         is run only up to its last marked position: the windows go through the model in order
         of that length, each micro-batch cut at its longest, and the states are put back in
-        window order. The numbers are those of whole windows up to float rounding (another
-        batch shape, another summation order in the kernels). A bidirectional model reads
-        every window whole.
+        window order. A bidirectional model reads every window whole. Every block but the last
+        runs on every position (a later block reads them all); the last one, and the final
+        norm, only on the marked rows (`Block.forward_at`: keys and values from every position,
+        queries, attention output and MLP at the marked rows), unless a window marks more than
+        half of its positions. Only the marked rows of each layer are kept. The numbers are
+        those of whole windows up to float rounding (other batch shapes and kernels, another
+        summation order).
         """
         n_windows, T = windows.shape
         positions = positions.to(torch.bool).cpu()
@@ -245,28 +306,28 @@ class GPT(nn.Module):
             last = torch.where(positions, torch.arange(T), -1).amax(dim=1)
             length = last + 1
         order = torch.argsort(length, stable=True)
-        order = order[length[order] > 0]  # windows with no marked position are not run
         counts = positions.sum(dim=1)
+        order = order[(length[order] > 0) & (counts[order] > 0)]  # none marked: not run
+        if len(order) == 0:
+            raise ValueError("positions marks no position: nothing to capture")
         start = counts.cumsum(0) - counts  # (N,) each window's first row in the output
-        rank = positions.cumsum(dim=1) - 1  # (N, T) a marked position's row within its window
-        hidden: list[torch.Tensor] = []
-        final: torch.Tensor | None = None
+        kept: list[torch.Tensor] = []
         for first in range(0, len(order), batch_size):
             chunk = order[first : first + batch_size]
             cut = int(length[chunk].max())
-            marked = positions[chunk, :cut]  # (b, cut)
-            rows = (start[chunk, None] + rank[chunk, :cut])[marked].to(device)  # output rows
-            capture = self.capture(windows[chunk, :cut].to(device), attention=False)
-            states = capture.hidden + ([capture.final_norm] if capture.final_norm is not None
-                                       else [])
-            if not hidden:
-                hidden = [s.new_empty(int(counts.sum()), s.shape[-1]) for s in states]
-            keep = marked.flatten().nonzero()[:, 0].to(device)  # flat (window, position)
-            for out, s in zip(hidden, states, strict=True):
-                out.index_copy_(0, rows, s.reshape(-1, s.shape[-1]).index_select(0, keep))
-        if not hidden:
-            raise ValueError("positions marks no position: nothing to capture")
-        if self.config.norm == "pre":
-            final = hidden.pop()[None]
-        return Capture(hidden=[h[None] for h in hidden], final_norm=final,
+            m = int(counts[chunk].max())
+            # each window's marked positions in order, padded with position 0: (b, m)
+            at = torch.where(positions[chunk, :cut], torch.arange(cut), cut).sort(dim=1)[0]
+            valid = at[:, :m] < cut
+            at = torch.where(valid, at[:, :m], 0)
+            rows = (start[chunk, None] + torch.arange(m))[valid].to(device)  # output rows
+            states = self._states_at(windows[chunk, :cut].to(device), at.to(device))
+            if not kept:
+                kept = [s.new_empty(int(counts.sum()), s.shape[-1]) for s in states]
+            valid = valid.to(device)
+            for out, s in zip(kept, states, strict=True):
+                out.index_copy_(0, rows, s[valid])
+        pre_norm = self.config.norm == "pre"
+        final = kept.pop()[None] if pre_norm else None
+        return Capture(hidden=[h[None] for h in kept], final_norm=final,
                        causal=self.config.causal)

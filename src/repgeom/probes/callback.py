@@ -226,10 +226,12 @@ class ProbeCallback(L.Callback):
             self._vs_final(trainer)
         frame = table.read_table(self.run_dir)
         self._plot(trainer, frame, int(frame["step"].max()))
-        self.seconds += time.perf_counter() - start
+        end = time.perf_counter() - start  # counted in the total: the run waits for it too
+        self.seconds += end
         result = aggregate.summary(frame)
         text = aggregate.format_summary(result)
-        print(f"Probe summary ({len(self.done)} probes, {self.seconds:.1f} s in total):\n{text}")
+        print(f"Probe summary ({len(self.done)} probes, {self.seconds:.1f} s in total, "
+              f"{end:.1f} s of it the end-of-run figures):\n{text}")
         for run in self._wandb(trainer):
             run.summary.update(
                 {f"probe_summary/{k}": v for k, v in result.items() if v is not None}

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from repgeom import metrics
+from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
@@ -329,11 +330,12 @@ def _measure_states(
     entries: list[catalogue.Metric],
 ) -> None:
     batches = [X[index.to(X.device)] for index in split]
-    for entry in entries:
-        with _skip_on_error(out, entry.name, layer):
-            rows = per_batch(entry, batches) if entry.batched else entry.fn(X, settings)
-            for name, value, std in rows:
-                out.add(layer, name, value, std)
+    with shared_spectrum():  # one centring and eigendecomposition per batch for every metric
+        for entry in entries:
+            with _skip_on_error(out, entry.name, layer):
+                rows = per_batch(entry, batches) if entry.batched else entry.fn(X, settings)
+                for name, value, std in rows:
+                    out.add(layer, name, value, std)
 
 
 def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:

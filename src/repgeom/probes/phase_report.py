@@ -126,12 +126,15 @@ class PhaseWatch:
         logged phases (empty with fewer than two steps or no W&B run)."""
         if not runs or frame["step"].nunique() < 2:
             return {}
-        now = phase_by_step_at(frame, step)
+        if step == frame["step"].max():  # the usual case: one pass gives both
+            every, events = phases.phases_and_events(frame)
+            now = every.loc[every["step"] == step]
+        else:
+            now, events = phase_by_step_at(frame, step), phases.find_phases(frame)
         scalars = {f"probe/phase/{r.metric}/{_layer_key(r.layer)}": int(r.phase)
                    for r in now.itertuples()}
         for run in runs:
             run.log({**scalars, "probe/step": step})
-        events = phases.find_phases(frame)
         turns = events.loc[(events["layer"] == phases.MEAN_LAYER)
                            & (events["event"] == phases.TO_COMPRESSION)]
         for turn in turns.itertuples():

@@ -192,18 +192,7 @@ def find_phases(
     >>> found.loc[found["layer"] == -1, ["event", "step", "confirmed_step"]].to_numpy().tolist()
     [['peak', 20, <NA>], ['expansion_to_compression', 20, 30]]
     """
-    rows = []
-    for key, metric, layer, name, curve in _curves(frame, metrics, level):
-        if not curve.steps:
-            continue
-        common = {**key, "metric": metric, "layer": layer, "layer_name": name,
-                  "n_seeds": curve.n_seeds}
-        rows.append({**common, "event": PEAK, "step": curve.steps[curve.peak],
-                     "value": float(curve.mean[curve.peak]), "confirmed_step": pd.NA})
-        for event, at, confirmed in curve.turns:
-            rows.append({**common, "event": event, "step": curve.steps[at],
-                         "value": float(curve.mean[at]), "confirmed_step": curve.steps[confirmed]})
-    return _tidy(rows, EVENT_COLUMNS, frame)
+    return _tidy(_event_rows(_curves(frame, metrics, level)), EVENT_COLUMNS, frame)
 
 
 def phase_by_step(
@@ -218,12 +207,43 @@ def phase_by_step(
     input as `find_phases`; columns: the ``model``/``run`` columns where present, ``metric``,
     ``layer`` (-1: the mean), ``layer_name``, ``step``, ``value`` (mean over seeds), ``phase``.
     """
+    return _tidy(_step_rows(_curves(frame, metrics, level)), STEP_COLUMNS, frame)
+
+
+def phases_and_events(
+    frame: pd.DataFrame | Sequence[pd.DataFrame],
+    *,
+    metrics: Sequence[str] | None = None,
+    level: float = noise.LEVEL,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`phase_by_step` and `find_phases` of one table from one pass over its curves."""
+    curves = list(_curves(frame, metrics, level))
+    return (_tidy(_step_rows(curves), STEP_COLUMNS, frame),
+            _tidy(_event_rows(curves), EVENT_COLUMNS, frame))
+
+
+def _event_rows(curves) -> list[dict]:
     rows = []
-    for key, metric, layer, name, curve in _curves(frame, metrics, level):
+    for key, metric, layer, name, curve in curves:
+        if not curve.steps:
+            continue
+        common = {**key, "metric": metric, "layer": layer, "layer_name": name,
+                  "n_seeds": curve.n_seeds}
+        rows.append({**common, "event": PEAK, "step": curve.steps[curve.peak],
+                     "value": float(curve.mean[curve.peak]), "confirmed_step": pd.NA})
+        for event, at, confirmed in curve.turns:
+            rows.append({**common, "event": event, "step": curve.steps[at],
+                         "value": float(curve.mean[at]), "confirmed_step": curve.steps[confirmed]})
+    return rows
+
+
+def _step_rows(curves) -> list[dict]:
+    rows = []
+    for key, metric, layer, name, curve in curves:
         for i, step in enumerate(curve.steps):
             rows.append({**key, "metric": metric, "layer": layer, "layer_name": name,
                          "step": step, "value": float(curve.mean[i]), "phase": int(curve.phase[i])})
-    return _tidy(rows, STEP_COLUMNS, frame)
+    return rows
 
 
 def _tidy(rows: list[dict], columns: Sequence[str], frame) -> pd.DataFrame:

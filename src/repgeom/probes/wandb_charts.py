@@ -21,7 +21,8 @@ key                                    what
 Profiles are drawn for `PROFILE_METRICS`, layer x step maps for `LAYER_STEP_METRICS` (those
 present in the table). Per-head metrics are averaged over heads first. The table may carry a
 ``layer_name`` column (e.g. ``final_norm``); where it does not, layers are named ``layer_<ii>``
-as in the scalar keys.
+as in the scalar keys. Each maker takes the metric's `layer_values` as ``values=`` where the
+caller has them (`charts` computes them once per metric).
 """
 
 from __future__ import annotations
@@ -75,19 +76,19 @@ def layer_key(layer: int) -> str:
     return f"layer_{int(layer):02d}"
 
 
-def profile_table(frame: pd.DataFrame, metric: str):
+def profile_table(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):
     """A ``wandb.Table`` (step, layer, layer_name, value) of `metric`: every layer profile."""
     import wandb
 
-    values = layer_values(frame, metric)
+    values = layer_values(frame, metric) if values is None else values
     return wandb.Table(dataframe=values[["step", "layer", "layer_name", "value"]])
 
 
-def profile_chart(frame: pd.DataFrame, metric: str):
+def profile_chart(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):
     """A W&B line series of `metric` against the layer, one line per probe step."""
     import wandb
 
-    values = layer_values(frame, metric)
+    values = layer_values(frame, metric) if values is None else values
     steps = sorted(values["step"].unique())
     xs = [values.loc[values["step"] == s, "layer"].tolist() for s in steps]
     ys = [values.loc[values["step"] == s, "value"].tolist() for s in steps]
@@ -96,15 +97,15 @@ def profile_chart(frame: pd.DataFrame, metric: str):
     )
 
 
-def layer_step_table(frame: pd.DataFrame, metric: str):
+def layer_step_table(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):
     """A ``wandb.Table`` (layer, layer_name, step, value) of `metric`: the layer x step map."""
     import wandb
 
-    values = layer_values(frame, metric)
+    values = layer_values(frame, metric) if values is None else values
     return wandb.Table(dataframe=values[["layer", "layer_name", "step", "value"]])
 
 
-def layer_step_chart(frame: pd.DataFrame, metric: str):
+def layer_step_chart(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):
     """A layer x step heatmap of `metric` (W&B's matrix preset: rows layer, columns step).
 
     Labels are zero-padded (``03 layer_03``, ``step 0000250``) because the preset orders its
@@ -112,7 +113,7 @@ def layer_step_chart(frame: pd.DataFrame, metric: str):
     """
     import wandb
 
-    values = layer_values(frame, metric)
+    values = layer_values(frame, metric) if values is None else values
     width = len(str(int(values["step"].max()))) if not values.empty else 1
     data = [
         [f"{row.layer:02d} {row.layer_name}", f"step {row.step:0{width}d}", float(row.value)]
@@ -152,11 +153,14 @@ def charts(frame: pd.DataFrame) -> dict[str, Any]:
         "probe/charts/layer_step_": layer_step_chart,
     }
     out: dict[str, Any] = {}
+    values: dict[str, pd.DataFrame] = {}  # each metric's `layer_values`, computed once
     for key, metric in chart_keys(frame).items():
-        if layer_values(frame, metric).empty:
+        if metric not in values:
+            values[metric] = layer_values(frame, metric)
+        if values[metric].empty:
             continue
         prefix = key[: -len(metric)]
-        out[key] = makers[prefix](frame, metric)
+        out[key] = makers[prefix](frame, metric, values=values[metric])
     return out
 
 

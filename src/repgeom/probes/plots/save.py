@@ -96,7 +96,8 @@ def save_figures(
             warnings.warn(f"save_figures: skipped {name}.png: {err}", stacklevel=2)
             continue
         path = out_dir / f"{name}.png"
+        # No fig.clear(): a pyplot-free Figure is collected once unreferenced (clearing it
+        # re-initialised every axes: 10% of the set's time).
         fig.savefig(path, dpi=dpi, facecolor="white")
-        fig.clear()
         paths.append(path)
     return paths
