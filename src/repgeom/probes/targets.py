@@ -88,8 +88,9 @@ def probe_gpt(
     """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
 
     The states come from the sampled positions of every window (`GPT.capture_positions`: no
-    attention materialised, causal windows cut after their last sampled position);
-    attention and Q/K from the first `probes.attention_windows` windows, whole.
+    attention materialised, causal windows cut after their last sampled position, the last
+    block run at the sampled rows only); attention and Q/K from the first
+    `probes.attention_windows` windows, whole.
     """
     was_training = model.training
     device = next(model.parameters()).device
