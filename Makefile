@@ -5,6 +5,12 @@ VENV ?= .venv
 #   make quickstart TORCH_SPEC="torch==2.13.0 --index-url <CUDA wheel index>"   (README, "GPU")
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# Test workers (pytest-xdist): one per core, at most 4 (each test process loads torch and runs
+# its own threads). The SLURM tests share one cluster (`xdist_group`), and the longest waits
+# (the fresh-venv install, SLURM's time limit) are collected first (tests/conftest.py), so they
+# overlap with the rest. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --maxprocesses 4 --dist loadgroup
 
 .PHONY: quickstart test test-fast test-stored-numbers venv clean
 
@@ -30,13 +36,13 @@ quickstart: venv
 
 test: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # The edit-test loop: lint and every test but the `slow` ones (end-to-end trainings and
 # command-line runs, the fresh-venv install) and SLURM's. `make test` runs them all.
 test-fast: venv
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not slow and not slurm"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow and not slurm"
 
 # The tests that compare with numbers stored in the repo, again with torch's portable (no SIMD)
 # kernels, which round differently from the AVX/NEON ones: such a test must hold on any CPU, not

@@ -31,8 +31,16 @@ def _reset_global_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         torch.distributed.destroy_process_group()
 
 
+LONG_WAITS = ("test_install.py", "test_slurm.py")
+"""The modules whose tests mostly wait (pip building a fresh venv; SLURM's scheduler and its
+one-minute time limit): collected first, so that under `pytest -n` (make test) they start at
+once and overlap with everything else instead of running alone at the end."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip `gpu` tests with a reason when no CUDA device is present."""
+    """The long waits first (`LONG_WAITS`); skip `gpu` tests with a reason when no CUDA device
+    is present."""
+    items.sort(key=lambda item: item.path.name not in LONG_WAITS)  # stable: else as collected
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")

@@ -4,6 +4,7 @@ the dashboard specification checked against that run, and a quiet console."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,7 @@ NOISE = (
     "Run summary:",
     "You can sync this run",  # (our Done: line gives the sync command)
     "Find logs at:",
+    "`srun` command is available",  # Lightning's hint wherever srun exists, outside a job
 )
 
 
@@ -159,6 +161,15 @@ def test_quickstart_console_is_quiet(tmp_path: Path) -> None:
     """The quickstart preset, shrunk, as a user runs it: none of the noise, the final line."""
     env = subprocess_env()
     env.pop("WANDB_SILENT")  # what a user sees
+    # On a cluster's login node (or CI, which installs SLURM) `srun` is on the PATH: a stand-in
+    # makes Lightning's srun hint appear on any machine unless we drop it.
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (fake_bin / "srun").chmod(0o755)
+    env["PATH"] = f"{fake_bin}{os.pathsep}{env['PATH']}"
+    for name in [n for n in env if n.startswith("SLURM_")]:
+        env.pop(name)  # a user outside any job
     args = ["experiment=quickstart", *tiny_overrides(), f"hydra.run.dir={tmp_path / 'run'}",
             "trainer.max_steps=4", "trainer.val_check_interval=2"]  # fmt: skip
     args = [a for a in args if a != "~callbacks.progress_bar"]

@@ -28,7 +28,8 @@ from hydra_configs import ROOT
 from slurm_cluster import LocalSlurm, missing_requirements
 from wandb_records import wandb_history
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# One worker runs them all under `pytest -n` (make test): they share the session's cluster.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 # The scripts' #SBATCH lines ask for GPUs, a `gpu` partition and 64 GB; this node has none of
 # them. Command-line options override #SBATCH lines, as they would for a user.

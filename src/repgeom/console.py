@@ -9,6 +9,7 @@ that says where everything is) is left alone. `quiet_console` is idempotent: `tr
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,13 @@ given instead of adding its own: ours (`repgeom.model_summary`, conf/callbacks/d
 PYTREE_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """torch 2.13 deprecates `LeafSpec()`; lightning/pytorch/utilities/_pytree.py still builds one
 (a FutureWarning on every fit, nothing a user can act on)."""
+
+SRUN_HINT = r"The `srun` command is available on your system but is not used"
+"""Lightning's hint (fabric/plugins/environments/slurm.py, `_validate_srun_used`), given on every
+`Trainer` set-up wherever SLURM's `srun` is installed (a cluster's login node, our CI): outside a
+SLURM job it is noise (a run there is one process, and our SLURM runs go through `srun`:
+submitit's job script). Inside a job (``SLURM_JOB_ID`` set) it is kept, where it warns of a
+multi-process run started without `srun`, which would hang."""
 
 _RANK_ZERO_LOGGERS = (
     "lightning.fabric.utilities.rank_zero",
@@ -74,6 +82,7 @@ def quiet_console() -> None:
       (`DEVICE_INFO_PREFIXES`) and its notice that it keeps our model summary
       (`OWN_SUMMARY_NOTICE`).
     - The pytree FutureWarning (`PYTREE_DEPRECATION`).
+    - Lightning's `srun` hint outside a SLURM job (`SRUN_HINT`).
     - Warnings are printed on one line each, without their source line (`format_warning`).
     W&B's "anonymous setting" warning is avoided where the logger is built
     (`drop_unset_wandb_anonymous`), not filtered; its end-of-run block ("Run history", "Run
@@ -88,6 +97,8 @@ def quiet_console() -> None:
                 _DropPrefix(LIGHTNING_TIP_PREFIX, OWN_SUMMARY_NOTICE, *DEVICE_INFO_PREFIXES)
             )
     warnings.filterwarnings("ignore", message=PYTREE_DEPRECATION, category=FutureWarning)
+    if "SLURM_JOB_ID" not in os.environ:
+        warnings.filterwarnings("ignore", message=SRUN_HINT)
     warnings.formatwarning = format_warning
 
 
