@@ -26,6 +26,16 @@ def commit_of(revision: str) -> str:
     return hashlib.sha1(revision.encode()).hexdigest()
 
 
+def lfs_of(path: Path) -> dict:
+    """The hub's LFS record of a weights file (``siblings[].lfs`` with ``files_metadata``): its
+    sha256 and size; other files are stored in git and have none."""
+    if path.suffix not in (".safetensors", ".bin"):
+        return {}
+    data = path.read_bytes()
+    return {"lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                    "pointerSize": 134}}
+
+
 class FakeHub:
     """Serve one model repository, `repo_id`, whose revisions are the given folders.
 
@@ -159,7 +169,7 @@ class FakeHub:
                 if revision is None:
                     return self._error(404, "RevisionNotFound", send_body)
                 folder = hub.revisions[revision]
-                siblings = [{"rfilename": p.name, "size": p.stat().st_size}
+                siblings = [{"rfilename": p.name, "size": p.stat().st_size, **lfs_of(p)}
                             for p in sorted(folder.iterdir())]
                 info = {"id": hub.repo_id, "sha": commit_of(revision), "siblings": siblings}
                 self._json(info, send_body)

@@ -22,7 +22,7 @@ from wandb_records import wandb_history, wandb_records
 
 from repgeom.probes import phase_report, phases, runner, table
 from repgeom.probes.measure import PER_HEAD_METRICS
-from repgeom.probes.runner import CheckpointFormatError, probe, revision_steps
+from repgeom.probes.runner import CheckpointFormatError, probe
 from repgeom.probes.trajectory import timings
 from repgeom.train import train
 
@@ -228,13 +228,6 @@ def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder
 # Revisions
 
 
-def test_revision_steps() -> None:
-    assert revision_steps(["step1000", "step8000", "step143000"]) == [1000, 8000, 143000]
-    assert revision_steps(["main", "step10"]) == [0, 1]  # not all numbered: the index
-    assert revision_steps(["v1", "x1"]) == [0, 1]  # numbers repeat: the index
-
-
-@pytest.mark.slow
 def test_each_hub_revision_is_downloaded_and_is_one_step(
     tmp_path, tiny_hf_folder, text_file
 ) -> None:

@@ -96,9 +96,12 @@ def test_bad_schedule_options(revisions, max_revisions, mode, message) -> None:
 
 def test_step_names() -> None:
     named = ["step0", "step_1000", "step-7", "global_step12", "checkpoint-20", "ckpt_3",
-             "iter_0001000", "run1/step5"]
-    assert [revisions.step_of(n) for n in named] == [0, 1000, 7, 12, 20, 3, 1000, 5]
-    for other in ("main", "v1.0", "v2", "step1000-tokens4B", "stepwise", "1000"):
+             "iter_0001000", "run1/step5", "step1000-tokens4B", "stage1-step140000-tokens294B",
+             "stage2-ingredient3-step11931-tokens50B", "step20-tokens84M"]
+    assert [revisions.step_of(n) for n in named] == [0, 1000, 7, 12, 20, 3, 1000, 5, 1000,
+                                                     140000, 11931, 20]
+    assert [revisions.stage_of(n) for n in named[-3:]] == [1, 2, 1]
+    for other in ("main", "v1.0", "v2", "stepwise", "1000", "step10-extra", "tokens4B"):
         assert revisions.step_of(other) is None, other
 
 
@@ -119,20 +122,26 @@ def hub(monkeypatch, empty_folder):
 
 
 def _downloads(hub: FakeHub) -> list[str]:
-    return [path for _, path in hub.requests if "/resolve/" in path or "/revision/" in path]
+    return [path for _, path in hub.requests if "/resolve/" in path]
 
 
 def test_all_lists_step_revisions_sorted_by_step(hub) -> None:
-    assert revisions.step_revisions("org/steps") == [
+    listing = revisions.step_revisions("org/steps")
+    assert listing.found == [(0, "step0"), (2, "step2"), (5, "checkpoint-5"), (10, "step10")]
+    # The tag carries no step, and main holds no weights (this stand-in has none): both said.
+    assert listing.ignored == {"no training step in the name": ["v1.0"],
+                               "main: no weights files": ["main"]}
+    assert schedule.hub_revisions("org/steps", "all") == [
         (0, "step0"), (2, "step2"), (5, "checkpoint-5"), (10, "step10")]
-    assert schedule.hub_revisions("org/steps", "all") == ["step0", "step2", "checkpoint-5",
-                                                          "step10"]
-    assert schedule.hub_revisions("org/steps", "all", max_revisions=2) == ["step0", "step10"]
-    # A list works as before, thinned the same way; main and the tag exist, so they pass.
-    assert schedule.hub_revisions("org/steps", ["main", "v1.0"]) == ["main", "v1.0"]
+    assert schedule.hub_revisions("org/steps", "all", max_revisions=2) == [(0, "step0"),
+                                                                           (10, "step10")]
+    # A list of names without steps is numbered in its order; main and the tag exist.
+    assert schedule.hub_revisions("org/steps", ["main", "v1.0"]) == [(0, "main"), (1, "v1.0")]
+    # A list is thinned on its training steps, not on its positions.
     assert schedule.hub_revisions("org/steps", ["step10", "step2", "step0"],
-                                  max_revisions=2) == ["step10", "step0"]
-    assert _downloads(hub) == []  # listing only: ``GET /api/models/org/steps/refs``
+                                  max_revisions=2) == [(10, "step10"), (0, "step0")]
+    assert schedule.hub_revisions("org/steps", ["step2", "main"]) == [(2, "step2"), (3, "main")]
+    assert _downloads(hub) == []  # listing only: refs and model_info, no file
 
 
 def test_unknown_revision_fails_before_any_download_naming_what_exists(hub) -> None:
@@ -146,7 +155,7 @@ def test_unknown_revision_fails_before_any_download_naming_what_exists(hub) -> N
     assert _downloads(hub) == []
     # A commit id is resolved by the hub itself: nothing is listed for it.
     before = len(hub.requests)
-    assert schedule.hub_revisions("org/steps", ["0123abcd"]) == ["0123abcd"]
+    assert schedule.hub_revisions("org/steps", ["0123abcd"]) == [(0, "0123abcd")]
     assert len(hub.requests) == before
 
 
@@ -190,9 +199,12 @@ def test_probe_py_all_revisions_thinned(tmp_path, tiny_hf_folder, text_file) -> 
                             HF_HOME=str(cache))
     assert done.returncode == 0, done.stderr[-3000:]
     assert {revision for revision, _ in hub.downloads()} == {"step100", "step300"}
-    # Nothing at all was asked of the revisions left out.
-    for left_out in ("step200", "main"):
-        assert not any(left_out in p or commit_of(left_out) in p for _, p in hub.requests)
+    # Nothing at all was asked of the revision thinned out; of main only its file list (its
+    # weights are step300's, so it is that checkpoint and is left out), no file.
+    assert not any("step200" in p or commit_of("step200") in p for _, p in hub.requests)
+    asked = [p for _, p in hub.requests if "main" in p or commit_of("main") in p]
+    assert asked and all(p.startswith("/api/models/org/pythia-like/revision/main") for p in asked)
+    assert "main: the weights of step300" in done.stdout
     frame = table.read_table(out)
     assert sorted(frame["step"].unique()) == [100, 300]
     assert sorted(frame["revision"].unique()) == ["step100", "step300"]
@@ -207,3 +219,86 @@ def test_probe_py_all_revisions_thinned(tmp_path, tiny_hf_folder, text_file) -> 
                         HF_HOME=str(cache), HF_HUB_OFFLINE="1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(table.read_table(tmp_path / "offline")["step"].unique()) == [100, 300]
+
+
+# ---------------------------------------------------------------------------------------------
+# Revision names of real trajectories (OLMo, Bloom, Megatron) and main as the final checkpoint
+
+
+def _weights_folder(root: Path, name: str, content: bytes) -> Path:
+    """A revision folder with a config and one weights file of `content` (never downloaded
+    here: the listing reads the hub's LFS sha256 of it)."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(content)
+    return folder
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Serve `FakeHub(repo, folders)` as the hub for the test's duration."""
+    hubs = []
+
+    def serve(repo: str, folders: dict) -> FakeHub:
+        hub = FakeHub(repo, folders).__enter__()
+        hubs.append(hub)
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        return hub
+
+    yield serve
+    for hub in hubs:
+        hub.__exit__(None, None, None)
+
+
+def test_all_reads_olmo_names_one_stage_and_lists_what_it_leaves_out(tmp_path, served) -> None:
+    w = _weights_folder(tmp_path, "w", b"weights")
+    names = ["stage1-step0-tokens0B", "stage1-step1000-tokens3B", "stage1-step2000-tokens7B",
+             "stage2-ingredient1-step500-tokens2B", "stage2-ingredient2-step500-tokens2B",
+             "v1.0", "main"]
+    hub = served("allenai/olmo-like", dict.fromkeys(names, w))
+    listing = revisions.step_revisions("allenai/olmo-like")
+    assert listing.found == [(0, "stage1-step0-tokens0B"), (1000, "stage1-step1000-tokens3B"),
+                             (2000, "stage1-step2000-tokens7B")]
+    later = [r for r, names in listing.ignored.items() if "later training stage" in r]
+    assert len(later) == 1 and listing.ignored[later[0]] == names[3:5]
+    assert listing.ignored["no training step in the name"] == ["v1.0"]
+    # main serves the weights of the last step: it is that checkpoint, left out, and said.
+    assert listing.ignored["main: the weights of stage1-step2000-tokens7B"] == ["main"]
+    assert not listing.final_main
+    lines = listing.report()
+    assert any("1 name(s) left out, no training step in the name: v1.0" in line
+               for line in lines)
+    assert not [p for _, p in hub.requests if "/resolve/" in p]  # nothing downloaded
+
+
+def test_all_ends_on_main_when_no_step_revision_holds_its_weights(tmp_path, served,
+                                                                   capsys) -> None:
+    early = _weights_folder(tmp_path, "early", b"early weights")
+    final = _weights_folder(tmp_path, "final", b"final weights")
+    served("org/main-final", {"global_step100": early, "global_step200": early, "main": final})
+    assert schedule.hub_revisions("org/main-final", "all") == [
+        (100, "global_step100"), (200, "global_step200"), (201, "main")]
+    assert "main holds weights no step-named revision has" in capsys.readouterr().out
+    # Thinning keeps the first and the last: main, the final checkpoint.
+    assert schedule.hub_revisions("org/main-final", "all", max_revisions=2) == [
+        (100, "global_step100"), (201, "main")]
+
+
+def test_list_steps_of_mixed_or_repeated_names_are_refused_naming_them() -> None:
+    assert revisions.list_steps(["iter_0000100", "iter_0000200", "main"]) == [
+        (100, "iter_0000100"), (200, "iter_0000200"), (201, "main")]
+    # Today one name without a step turned every step into a list index; now it is named.
+    with pytest.raises(ValueError, match=r"v2 carry no training step in the name"):
+        revisions.list_steps(["step100", "v2", "step300"])
+    with pytest.raises(ValueError, match=r"step100 and checkpoint-100 carry the same step 100"):
+        revisions.list_steps(["step100", "checkpoint-100"])
+
+
+def test_a_local_folder_with_hf_revisions_is_refused_naming_the_conflict(empty_folder) -> None:
+    """A folder named like the repo would be served for every revision: the same weights at
+    every step, silently."""
+    with pytest.raises(ValueError, match=r"is a local folder here, and hf_revisions=.*Drop "
+                                         r"hf_revisions"):
+        schedule.hub_revisions(str(empty_folder), ["step1", "step2"])

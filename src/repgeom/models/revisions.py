@@ -6,11 +6,19 @@ branches ``step0``, ``step1``, ``step2``, ``step4`` ... ``step512``, then every 
 and tags with ``huggingface_hub.HfApi.list_repo_refs`` (offline: the refs already in the local
 cache, from ``huggingface_hub.scan_cache_dir``) and keeps the step-named ones, sorted by step.
 
-A name is *step-named* when it ends in a step number after one of the words of `STEP_NAME`:
-``step1000``, ``step_1000``, ``step-1000``, ``global_step1000``, ``checkpoint-1000``,
-``ckpt_1000``, ``iter_0001000`` (Megatron), possibly after a prefix (``run1/step1000``). Tags such
-as ``v1.0`` or ``main`` are not steps. Names that carry more after the step (OLMo's
-``step1000-tokens4B``) are not matched: give such revisions as a list.
+`step_of` is the one parser of a step from a revision name. A name is *step-named* when it
+carries a step number after one of the words of `STEP_NAME`:
+
+- Pythia ``step1000``, also ``step_1000``, ``step-1000``, ``checkpoint-1000``;
+- Bloom ``global_step1000``; ``ckpt_1000``; Megatron ``iter_0001000``;
+- OLMo ``step1000-tokens4B`` and OLMo-2 ``stage1-step140000-tokens294B`` (the token count
+  after the step is allowed; `stage_of` reads the stage);
+- possibly after a prefix (``run1/step1000``).
+
+Tags such as ``v1.0`` are not steps. ``main`` is the final checkpoint: `hf_revisions=all` ends
+on it when no step-named revision holds its weights (`final_main`), and in a list it stands
+after every named step. Names that carry no step are counted and listed (`Listing.ignored`),
+never dropped in silence.
 
 `check_revisions` is the bad-input check of an explicit list: every name must be a branch or a
 tag of the repository, or a commit id; otherwise it raises before any file is downloaded, naming
@@ -25,10 +33,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 STEP_NAME = re.compile(
-    r"(?:^|[/_.-])(?:global_?)?(?:step|steps|checkpoint|ckpt|iter|iteration)[_-]?(?P<step>\d+)$",
+    r"(?:^|[/_.-])(?:global_?)?(?:step|steps|checkpoint|ckpt|iter|iteration)[_-]?(?P<step>\d+)"
+    r"(?:[_-]tokens?\d+(?:\.\d+)?[kmbt]?)?$",
     re.IGNORECASE,
 )
-"""A step-named revision: one of these words, an optional ``_``/``-``, the step, the end."""
+"""A step-named revision: one of these words, an optional ``_``/``-``, the step, optionally
+OLMo's token count (``-tokens4B``), the end."""
+STAGE = re.compile(r"(?:^|[/_.-])stage[_-]?(?P<stage>\d+)(?=[/_.-])", re.IGNORECASE)
+"""OLMo-2's training stage before the step: ``stage1-step1000-tokens3B``."""
+MAIN = "main"
+"""The default branch: the final checkpoint of a trajectory."""
 COMMIT = re.compile(r"[0-9a-f]{7,40}")
 """A (possibly abbreviated) git commit id: accepted without listing, as the hub resolves it."""
 
@@ -38,9 +52,22 @@ def step_of(name: str) -> int | None:
 
     >>> [step_of(n) for n in ("step1000", "checkpoint-20", "global_step7", "v1.0", "main")]
     [1000, 20, 7, None, None]
+    >>> [step_of(n) for n in ("step1000-tokens4B", "stage1-step140000-tokens294B", "iter_0002")]
+    [1000, 140000, 2]
     """
     match = STEP_NAME.search(str(name))
     return None if match is None else int(match.group("step"))
+
+
+def stage_of(name: str) -> int:
+    """OLMo-2's training stage in a step-named revision (``stage2-...`` -> 2); 1 without one.
+
+    >>> [stage_of(n) for n in ("stage1-step10-tokens1B", "stage2-ingredient1-step5-tokens1B",
+    ...                        "step10")]
+    [1, 2, 1]
+    """
+    match = STAGE.search(str(name))
+    return 1 if match is None else int(match.group("stage"))
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,7 @@ class Refs:
     branches: tuple[str, ...]
     tags: tuple[str, ...]
     source: str  # "on the hub" or "in the local cache (offline)"
+    commits: tuple[tuple[str, str], ...] = ()  # (name, commit id) where the listing gives it
 
     @property
     def names(self) -> list[str]:
@@ -82,8 +110,9 @@ def list_refs(repo_id: str) -> Refs:
         ) from e
     except HfHubHTTPError as e:
         raise OSError(f"hf={repo_id!r}: could not list its revisions on the hub: {e}") from e
+    listed = [*refs.branches, *refs.tags]
     return Refs(repo_id, tuple(r.name for r in refs.branches), tuple(r.name for r in refs.tags),
-                "on the hub")
+                "on the hub", tuple((r.name, r.target_commit) for r in listed))
 
 
 def _cached_refs(repo_id: str) -> Refs:
@@ -105,11 +134,35 @@ def _cached_refs(repo_id: str) -> Refs:
     return Refs(repo_id, tuple(names), (), "in the local cache (offline)")
 
 
-def step_revisions(repo_id: str, refs: Refs | None = None) -> list[tuple[int, str]]:
-    """(step, name) of every step-named branch or tag of `repo_id`, sorted by step.
+@dataclass
+class Listing:
+    """What `step_revisions` found: (step, name) sorted by step, and every name it left out.
+
+    ``ignored`` maps a reason to the names it covers (tags without a step, a second name for one
+    step, a later OLMo stage); `report` says them in one line each, so that nothing is dropped
+    in silence. ``final_main`` is set when ``main`` was added as the final checkpoint.
+    """
+
+    found: list[tuple[int, str]]
+    ignored: dict[str, list[str]]
+    final_main: bool = False
+
+    def report(self) -> list[str]:
+        """One console line per reason a name was left out."""
+        return [f"hf_revisions=all: {len(names)} name(s) left out, {reason}: {_listing(names)}"
+                for reason, names in self.ignored.items() if names]
+
+
+def step_revisions(repo_id: str, refs: Refs | None = None) -> Listing:
+    """Every step-named branch or tag of `repo_id`, sorted by step (`Listing`).
 
     Where two names carry the same step (a branch and a tag ``step1000``, or ``step1000`` and
     ``checkpoint-1000``), the branch comes first and the first name in the hub's order is kept.
+    Where names carry OLMo-2 stages (``stage1-...``, ``stage2-ingredient1-...``), each stage
+    counts its steps from 0 again (stage 2 anneals from stage 1 in several parallel runs), so
+    one trajectory is the first stage's; the later stages are listed as left out (give them as a
+    list). ``main`` ends the trajectory when no step-named revision holds its weights
+    (`final_main`).
 
     Raises
     ------
@@ -117,18 +170,115 @@ def step_revisions(repo_id: str, refs: Refs | None = None) -> list[tuple[int, st
         The repository has no step-named revision; the message lists the names it has.
     """
     refs = list_refs(repo_id) if refs is None else refs
+    ignored: dict[str, list[str]] = {}
+    stepped = [(name, step_of(name)) for name in refs.names]
+    first_stage = min((stage_of(n) for n, s in stepped if s is not None), default=1)
     by_step: dict[int, str] = {}
-    for name in refs.names:
-        step = step_of(name)
-        if step is not None:
-            by_step.setdefault(step, name)
+    for name, step in stepped:
+        if step is None:
+            if name != MAIN:
+                ignored.setdefault("no training step in the name", []).append(name)
+        elif stage_of(name) != first_stage:
+            ignored.setdefault(f"a later training stage than stage {first_stage} (steps "
+                               "counted anew: give them as a list)", []).append(name)
+        elif step in by_step:
+            ignored.setdefault("a second name for a step already listed", []).append(name)
+        else:
+            by_step[step] = name
     if not by_step:
         raise ValueError(
             f"hf_revisions=all: {repo_id} has no revision named after a training step (like "
             f"step1000 or checkpoint-1000) {refs.source}; its branches and tags: "
             f"{_listing(refs.names)}. Give hf_revisions as a list, e.g. hf_revisions=[main]"
         )
-    return sorted(by_step.items())
+    listing = Listing(sorted(by_step.items()), ignored)
+    if MAIN in refs.branches:
+        _add_main(repo_id, listing, refs)
+    return listing
+
+
+def _add_main(repo_id: str, listing: Listing, refs: Refs) -> None:
+    """Append ``main`` as the final checkpoint unless a step-named revision holds its weights.
+
+    Same commit as a step-named revision (no request), or the same weights files by the hub's
+    LFS sha256 as the last step-named revision (two ``model_info`` requests, nothing
+    downloaded): ``main`` is that checkpoint and is left out. A ``main`` without weights is left
+    out. Otherwise it is the final checkpoint, one step after the last named one (its real step
+    is not in its name), and `Listing.final_main` says so.
+    """
+    commits = dict(refs.commits)
+    last_step, last = listing.found[-1]
+    named = {commits.get(name) for _, name in listing.found} - {None}
+    if commits.get(MAIN) in named:
+        listing.ignored.setdefault("main: the commit of a step-named revision", []).append(MAIN)
+        return
+    main_weights = weights_sha256(repo_id, MAIN)
+    if not main_weights:
+        listing.ignored.setdefault("main: no weights files", []).append(MAIN)
+    elif main_weights == weights_sha256(repo_id, last):
+        listing.ignored.setdefault(f"main: the weights of {last}", []).append(MAIN)
+    else:
+        listing.found.append((last_step + 1, MAIN))
+        listing.final_main = True
+
+
+def weights_sha256(repo_id: str, revision: str | None) -> dict[str, str]:
+    """Weights file name -> the hub's LFS sha256 of `revision`, from ``model_info`` (nothing is
+    downloaded); empty when the revision has no weights file."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    return {s.rfilename: s.lfs.sha256 for s in info.siblings or []
+            if s.lfs is not None and _is_weights(s.rfilename)}
+
+
+def _is_weights(filename: str) -> bool:
+    """A weights file: ``*.safetensors`` or a PyTorch ``*.bin`` (not an index)."""
+    return filename.endswith((".safetensors", ".bin"))
+
+
+def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:
+    """(step, name) of an explicit ``hf_revisions`` list, in the order given.
+
+    Each name's step is `step_of`'s; ``main`` comes after the largest named step. A list in
+    which no name carries a step (``[v1, v2]``) is numbered 0, 1, ... in the given order.
+
+    Raises
+    ------
+    ValueError
+        Some names carry a step and others do not (other than ``main``), or two names carry the
+        same step: the message names them.
+
+    >>> list_steps(["step1000", "step8000", "main"])
+    [(1000, 'step1000'), (8000, 'step8000'), (8001, 'main')]
+    >>> list_steps(["v1", "v2"])
+    [(0, 'v1'), (1, 'v2')]
+    """
+    names = [str(n) for n in names]
+    steps = {name: step_of(name) for name in names}
+    if all(step is None for step in steps.values()):
+        return [(i, name) for i, name in enumerate(names)]
+    unparsed = [n for n, step in steps.items() if step is None and n != MAIN]
+    if unparsed:
+        raise ValueError(
+            f"hf_revisions: {', '.join(unparsed)} carry no training step in the name, and the "
+            f"others do ({_listing([n for n in names if steps[n] is not None])}); the table "
+            "needs a step for each revision: give only step-named revisions (and main), or only "
+            "names without steps (probed in the order given as steps 0, 1, ...)"
+        )
+    last = max(s for s in steps.values() if s is not None)
+    steps = {n: (last + 1 if s is None else s) for n, s in steps.items()}
+    seen: dict[int, list[str]] = {}
+    for name in dict.fromkeys(names):
+        seen.setdefault(steps[name], []).append(name)
+    twice = {step: group for step, group in seen.items() if len(group) > 1}
+    if twice:
+        raise ValueError(
+            "hf_revisions: "
+            + "; ".join(f"{' and '.join(g)} carry the same step {s}" for s, g in twice.items())
+            + ": keep one of each"
+        )
+    return [(steps[name], name) for name in dict.fromkeys(names)]
 
 
 def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = None) -> None:

@@ -27,9 +27,10 @@ folder's ``.hydra/config.yaml`` or ``csv/hparams.yaml``. A probe of ``last.ckpt`
 gives the numbers the training probe logged at that step. Values set in ``conf/probe.yaml`` (or
 on the command line) win over the training probe's; null means "as the training probe".
 
-The ``step`` column: a checkpoint's ``global_step``; for Hugging Face revisions, the number at
-the end of every revision name when all of them end in distinct digits (Pythia's ``step1000`` ->
-1000), otherwise the revision's index in ``hf_revisions`` (0, 1, ...); 0 for one model.
+The ``step`` column: a checkpoint's ``global_step``; for Hugging Face revisions, the training
+step in the revision's name (`repgeom.models.revisions.step_of`: Pythia's ``step1000`` -> 1000,
+OLMo's ``stage1-step140000-tokens294B`` -> 140000; ``main`` after the last named step), or for a
+list of names without steps the position in ``hf_revisions`` (0, 1, ...); 0 for one model.
 """
 
 from __future__ import annotations
@@ -63,7 +64,6 @@ from repgeom.probes import (
 )
 from repgeom.probes.compare import compare
 from repgeom.probes.drift_cosine import save_drift_cosine
-from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
 from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -281,10 +281,8 @@ def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
     revision as a `reference` when `reference_final` (pairwise metrics compare with it) and
     another shard owns it."""
     if mode == "hf":
-        revisions = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
-                                           max_revisions=cfg.get("max_revisions"))
-        steps = revision_steps(revisions) if revisions != [None] else [0]
-        found = list(zip(steps, revisions, strict=True))
+        found = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
+                                       max_revisions=cfg.get("max_revisions"))
     elif mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
         ckpt = read_checkpoint(path)  # fails early on a missing or foreign file

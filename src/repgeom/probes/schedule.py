@@ -20,7 +20,6 @@ training probe's schedule (`repgeom.probes.callback.probe_schedule`, ``probe.max
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -85,23 +84,6 @@ def thin_steps(steps: Sequence[int], max_count: int | None, *, option: str = "ma
     return [ordered[i] for i in sorted(chosen)]
 
 
-def revision_steps(revisions: Sequence[str]) -> list[int]:
-    """The ``step`` of each revision: its trailing number when every revision name ends in
-    distinct digits (``step1000`` -> 1000), otherwise its index in the list.
-
-    >>> revision_steps(["step1000", "step8000", "step143000"])
-    [1000, 8000, 143000]
-    >>> revision_steps(["main", "v2"])
-    [0, 1]
-    """
-    numbers = [re.search(r"(\d+)$", str(r)) for r in revisions]
-    if all(numbers):
-        steps = [int(m.group(1)) for m in numbers]
-        if len(set(steps)) == len(steps):
-            return steps
-    return list(range(len(revisions)))
-
-
 def check_options(hf_revisions: Any, max_revisions: Any, mode: str) -> None:
     """Raise ValueError on a bad ``hf_revisions``/``max_revisions`` before anything runs."""
     if isinstance(hf_revisions, str) and hf_revisions != ALL:
@@ -155,36 +137,46 @@ def shard_of(items: Sequence[T], shard: int | None, shards: int | None) -> list[
 
 
 def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = None
-                  ) -> list[str | None]:
-    """The revisions of hub model `repo` that ``hf_revisions`` names, thinned by `thin_steps`.
+                  ) -> list[tuple[int, str | None]]:
+    """(step, revision) of each revision of hub model `repo` that ``hf_revisions`` names,
+    thinned on their training steps by `thin_steps`.
 
-    ``None``/``[]``: ``[None]`` (the default revision). ``"all"``: the step-named branches and
-    tags, sorted by step. A list: as given, each checked to be a branch, a tag or a commit id of
-    `repo` first (a local folder is not checked). Nothing is downloaded here.
+    ``None``/``[]``: ``[(0, None)]`` (the default revision). ``"all"``: the step-named branches
+    and tags sorted by step, ending on ``main`` when no step-named revision holds its weights
+    (`repgeom.models.revisions.step_revisions`; the names left out are printed). A list: as
+    given, each checked to be a branch, a tag or a commit id of `repo` first, with the steps of
+    `repgeom.models.revisions.list_steps`. Nothing is downloaded here.
 
     Raises
     ------
     ValueError
-        An unknown revision, or ``all`` on a repository without step-named revisions or on a
-        local folder; the message names the revisions that exist.
+        An unknown revision; ``all`` on a repository without step-named revisions; a list whose
+        steps cannot be read; or a local folder named `repo` (its files would be read for every
+        revision). Each message names what to do.
     """
     if not hf_revisions:
-        return [None]
-    local = os.path.exists(os.path.expanduser(repo))
+        return [(0, None)]
+    if os.path.exists(os.path.expanduser(repo)):
+        raise ValueError(
+            f"hf={repo!r} is a local folder here, and hf_revisions={hf_revisions} asks for "
+            "revisions of a hub repository: a folder has one revision, and its files would be "
+            "probed at every step. Drop hf_revisions to probe the folder, or run from another "
+            "folder (or rename it) to probe the hub repository"
+        )
     if hf_revisions == ALL:
-        if local:
-            raise ValueError(
-                f"hf_revisions=all lists the revisions of a hub repository; hf={repo!r} is a "
-                "local folder (it has one revision)"
-            )
-        found = hub.step_revisions(repo)
+        listing = hub.step_revisions(repo)
+        for line in listing.report():
+            print(line)
+        if listing.final_main:
+            print(f"hf_revisions=all: main holds weights no step-named revision has; probed as "
+                  f"the final checkpoint, step {listing.found[-1][0]} in the table")
+        found = listing.found
     else:
         names = [str(r) for r in hf_revisions]
-        if not local:
-            hub.check_revisions(repo, names)
-        found = list(zip(revision_steps(names), names, strict=True))
+        hub.check_revisions(repo, names)
+        found = hub.list_steps(names)
     kept = set(thin_steps([s for s, _ in found], max_revisions, option="max_revisions"))
-    return [name for step, name in found if step in kept]
+    return [(step, name) for step, name in found if step in kept]
 
 
 def run_checkpoints(found: Sequence[tuple[int, Any]], max_revisions: int | None
