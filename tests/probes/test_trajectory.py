@@ -4,7 +4,9 @@ downloads, flat memory, per-revision costs."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -167,3 +169,99 @@ def test_a_broken_download_is_retried_then_named(folders, tmp_path) -> None:
     assert any(line.startswith("step30 revision step30 of org/steps could not be downloaded "
                                "after 3 tries") for line in lines), done.stdout
     assert not (tmp_path / "work" / "step30").exists()  # no partial file left behind
+
+
+# ---------------------------------------------------------------------------------------------
+# What the real hub does: branches without weights, weights that do not load, crashes
+
+
+def _config_only(root: Path, model: str) -> Path:
+    """A revision folder holding the model's configs and tokenizer, and no weights (as some of
+    Pythia's branches are published)."""
+    folder = root / "config_only"
+    folder.mkdir()
+    for path in Path(model).iterdir():
+        if path.suffix not in (".safetensors", ".bin"):
+            (folder / path.name).write_bytes(path.read_bytes())
+    return folder
+
+
+def _broken_weights(root: Path, model: str) -> Path:
+    folder = root / "broken_weights"
+    folder.mkdir()
+    for path in Path(model).iterdir():
+        data = path.read_bytes()
+        (folder / path.name).write_bytes(data[:100] if path.suffix == ".safetensors" else data)
+    return folder
+
+
+def test_a_revision_that_cannot_be_probed_is_skipped_and_named(folders, text_file,
+                                                                tmp_path) -> None:
+    """step20 has no weights file, step40's weights do not load: both are skipped, named in the
+    console, skipped.json and probe_info.json, and the trajectory goes on; a rerun leaves them
+    out, and retry_skipped=true tries them again (here the hub has since fixed step20)."""
+    served = dict(folders)
+    served["step20"] = str(_config_only(tmp_path, folders["step20"]))
+    served["step40"] = str(_broken_weights(tmp_path, folders["step40"]))
+    out, home = tmp_path / "out", tmp_path / "hf_home"
+    with FakeHub("org/steps", served) as hub:
+        done = run_probe_py(_args(text_file, out), HF_ENDPOINT=hub.url, HF_HOME=str(home))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(table.read_table(out)["step"].unique()) == [s for s in STEPS
+                                                              if s not in (20, 40)]
+    skipped = json.loads((table.probe_dir(out) / "skipped.json").read_text())
+    assert set(skipped) == {"step20", "step40"}
+    assert "weights failed to load" in skipped["step40"]["reason"]
+    assert "skipped step20:" in done.stdout and "Not probed (2)" in done.stdout
+    info = json.loads((out / "probe_info.json").read_text())
+    assert {s["revision"] for s in info["skipped"]} == {"step20", "step40"}
+
+    served["step20"] = folders["step20"]  # the branch gets its weights
+    with FakeHub("org/steps", served) as hub:
+        again = run_probe_py(_args(text_file, out), HF_ENDPOINT=hub.url, HF_HOME=str(home))
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "Skipped again, as in an earlier run" in again.stdout
+        assert not {r for r, _ in hub.downloads()}  # nothing asked again
+        retried = run_probe_py([*_args(text_file, out), "retry_skipped=true"],
+                               HF_ENDPOINT=hub.url, HF_HOME=str(home))
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert 20 in set(table.read_table(out)["step"])
+    assert set(json.loads((table.probe_dir(out) / "skipped.json").read_text())) == {"step40"}
+
+
+def test_an_unreadable_table_on_resume_is_set_aside_and_its_steps_redone(
+    uninterrupted, folders, text_file, tmp_path
+) -> None:
+    """After a node crash the table files can be empty: the resume says so, sets them aside
+    (never deletes them) and probes the steps again, ending with the uninterrupted table."""
+    out = tmp_path / "out"
+    shutil.copytree(uninterrupted[0], out)
+    folder = table.probe_dir(out)
+    (folder / "probes.parquet").write_bytes(b"")
+    (folder / "probes.csv").write_text("step,layer\n1,")
+    with FakeHub("org/steps", folders) as hub:
+        done = run_probe_py(_args(text_file, out), HF_ENDPOINT=hub.url,
+                            HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("is unreadable") == 2
+    assert len(list(folder.glob("probes.*.corrupt-*"))) == 2
+    resumed, whole = _sorted(table.read_table(out)), _sorted(table.read_table(uninterrupted[0]))
+    keys = [k for k in KEYS if k in whole.columns]
+    pd.testing.assert_frame_equal(resumed[keys], whole[keys], check_dtype=False)
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+
+
+def test_resume_is_keyed_by_revision_not_step(folders, text_file, tmp_path) -> None:
+    """Names without steps are numbered by position: [v1, v2] then [v2] both have a step 0.
+    Keyed by step, the second run took v2 as done; keyed by revision it probes it."""
+    served = {"v1": folders["step10"], "v2": folders["step20"]}
+    out = tmp_path / "out"
+    args = [a for a in _args(text_file, out) if not a.startswith("hf_revisions")]
+    with FakeHub("org/steps", served) as hub:
+        first = run_probe_py([*args, "hf_revisions=[v1]"], HF_ENDPOINT=hub.url,
+                             HF_HOME=str(tmp_path / "hf_home"))
+        second = run_probe_py([*args, "hf_revisions=[v2]"], HF_ENDPOINT=hub.url,
+                              HF_HOME=str(tmp_path / "hf_home"))
+    assert first.returncode == 0 and second.returncode == 0, second.stderr[-3000:]
+    assert "Resuming" not in second.stdout
+    assert set(table.read_table(out)["revision"]) == {"v1", "v2"}

@@ -129,7 +129,21 @@ def _as_tables(frame: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.DataFram
     tables = [frame] if isinstance(frame, pd.DataFrame) else list(frame)
     if not tables:
         raise ValueError("frame: no table given")
-    return [aggregate.single_set(table.rows_to_frame(t)) for t in tables]
+    return [_without_copies(aggregate.single_set(table.rows_to_frame(t))) for t in tables]
+
+
+def _without_copies(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of revisions that serve another revision's weights left out
+    (``weights_copy_of``, `repgeom.probes.trajectory.mark_copies`): a stretch of copies is
+    flat, and a flat stretch between real steps would read as a phase."""
+    if COPY_COLUMN not in frame.columns:
+        return frame
+    copied = frame[COPY_COLUMN].fillna("").astype(str) != ""
+    return frame.loc[~copied]
+
+
+COPY_COLUMN = "weights_copy_of"
+"""The table column that marks a copy (written by `repgeom.probes.trajectory`)."""
 
 
 def _curves(frame, metrics, level) -> Iterator[tuple[dict, str, int, str, Followed]]:

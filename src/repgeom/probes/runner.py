@@ -67,7 +67,7 @@ from repgeom.probes.drift_cosine import save_drift_cosine
 from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
-from repgeom.probes.trajectory import Trajectory
+from repgeom.probes.trajectory import Trajectory, weights_by_revision
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class ProbeRunResult:
     drift_cosine: pd.DataFrame | None = None  # Godey et al. 2024 §3.3, per step and model
     warnings: list[str] = field(default_factory=list)
     wandb_dir: Path | None = None
+    skipped: list[dict] = field(default_factory=list)  # steps not probed: revision, reason
+    copies: dict[str, str] = field(default_factory=dict)  # revision -> whose weights it serves
 
     @property
     def kinds(self) -> dict[str, str]:
@@ -194,6 +196,8 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     compare_frames: list[pd.DataFrame] = []
     figures: list[Path] = []
     all_warnings: list[str] = []
+    skipped: list[dict] = []
+    copied: dict[str, str] = {}
     if comparing:
         for subject in subjects:
             loaded = subject.load(device)
@@ -207,9 +211,11 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         loop = Trajectory(request, device, output_dir, loggers,
                           work_dir=None if work_dir is None else Path(str(work_dir)),
                           keep_weights=bool(cfg.get("keep_weights")), pairwise=pairwise,
-                          stack_dir=_stack_dir, prefix=_wandb_prefix)
+                          stack_dir=_stack_dir, prefix=_wandb_prefix,
+                          retry_skipped=bool(cfg.get("retry_skipped")))
         frame = loop.run(subjects)
         all_warnings = loop.warnings
+        skipped, copied = list(loop.skipped.values()), dict(loop.copies)
     stacks = {s.stack: s.model for s in subjects}
 
     if comparing:
@@ -225,7 +231,7 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         console.print_tables(frame, subjects)
         correlation = summarise(frame, output_dir, loggers)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
-                                drift_cosine=correlation)
+                                drift_cosine=correlation, skipped=skipped, copies=copied)
     _write_info(result, cfg, mode)
     for run in loggers:
         _log_figures(run, figures, max(s.step for s in subjects))
@@ -344,6 +350,9 @@ def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
                 k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}}
             for s in result.subjects
         ],
+        "skipped": result.skipped,
+        "weights": weights_by_revision(result.output_dir),
+        "weights_copies": result.copies,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     (result.output_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))

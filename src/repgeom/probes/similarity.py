@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from repgeom import metrics
-from repgeom.probes import catalogue
+from repgeom.probes import catalogue, table
 from repgeom.probes.measure import ProbeSettings, pair_value
 
 STATES_DIR = "states"
@@ -47,7 +47,9 @@ def save_states(probe_folder: str | os.PathLike, step: int, states: Sequence[tor
         {"states": [s.detach().half().cpu() for s in states], "layer_names": list(layer_names)},
         partial,
     )
+    table.fsync_file(partial)  # on the disk before the name says it is whole
     os.replace(partial, path)
+    table.fsync_file(folder)
     return path
 
 

@@ -19,7 +19,7 @@ import errno
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RETRIES = 3
@@ -32,6 +32,11 @@ OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 
 class DownloadError(RuntimeError):
     """A revision could not be downloaded after `RETRIES` tries."""
+
+
+class RevisionUnavailable(DownloadError):
+    """This revision cannot be probed (no weights file, or not on the hub), the others can:
+    the trajectory skips it (`repgeom.probes.trajectory`)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class RevisionFiles:
     owned: bool
     bytes: int = 0
     seconds: float = 0.0
+    weights: dict[str, str] = field(default_factory=dict)
+    """Weights file name -> sha256: the hub's LFS sha256, or of the file's bytes."""
 
 
 def _cached(repo: str, revision: str | None) -> Path | None:
