@@ -97,14 +97,6 @@ class ProbeRunResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# Our checkpoints
-
-
-# ---------------------------------------------------------------------------------------------
-# Text
-
-
-# ---------------------------------------------------------------------------------------------
 # Config
 
 
@@ -261,9 +253,6 @@ def summarise(frame: pd.DataFrame, output_dir: Path, loggers: list) -> pd.DataFr
     correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
     console.print_drift_cosine(correlation)
     return correlation
-
-
-# -- compare ----------------------------------------------------------------------------------
 
 
 # -- console, files and W&B -------------------------------------------------------------------
