@@ -36,7 +36,11 @@ def test_out_of_range_option_is_refused_by_name_before_the_data(
 
 
 def test_good_config_passes_the_checks(tmp_path: Path) -> None:
-    check_options(compose_train(tmp_path))
+    cfg = compose_train(tmp_path)
+    assert check_options(cfg) is None  # no OptionError for the shipped defaults
+    cfg.optim.optimizer.lr = -cfg.optim.optimizer.lr  # and the same config one sign away fails
+    with pytest.raises(OptionError, match="optim.optimizer.lr"):
+        check_options(cfg)
 
 
 def test_missing_data_path_is_refused_also_when_a_cache_exists(tmp_path: Path) -> None:
