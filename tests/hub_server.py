@@ -113,7 +113,7 @@ class FakeHub:
         self.gated = gated
         self.hook = hook
         self.requests: list[tuple[str, str]] = []
-        self.served: list[tuple[Request, int, int]] = []  # (request, status, body bytes sent)
+        self.served: list[list] = []  # [request, status, file bytes sent] of each request
         self.bytes_sent = 0  # file bytes sent with GET, cut answers included
         self._lock = threading.Lock()
         self._sha256: dict[tuple[str, float, int], str] = {}
@@ -164,11 +164,19 @@ class FakeHub:
                     fault.times -= 1
             return fault
 
-    def _record(self, request: Request, status: int, sent: int) -> None:
+    def _begin(self, request: Request) -> list:
+        """The entry of `served` for `request`: [request, status, bytes sent], filled in as the
+        answer goes out (before the client can see it: a test reads it once its call returns)."""
+        entry = [request, 0, 0]
         with self._lock:
-            self.served.append((request, status, sent))
-            if request.kind == "file":
-                self.bytes_sent += sent
+            self.served.append(entry)
+        return entry
+
+    def _sent(self, entry: list, n: int) -> None:
+        with self._lock:
+            entry[2] += n
+            if entry[0].kind == "file":
+                self.bytes_sent += n
 
     def __enter__(self) -> FakeHub:
         self._thread.start()
@@ -191,6 +199,10 @@ class FakeHub:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                self._entry[1] = code  # recorded with the request in `served`
+                super().send_response(code, message)
+
             def _answer(self, send_body: bool) -> None:
                 hub.requests.append((self.command, self.path))
                 path, _, query = self.path.partition("?")
@@ -198,8 +210,6 @@ class FakeHub:
                 resolve = f"/{hub.repo_id}/resolve/"
                 info = f"/api/models/{hub.repo_id}/revision/"
                 tree = f"/api/models/{hub.repo_id}/tree/"
-                request = Request("other", self.command,
-                                  authorized="authorization" in {k.lower() for k in self.headers})
                 if path.startswith("/api/models/") and path.endswith("/refs"):
                     request = self._request("refs")
                     if not self._faulty(request, send_body):
@@ -220,8 +230,8 @@ class FakeHub:
                     if not self._faulty(request, send_body):
                         self._tree(ref, folder, send_body)
                 else:  # other hub APIs (telemetry, ...): not part of downloading a model
+                    self._request("other")
                     self._error(404, "", send_body)
-                    hub._record(request, 404, 0)
 
             def _request(self, kind: str, ref: str | None = None,
                          filename: str | None = None) -> Request:
@@ -231,7 +241,9 @@ class FakeHub:
                     start = int(wanted[6:].split("-")[0])
                 authorized = "authorization" in {k.lower() for k in self.headers}
                 revision = hub.revision_of(ref) if ref is not None else None
-                return Request(kind, self.command, revision or ref, filename, start, authorized)
+                request = Request(kind, self.command, revision or ref, filename, start, authorized)
+                self._entry = hub._begin(request)
+                return request
 
             def _faulty(self, request: Request, send_body: bool) -> bool:
                 """Answer with a fault's status if one matches `request` (a cut is done by
@@ -243,26 +255,21 @@ class FakeHub:
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
                 code = {429: "", 500: "InternalError"}.get(fault.status, "")
                 self._error(fault.status, code, send_body, headers=headers)
-                hub._record(request, fault.status, 0)
                 return True
 
             def _file(self, request: Request, ref: str, filename: str, send_body: bool) -> None:
                 revision = hub.revision_of(ref)
                 if revision is None:
-                    hub._record(request, 404, 0)
                     return self._error(404, "RevisionNotFound", send_body)
                 if hub.gated:  # the hub's answer to an unauthorized download of a gated file
                     status = 403 if request.authorized else 401
-                    hub._record(request, status, 0)
                     return self._error(status, "GatedRepo", send_body, commit_of(revision))
                 folder = hub.revisions[revision]
                 file = folder / filename
                 if send_body and hub.broken.get(revision, 0) > 0:  # a download that breaks
                     hub.broken[revision] -= 1
-                    hub._record(request, 500, 0)
                     return self._error(500, "InternalError", send_body)
                 if not file.is_file():
-                    hub._record(request, 404, 0)
                     return self._error(404, "EntryNotFound", send_body, commit_of(revision))
                 data = file.read_bytes()
                 start = request.range_start if "Range" in self.headers else None
@@ -271,7 +278,6 @@ class FakeHub:
                     self.send_header("Content-Range", f"bytes */{len(data)}")
                     self.send_header("Content-Length", "0")
                     self.end_headers()
-                    hub._record(request, 416, 0)
                     return None
                 body = data[start or 0:]
                 self.send_response(206 if start is not None else 200)
@@ -287,30 +293,25 @@ class FakeHub:
                 self.send_header("Content-Length", str(len(body)))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
-                sent = 0
                 if send_body:
                     cut = self._cut
-                    sent = self._send_throttled(body if cut is None else body[:cut])
+                    self._send_throttled(body if cut is None else body[:cut])
                     if cut is not None:  # the connection drops before the whole body is sent
                         self.wfile.flush()
                         self.close_connection = True
-                hub._record(request, 206 if start is not None else 200, sent)
                 return None
 
-            def _send_throttled(self, data: bytes) -> int:
+            def _send_throttled(self, data: bytes) -> None:
                 rate = hub.bytes_per_second
-                if rate is None:
-                    self.wfile.write(data)
-                    return len(data)
-                chunk, sent = max(1, int(rate / 20)), 0  # 20 writes a second
+                chunk = len(data) if rate is None else max(1, int(rate / 20))  # 20 writes/s
                 try:
                     for start in range(0, len(data), chunk):
+                        if rate is not None and start:
+                            time.sleep(chunk / rate)
+                        hub._sent(self._entry, len(data[start:start + chunk]))
                         self.wfile.write(data[start:start + chunk])
-                        sent += min(chunk, len(data) - start)
-                        time.sleep(min(chunk, len(data) - start) / rate)
                 except (BrokenPipeError, ConnectionResetError):  # the client went away
                     self.close_connection = True
-                return sent
 
             def _refs(self, repo_id: str, send_body: bool) -> None:
                 # The hub's JSON (huggingface_hub.HfApi.list_repo_refs reads name, ref and

@@ -146,8 +146,8 @@ def _safe(name: str) -> str:
 def download_dir(work_dir: str | os.PathLike, owner: str | os.PathLike, repo: str,
                  revision: str | None) -> Path:
     """``<work_dir>/repgeom-downloads/<run key>/<org--name>/<revision>``."""
-    return (Path(work_dir) / DOWNLOADS / run_key(owner) / _safe(repo)
-            / _safe(revision or "main"))
+    return (Path(work_dir).absolute() / DOWNLOADS / run_key(owner) / _safe(repo)
+            / _safe(revision or "main"))  # absolute: the same folder if the cwd changes
 
 
 def _try_lock(path: Path, *, blocking: bool = False) -> IO | None:
@@ -213,7 +213,7 @@ def clear_leftovers(work_dir: str | os.PathLike, owner: str | os.PathLike,
     marker and that no process holds locked are deleted; anything else in `work_dir` is never
     looked at. Returns the deleted folders.
     """
-    root = Path(work_dir) / DOWNLOADS
+    root = Path(work_dir).absolute() / DOWNLOADS
     mine = root / run_key(owner)
     wanted = {(str(repo), str(revision or "main")) for repo, revision in keep}
     deleted = []
@@ -441,6 +441,8 @@ def _named(error: BaseException, repo: str, revision: str | None, dest: Path | N
         return DownloadError(f"{error}{kept}. Rerun the same command (the revisions already "
                              "probed are kept), or give the hub more time: retry_budget_s=")
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        if "work_dir=" in str(error):  # `_check_space`'s, which says it all
+            return error
         full = "full" if error.errno == errno.ENOSPC else "over its quota"
         return OSError(error.errno, f"{name}: the disk of {dest or 'the download folder'} is "
                        f"{full} ({error.strerror or describe(error)}); free some space or set "
@@ -549,9 +551,12 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
             lock.close()
         raise
     except Exception as error:  # noqa: BLE001 - each named by `_named`
+        named = _named(error, repo, revision, dest)
+        if isinstance(named, RevisionUnavailable) and dest is not None and lock is not None:
+            shutil.rmtree(dest, ignore_errors=True)  # nothing of it will be probed
+            _remove_empty(dest.parent, Path(work_dir).absolute())
         if lock is not None:
             lock.close()
-        named = _named(error, repo, revision, dest)
         if named is error:
             raise
         raise named from error
