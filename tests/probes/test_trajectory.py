@@ -1,5 +1,5 @@
 """probe.py over a hub model's revisions, streamed (`repgeom.probes.trajectory`): downloaded into a
-working folder and deleted, the user's cache left alone, resumable after kill -9,
+working folder and deleted, the user's cache left alone, resumable after kill -9, retried
 downloads, flat memory, per-revision costs."""
 
 from __future__ import annotations
