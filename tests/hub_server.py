@@ -16,7 +16,7 @@ What the real hub does, on demand (each tested through `fetch_revision` or `list
 - `faults`: a list of `Fault` (an HTTP status such as 429 with a `Retry-After`, or 500, or a
   connection cut after some bytes of a file), each served to the first `times` requests it
   matches; `add_fault` adds one while the server runs, `hook(request)` may return one for any
-  request (a benchmark's random faults);
+  `Request` (served to that request only: a benchmark's faults at random moments);
 - `gated`: every file answers 401 (403 with a token), `X-Error-Code: GatedRepo`;
 - `broken` (kept from before): the first file downloads of a revision fail with HTTP 500;
 - `bytes_per_second`: a slow network;

@@ -25,6 +25,7 @@ all; repgeom's calls go through this module instead, so one budget bounds them a
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import threading
@@ -122,6 +123,7 @@ def transient(error: BaseException) -> bool:
     return isinstance(error, (*_network_errors(), ConnectionError, TimeoutError))
 
 
+@functools.cache
 def _network_errors() -> tuple[type[BaseException], ...]:
     """Timeouts and broken connections of the HTTP clients huggingface_hub may use (httpx2 from
     its 2.x, httpx in 1.x, requests before)."""
