@@ -488,3 +488,48 @@ def test_ctrl_c_during_a_download_exits_within_5_s(repo, tmp_path) -> None:
     assert took < 5, f"{took:.1f} s"
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
     assert part.stat().st_size > 0  # kept: the next run resumes it
+
+
+# ---------------------------------------------------------------------------------------------
+# As a user runs it
+
+
+@pytest.mark.slow  # probe.py against the stand-in hub
+def test_probe_py_rides_out_the_hubs_faults_in_a_users_work_dir(tiny_hf_folder, tiny_text,
+                                                                tmp_path) -> None:
+    """``work_dir=`` a folder of the user's, and a hub that answers 500 to the listing, 429 to
+    a file list and cuts a download: every revision is probed, the console says why it waited,
+    and the user's files (and a folder named like a revision) are still there."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes import table
+
+    folders = {f"step{s}": tiny_hf_folder("gpt2") for s in (10, 20, 30)}
+    user = tmp_path / "mine"
+    for path in ("mydata/table.csv", ".git/HEAD", "step20/notes.txt"):
+        (user / path).parent.mkdir(parents=True, exist_ok=True)
+        (user / path).write_text("the user's")
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    out = tmp_path / "out"
+    faults = [Fault(on="refs", status=500),  # step20: not one a first look at the model reads
+              Fault(on="info", status=429, retry_after="1", revision="step20"),
+              Fault(on="file", filename="model.safetensors", cut_after=1000, revision="step20")]
+    with FakeHub(REPO, folders, faults=faults) as hub:
+        done = run_probe_py(
+            [f"hf={REPO}", "hf_revisions=all", f"text_file={text}", "window=32", "n_states=64",
+             "settings.state_batch_size=64", "settings.max_order=8",
+             "settings.distributions=false", "metrics=[anisotropy]", "plot_metrics=[]",
+             "device=cpu", f"work_dir={user}", f"hydra.run.dir={out}"],
+            HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(table.read_table(out)["step"].unique()) == [10, 20, 30]
+    size = (Path(folders["step20"]) / "model.safetensors").stat().st_size
+    waits = [line for line in done.stderr.splitlines() if line.startswith("waiting ")]
+    assert len(waits) == 3, done.stderr[-3000:]
+    assert "HTTP 500" in waits[0] and "HTTP 429" in waits[1] and "peer closed" in waits[2]
+    assert [n for r, _, n in hub.served if r.filename == "model.safetensors"
+            and r.revision == "step20"] == [1000, size - 1000]  # resumed, nothing sent twice
+    kept = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
+    assert kept == [".git", ".git/HEAD", "mydata", "mydata/table.csv", "step20",
+                    "step20/notes.txt"]
