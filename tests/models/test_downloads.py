@@ -413,8 +413,15 @@ def test_weights_hashes_tell_copies_from_steps(repo, use, tmp_path) -> None:
 
 def test_sharded_safetensors_and_bin_only_repositories(use, tmp_path) -> None:
     sharded = _revision(tmp_path / "sharded", 1, shards=3)
+    # The .bin format's index too (its shards are not fetched: one format is enough).
+    (sharded / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {"w": "pytorch_model-00001-of-00002.bin"}}))
     binary = _revision(tmp_path / "binary", 2, weights="bin")
-    with use(FakeHub(REPO, {"step1": sharded, "step2": binary})):
+    lacking = _revision(tmp_path / "lacking", 3, shards=2)
+    (lacking / "model-00002-of-00002.safetensors").unlink()  # named by its index, not served
+    with use(FakeHub(REPO, {"step1": sharded, "step2": binary, "step3": lacking})):
+        with pytest.raises(RevisionUnavailable, match="model-00002-of-00002.safetensors"):
+            _fetch("step3", tmp_path / "work")
         files = _fetch("step1", tmp_path / "work")
         shards = sorted(p.name for p in files.path.glob("*.safetensors"))
         assert sorted(files.weights) == shards and len(shards) == 3

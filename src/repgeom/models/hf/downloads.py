@@ -538,7 +538,7 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         for file in files:
             url = f"{constants.ENDPOINT}/{repo}/resolve/{commit}/{quote(file.name)}"
             _download(url, file, dest, retrier, transfer, f"{name}: downloading {file.name}")
-        missing = _missing_shards(dest)
+        missing = _missing_shards(dest, weights)
         if missing:
             raise RevisionUnavailable(f"{name}: its weights index names shards the hub does not "
                                       f"have: {', '.join(missing[:5])}")
@@ -562,10 +562,15 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         raise named from error
 
 
-def _missing_shards(folder: Path) -> list[str]:
-    """Shards a downloaded ``*.index.json`` names that are not in `folder`."""
+def _missing_shards(folder: Path, weights: list[str]) -> list[str]:
+    """Shards that the index of the downloaded weights format (``model.safetensors.index.json``
+    beside ``*.safetensors``; not the ``.bin`` index of a format not fetched) names but
+    `folder` lacks."""
+    suffixes = {Path(w).suffix for w in weights}
     missing = []
     for index in folder.glob("*.index.json"):
+        if Path(index.name[:-len(".index.json")]).suffix not in suffixes:
+            continue
         try:
             shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
         except (OSError, ValueError, AttributeError):
