@@ -35,6 +35,12 @@ Face cache, nor the folders of another job that shares ``work_dir``.
 - Ctrl-C: `Prefetch` runs downloads on a daemon thread and sets their abort flag, so the
   process exits at once; the partial file stays for the next run.
 
+Files are fetched here, one HTTP ``GET`` each (by commit, through huggingface_hub's session and
+token), not with ``snapshot_download``: huggingface_hub 2.x downloads into a temporary file unique
+to each call and deletes it when the call fails (``file_download._download_to_tmp_and_move``,
+huggingface_hub PR 4228), so a file dropped at 2.8 of 2.9 GB started again from zero, and its own
+retries (5, at most 8 s apart) are silent and outside any budget.
+
 `RevisionFiles.weights` names each weights file's sha256: the hub's LFS sha256 (from the file
 metadata: nothing extra is downloaded), or the hash of the content of a cached or local file, so
 that revisions serving the same weights can be told apart from real training steps.
