@@ -1,24 +1,49 @@
-"""A local stand-in for the Hugging Face Hub's file API (importable as `hub_server`).
+"""A local stand-in for the Hugging Face Hub's file API (importable as `hub_server`), with the real
+hub's faults on demand.
 
 There is no internet here, so hub downloads are tested against this server: point
 `HF_ENDPOINT` at `FakeHub.url` and `huggingface_hub` (under transformers' `from_pretrained`)
 downloads, checks and caches files exactly as it does from huggingface.co. It serves
 `/{repo_id}/resolve/{revision}/{filename}` from one folder per revision, with the headers the
-client reads (`X-Repo-Commit`, `ETag`, `Content-Length`) and the hub's error codes on a 404, and
+client reads (`X-Repo-Commit`, `ETag`, `Content-Length`), HTTP `Range` requests (206, as the
+hub's CDN answers a resumed download) and the hub's error codes on a 404;
 `/api/models/{repo_id}/refs` (what `HfApi.list_repo_refs` reads): every revision as a branch, or
-as a tag when named in `tags`. `broken` makes the first file downloads of a revision fail (HTTP
-500), as a network that drops does.
+as a tag when named in `tags`; `/api/models/{repo_id}/revision/{ref}` (`HfApi.model_info`), whose
+siblings carry `lfs: {sha256, size}` for weights files when asked (`?blobs=true`), and the tree API.
+
+What the real hub does, on demand (each tested through `fetch_revision` or `list_refs`):
+
+- `faults`: a list of `Fault` (an HTTP status such as 429 with a `Retry-After`, or 500, or a
+  connection cut after some bytes of a file), each served to the first `times` requests it
+  matches; `add_fault` adds one while the server runs, `hook(request)` may return one for any
+  `Request` (served to that request only: a benchmark's faults at random moments);
+- `gated`: every file answers 401 (403 with a token), `X-Error-Code: GatedRepo`;
+- `broken` (kept from before): the first file downloads of a revision fail with HTTP 500;
+- `bytes_per_second`: a slow network;
+- a revision whose folder holds no weights is a config-only branch; two revisions that point to
+  one folder serve identical weights; a folder saved with shards and an index, or `.bin` only,
+  is served as it is.
+
+`bytes_sent` counts the file bytes sent (cut ones included) and `served` each request, so that a
+test or a benchmark can tell what was downloaded twice.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".ckpt", ".h5", ".msgpack", ".onnx")
+"""Files the hub keeps in Git LFS (as its default ``.gitattributes`` does): these carry ``lfs``
+metadata."""
 
 
 def commit_of(revision: str) -> str:
@@ -26,14 +51,44 @@ def commit_of(revision: str) -> str:
     return hashlib.sha1(revision.encode()).hexdigest()
 
 
-def lfs_of(path: Path) -> dict:
-    """The hub's LFS record of a weights file (``siblings[].lfs`` with ``files_metadata``): its
-    sha256 and size; other files are stored in git and have none."""
-    if path.suffix not in (".safetensors", ".bin"):
-        return {}
-    data = path.read_bytes()
-    return {"lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
-                    "pointerSize": 134}}
+@dataclass
+class Fault:
+    """A fault served to the first `times` requests that match it.
+
+    on : which requests: ``"refs"``, ``"info"`` (model_info), ``"tree"``, ``"api"`` (any of
+    those three), ``"file"`` (a file's GET), ``"head"`` (a file's HEAD) or ``"any"``;
+    status : answer this HTTP status instead (429, 500, 503 ...); retry_after : the
+    ``Retry-After`` header sent with it (seconds, or an HTTP date); cut_after : for a file, send
+    the headers of the whole answer, then only this many bytes, then close the connection;
+    revision, filename : only requests for this revision / files matching this glob (None: any).
+    """
+
+    on: str = "any"
+    status: int | None = None
+    retry_after: str | None = None
+    cut_after: int | None = None
+    times: float = 1
+    revision: str | None = None
+    filename: str | None = None
+
+    def matches(self, request: Request) -> bool:
+        kinds = {"any": None, "api": ("refs", "info", "tree")}.get(self.on, (self.on,))
+        return (self.times > 0 and (kinds is None or request.kind in kinds)
+                and self.revision in (None, request.revision)
+                and (self.filename is None or fnmatch.fnmatch(request.filename or "",
+                                                              self.filename)))
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as the hub stand-in sees it (what `Fault` and `FakeHub.hook` match on)."""
+
+    kind: str  # "refs", "info", "tree", "file", "head" or "other"
+    method: str
+    revision: str | None = None
+    filename: str | None = None
+    range_start: int = 0
+    authorized: bool = False
 
 
 class FakeHub:
@@ -46,14 +101,24 @@ class FakeHub:
     def __init__(
         self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = (),
         broken: dict[str, int] | None = None, bytes_per_second: float | None = None,
+        faults: list[Fault] | None = None, gated: bool = False,
+        hook: Callable[[Request], Fault | None] | None = None,
     ) -> None:
         self.repo_id = repo_id
         self.bytes_per_second = bytes_per_second  # a slow network (benchmarks), None: no limit
         self.broken = dict(broken or {})  # revision -> how many file downloads fail (HTTP 500)
         self.revisions = {rev: Path(folder) for rev, folder in revisions.items()}
         self.tags = tuple(tags)
+        self.faults = list(faults or [])
+        self.gated = gated
+        self.hook = hook
         self.requests: list[tuple[str, str]] = []
+        self.served: list[list] = []  # [request, status, file bytes sent] of each request
+        self.bytes_sent = 0  # file bytes sent with GET, cut answers included
+        self._lock = threading.Lock()
+        self._sha256: dict[tuple[str, float, int], str] = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property
@@ -76,6 +141,43 @@ class FakeHub:
                 sent.add((self.revision_of(ref), filename))
         return sent
 
+    def add_fault(self, fault: Fault) -> Fault:
+        """Serve `fault` from now on (to the next `fault.times` requests it matches)."""
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def sha256(self, file: Path) -> str:
+        """The sha256 of a served file (the hub's LFS oid), computed once per version."""
+        stat = file.stat()
+        key = (str(file), stat.st_mtime, stat.st_size)
+        if key not in self._sha256:
+            self._sha256[key] = hashlib.sha256(file.read_bytes()).hexdigest()
+        return self._sha256[key]
+
+    def _fault_for(self, request: Request) -> Fault | None:
+        with self._lock:
+            fault = self.hook(request) if self.hook is not None else None
+            if fault is None:
+                fault = next((f for f in self.faults if f.matches(request)), None)
+                if fault is not None:
+                    fault.times -= 1
+            return fault
+
+    def _begin(self, request: Request) -> list:
+        """The entry of `served` for `request`: [request, status, bytes sent], filled in as the
+        answer goes out (before the client can see it: a test reads it once its call returns)."""
+        entry = [request, 0, 0]
+        with self._lock:
+            self.served.append(entry)
+        return entry
+
+    def _sent(self, entry: list, n: int) -> None:
+        with self._lock:
+            entry[2] += n
+            if entry[0].kind == "file":
+                self.bytes_sent += n
+
     def __enter__(self) -> FakeHub:
         self._thread.start()
         return self
@@ -97,29 +199,71 @@ class FakeHub:
             def log_message(self, *args: object) -> None:
                 pass
 
+            def send_response(self, code: int, message: str | None = None) -> None:
+                self._entry[1] = code  # recorded with the request in `served`
+                super().send_response(code, message)
+
             def _answer(self, send_body: bool) -> None:
                 hub.requests.append((self.command, self.path))
-                path = unquote(self.path.split("?", 1)[0])
+                path, _, query = self.path.partition("?")
+                path = unquote(path)
                 resolve = f"/{hub.repo_id}/resolve/"
                 info = f"/api/models/{hub.repo_id}/revision/"
                 tree = f"/api/models/{hub.repo_id}/tree/"
                 if path.startswith("/api/models/") and path.endswith("/refs"):
-                    self._refs(path[len("/api/models/"):-len("/refs")], send_body)
+                    request = self._request("refs")
+                    if not self._faulty(request, send_body):
+                        self._refs(path[len("/api/models/"):-len("/refs")], send_body)
                 elif path.startswith(resolve):
                     ref, _, filename = path[len(resolve):].partition("/")
-                    self._file(ref, filename, send_body)
+                    request = self._request("file" if send_body else "head", ref, filename)
+                    if not self._faulty(request, send_body):
+                        self._file(request, ref, filename, send_body)
                 elif path.startswith(info):
-                    self._model_info(path[len(info):], send_body)
+                    request = self._request("info", path[len(info):])
+                    if not self._faulty(request, send_body):
+                        blobs = parse_qs(query).get("blobs", [""])[0].lower() == "true"
+                        self._model_info(path[len(info):], send_body, blobs)
                 elif path.startswith(tree):
                     ref, _, folder = path[len(tree):].partition("/")
-                    self._tree(ref, folder, send_body)
+                    request = self._request("tree", ref)
+                    if not self._faulty(request, send_body):
+                        self._tree(ref, folder, send_body)
                 else:  # other hub APIs (telemetry, ...): not part of downloading a model
+                    self._request("other")
                     self._error(404, "", send_body)
 
-            def _file(self, ref: str, filename: str, send_body: bool) -> None:
+            def _request(self, kind: str, ref: str | None = None,
+                         filename: str | None = None) -> Request:
+                start = 0
+                wanted = self.headers.get("Range", "")
+                if wanted.startswith("bytes=") and wanted[6:].split("-")[0].isdigit():
+                    start = int(wanted[6:].split("-")[0])
+                authorized = "authorization" in {k.lower() for k in self.headers}
+                revision = hub.revision_of(ref) if ref is not None else None
+                request = Request(kind, self.command, revision or ref, filename, start, authorized)
+                self._entry = hub._begin(request)
+                return request
+
+            def _faulty(self, request: Request, send_body: bool) -> bool:
+                """Answer with a fault's status if one matches `request` (a cut is done by
+                `_file`); True when answered."""
+                fault = hub._fault_for(request)
+                self._cut = fault.cut_after if fault is not None else None
+                if fault is None or fault.status is None:
+                    return False
+                headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                code = {429: "", 500: "InternalError"}.get(fault.status, "")
+                self._error(fault.status, code, send_body, headers=headers)
+                return True
+
+            def _file(self, request: Request, ref: str, filename: str, send_body: bool) -> None:
                 revision = hub.revision_of(ref)
                 if revision is None:
                     return self._error(404, "RevisionNotFound", send_body)
+                if hub.gated:  # the hub's answer to an unauthorized download of a gated file
+                    status = 403 if request.authorized else 401
+                    return self._error(status, "GatedRepo", send_body, commit_of(revision))
                 folder = hub.revisions[revision]
                 file = folder / filename
                 if send_body and hub.broken.get(revision, 0) > 0:  # a download that breaks
@@ -128,24 +272,46 @@ class FakeHub:
                 if not file.is_file():
                     return self._error(404, "EntryNotFound", send_body, commit_of(revision))
                 data = file.read_bytes()
-                self.send_response(200)
+                start = request.range_start if "Range" in self.headers else None
+                if start is not None and start >= len(data) > 0:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{len(data)}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                body = data[start or 0:]
+                self.send_response(206 if start is not None else 200)
                 self.send_header("X-Repo-Commit", commit_of(revision))
                 self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-                self.send_header("Content-Length", str(len(data)))
+                if file.name.endswith(LFS_SUFFIXES):  # what the hub adds for an LFS file
+                    self.send_header("X-Linked-Etag", f'"{hub.sha256(file)}"')
+                    self.send_header("X-Linked-Size", str(len(data)))
+                if start is not None:
+                    self.send_header("Content-Range",
+                                     f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("Content-Length", str(len(body)))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 if send_body:
-                    self._send_throttled(data)
+                    cut = self._cut
+                    self._send_throttled(body if cut is None else body[:cut])
+                    if cut is not None:  # the connection drops before the whole body is sent
+                        self.wfile.flush()
+                        self.close_connection = True
+                return None
 
             def _send_throttled(self, data: bytes) -> None:
                 rate = hub.bytes_per_second
-                if rate is None:
-                    self.wfile.write(data)
-                    return
-                chunk = max(1, int(rate / 20))  # 20 writes a second
-                for start in range(0, len(data), chunk):
-                    self.wfile.write(data[start:start + chunk])
-                    time.sleep(min(chunk, len(data) - start) / rate)
+                chunk = len(data) if rate is None else max(1, int(rate / 20))  # 20 writes/s
+                try:
+                    for start in range(0, len(data), chunk):
+                        if rate is not None and start:
+                            time.sleep(chunk / rate)
+                        hub._sent(self._entry, len(data[start:start + chunk]))
+                        self.wfile.write(data[start:start + chunk])
+                except (BrokenPipeError, ConnectionResetError):  # the client went away
+                    self.close_connection = True
 
             def _refs(self, repo_id: str, send_body: bool) -> None:
                 # The hub's JSON (huggingface_hub.HfApi.list_repo_refs reads name, ref and
@@ -163,16 +329,26 @@ class FakeHub:
                     "tags": [entry(r, "tags") for r in hub.revisions if r in hub.tags],
                 }
                 self._json(refs, send_body)
+                return None
 
-            def _model_info(self, ref: str, send_body: bool) -> None:
+            def _model_info(self, ref: str, send_body: bool, blobs: bool = False) -> None:
                 revision = hub.revision_of(ref)
                 if revision is None:
                     return self._error(404, "RevisionNotFound", send_body)
                 folder = hub.revisions[revision]
-                siblings = [{"rfilename": p.name, "size": p.stat().st_size, **lfs_of(p)}
-                            for p in sorted(folder.iterdir())]
-                info = {"id": hub.repo_id, "sha": commit_of(revision), "siblings": siblings}
+                siblings = []
+                for p in sorted(folder.iterdir()):
+                    sibling: dict = {"rfilename": p.name, "size": p.stat().st_size}
+                    if blobs:
+                        sibling["blobId"] = commit_of(p.name)
+                        if p.name.endswith(LFS_SUFFIXES):
+                            sibling["lfs"] = {"sha256": hub.sha256(p), "size": p.stat().st_size,
+                                              "pointerSize": 134}
+                    siblings.append(sibling)
+                info = {"id": hub.repo_id, "sha": commit_of(revision), "siblings": siblings,
+                        "gated": "auto" if hub.gated else False}
                 self._json(info, send_body)
+                return None
 
             def _tree(self, ref: str, folder: str, send_body: bool) -> None:
                 revision = hub.revision_of(ref)
@@ -181,13 +357,18 @@ class FakeHub:
                 listed = hub.revisions[revision] / folder
                 if not listed.is_dir():
                     return self._error(404, "EntryNotFound", send_body, commit_of(revision))
-                entries = [
-                    {"type": "directory" if p.is_dir() else "file",
-                     "path": str(p.relative_to(hub.revisions[revision])),
-                     "size": 0 if p.is_dir() else p.stat().st_size, "oid": commit_of(p.name)}
-                    for p in sorted(listed.iterdir())
-                ]  # fmt: skip
+                entries = []
+                for p in sorted(listed.iterdir()):
+                    entry: dict = {
+                        "type": "directory" if p.is_dir() else "file",
+                        "path": str(p.relative_to(hub.revisions[revision])),
+                        "size": 0 if p.is_dir() else p.stat().st_size, "oid": commit_of(p.name)}
+                    if p.is_file() and p.name.endswith(LFS_SUFFIXES):
+                        entry["lfs"] = {"oid": hub.sha256(p), "size": p.stat().st_size,
+                                        "pointerSize": 134}
+                    entries.append(entry)
                 self._json(entries, send_body)
+                return None
 
             def _json(self, value: object, send_body: bool) -> None:
                 body = json.dumps(value).encode()
@@ -198,13 +379,16 @@ class FakeHub:
                 if send_body:
                     self.wfile.write(body)
 
-            def _error(self, status: int, code: str, send_body: bool, commit: str = "") -> None:
-                body = json.dumps({"error": code}).encode()
+            def _error(self, status: int, code: str, send_body: bool, commit: str = "",
+                       headers: dict[str, str] | None = None) -> None:
+                body = json.dumps({"error": code or f"HTTP {status}"}).encode()
                 self.send_response(status)
                 if code:
                     self.send_header("X-Error-Code", code)
                 if commit:
                     self.send_header("X-Repo-Commit", commit)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -212,3 +396,6 @@ class FakeHub:
                     self.wfile.write(body)
 
         return Handler
+
+
+__all__ = ["Fault", "FakeHub", "Request", "commit_of"]

@@ -31,6 +31,10 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from repgeom.models.hf.hub_calls import Retrier
 
 STEP_NAME = re.compile(
     r"(?:^|[/_.-])(?:global_?)?(?:step|steps|checkpoint|ckpt|iter|iteration)[_-]?(?P<step>\d+)"
@@ -85,29 +89,41 @@ class Refs:
         return list(dict.fromkeys([*self.branches, *self.tags]))
 
 
-def list_refs(repo_id: str) -> Refs:
+def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     """The branches and tags of model repository `repo_id`: from the hub
     (``HfApi.list_repo_refs``), or, in offline mode (``HF_HUB_OFFLINE=1``), the refs that the
     local Hugging Face cache holds for it (``scan_cache_dir``).
 
+    The hub call goes through `repgeom.models.hf.hub_calls.Retrier` (`retry`; default: its
+    15-minute budget): a 429 waits for its ``Retry-After``, a 5xx or a dropped connection is
+    tried again, and the console says why it waits.
+
     Raises
     ------
     OSError
-        The hub does not know the repository (or refuses it), or, offline, the cache holds none
-        of its refs; the message names the repository and what to do.
+        The hub does not know the repository (or refuses it), the retry budget is spent, or,
+        offline, the cache holds none of its refs; the message names the repository and what
+        to do.
     """
     from huggingface_hub import HfApi, is_offline_mode
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
+    from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted
+
     if is_offline_mode():
         return _cached_refs(repo_id)
+    retry = Retrier() if retry is None else retry
     try:
-        refs = HfApi().list_repo_refs(repo_id)
+        refs = retry.call(lambda: HfApi().list_repo_refs(repo_id),
+                          f"hf={repo_id!r}: listing its revisions")
     except RepositoryNotFoundError as e:
         raise OSError(
-            f"hf={repo_id!r}: no such model repository on the Hugging Face hub (or it is private: "
-            f"log in with `hf auth login`): {e}"
+            f"hf={repo_id!r}: no such model repository on the Hugging Face hub, or it is private "
+            f"or gated: log in with `hf auth login` (or set HF_TOKEN), and accept its licence at "
+            f"https://huggingface.co/{repo_id}: {e}"
         ) from e
+    except RetriesExhausted as e:
+        raise OSError(f"{e}. Rerun the same command later") from e
     except HfHubHTTPError as e:
         raise OSError(f"hf={repo_id!r}: could not list its revisions on the hub: {e}") from e
     listed = [*refs.branches, *refs.tags]
@@ -227,7 +243,11 @@ def weights_sha256(repo_id: str, revision: str | None) -> dict[str, str]:
     downloaded); empty when the revision has no weights file."""
     from huggingface_hub import HfApi
 
-    info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+    from repgeom.models.hf.hub_calls import Retrier
+
+    info = Retrier().call(
+        lambda: HfApi().model_info(repo_id, revision=revision, files_metadata=True),
+        f"hf={repo_id!r}: the file list of {revision}")
     return {s.rfilename: s.lfs.sha256 for s in info.siblings or []
             if s.lfs is not None and _is_weights(s.rfilename)}
 

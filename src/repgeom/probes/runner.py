@@ -52,6 +52,7 @@ from repgeom.models.checkpoints import (  # noqa: F401 - the public names of pro
     resolve_device,
 )
 from repgeom.models.hf import STACKS, model_stacks
+from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
 from repgeom.probes import (
     aggregate,
     catalogue,
@@ -148,6 +149,7 @@ def check_config(cfg: DictConfig) -> str:
             "or leave qk_projection=false"
         )
     ProbeRequest.from_config(cfg)  # checks the probe options, naming the bad one
+    _retry_budget(cfg)
     return mode
 
 
@@ -155,6 +157,17 @@ def check_config(cfg: DictConfig) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # The run
+
+
+def _retry_budget(cfg: DictConfig) -> float:
+    """``retry_budget_s``: seconds of hub retries allowed per revision (default 15 minutes)."""
+    value = cfg.get("retry_budget_s")
+    if value is None:
+        return RETRY_BUDGET_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"retry_budget_s must be a number of seconds >= 0 (0: no retries), "
+                         f"got {value!r}")
+    return float(value)
 
 
 def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
@@ -204,7 +217,8 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
                           work_dir=None if work_dir is None else Path(str(work_dir)),
                           keep_weights=bool(cfg.get("keep_weights")), pairwise=pairwise,
                           stack_dir=_stack_dir, prefix=_wandb_prefix,
-                          retry_skipped=bool(cfg.get("retry_skipped")))
+                          retry_skipped=bool(cfg.get("retry_skipped")),
+                          retry_budget_s=_retry_budget(cfg))
         frame = loop.run(subjects)
         all_warnings = loop.warnings
         skipped, copied = list(loop.skipped.values()), dict(loop.copies)

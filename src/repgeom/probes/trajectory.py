@@ -44,11 +44,10 @@ import ctypes
 import gc
 import json
 import os
-import shutil
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,11 +55,14 @@ import pandas as pd
 import torch
 
 from repgeom.models.hf.downloads import (
+    Prefetch,
     RevisionFiles,
     RevisionUnavailable,
+    clear_leftovers,
     fetch_revision,
     release,
 )
+from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
 from repgeom.probes import catalogue, phases, similarity, sink, table
 from repgeom.probes.spec import ProbeRequest
 
@@ -181,6 +183,7 @@ class Trajectory:
     warnings: list[str] = field(default_factory=list)
     settings: object = None
     retry_skipped: bool = False
+    retry_budget_s: float = RETRY_BUDGET_S
     skipped: dict[str, dict] = field(default_factory=dict)
     """`step_key` (as text) -> {step, revision, model, reason} of every step not probed."""
     copies: dict[str, str] = field(default_factory=dict)
@@ -188,12 +191,13 @@ class Trajectory:
     _final: int | None = None
     _several: bool = False
 
-    def _fetch(self, step: Step) -> RevisionFiles | None:
+    def _fetch(self, step: Step, abort=None) -> RevisionFiles | None:
         subject = step.subjects[0]
         if getattr(subject, "source", "") != "hf":
             return None
         work = self.work_dir or self.output_dir / WORK_DIR
-        return fetch_revision(subject.name, subject.revision, work)
+        return fetch_revision(subject.name, subject.revision, work, owner=self.output_dir,
+                              abort=abort, retry_budget_s=self.retry_budget_s)
 
     def run(self, subjects: Sequence) -> pd.DataFrame:
         """Probe every target (see the module docstring); returns the whole table."""
@@ -225,12 +229,12 @@ class Trajectory:
 
         bar = tqdm(total=len(todo), desc="Probing steps", unit="step", disable=len(todo) < 2)
         started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
+        with Prefetch() as pool:  # Ctrl-C does not wait for the download in flight
             for i, step in enumerate(todo):
                 if step.files is None:
-                    step.files = pool.submit(self._fetch, step)
+                    step.files = pool.submit(self._fetch, step, pool.abort)
                 if i + 1 < len(todo):  # the next revision downloads while this one is probed
-                    todo[i + 1].files = pool.submit(self._fetch, todo[i + 1])
+                    todo[i + 1].files = pool.submit(self._fetch, todo[i + 1], pool.abort)
                 frame = self._probe_step(step, started)
                 bar.update()
         bar.close()
@@ -243,16 +247,16 @@ class Trajectory:
         return frame
 
     def _clear_leftovers(self, todo: list[Step]) -> None:
-        """Delete what a killed run left in the working folder, but the revisions still to
-        probe (``snapshot_download`` picks up their files where it stopped)."""
-        work = self.work_dir or self.output_dir / WORK_DIR
-        if self.keep_weights or not work.is_dir():
+        """Delete the downloads a killed run of this output folder left, but the revisions
+        still to probe (their partial files resume). Only folders repgeom made and marked for
+        this run are candidates (`repgeom.models.hf.downloads.clear_leftovers`): a user's files
+        in ``work_dir``, and other jobs' downloads there, are never touched."""
+        if self.keep_weights:
             return
-        wanted = {str(getattr(s.subjects[0], "revision", None) or "main").replace("/", "--")
-                  for s in todo}
-        for folder in work.iterdir():
-            if folder.name not in wanted:
-                shutil.rmtree(folder, ignore_errors=True)
+        work = self.work_dir or self.output_dir / WORK_DIR
+        keep = [(getattr(s.subjects[0], "name", ""), getattr(s.subjects[0], "revision", None))
+                for s in todo]
+        clear_leftovers(work, self.output_dir, keep)
 
     def _complete(self, step: Step, done: set[tuple[str, int]]) -> bool:
         """All of the step's rows are in the table (and, for the final step of a pairwise

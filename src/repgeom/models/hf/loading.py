@@ -161,6 +161,13 @@ def _read_config(name: str, revision: str | None) -> Any:
             "for a repgeom checkpoint use ckpt= instead"
         )
     try:
+        if not local:  # the hub's faults ride on one retry policy (`hub_calls.Retrier`)
+            from huggingface_hub import hf_hub_download
+
+            from repgeom.models.hf.hub_calls import Retrier
+
+            Retrier().call(lambda: hf_hub_download(name, "config.json", revision=revision),
+                           f"hf={name!r}: its config at revision {revision or 'main'}")
         return AutoConfig.from_pretrained(name, revision=revision)
     except OSError as e:
         raise OSError(

@@ -1,0 +1,251 @@
+"""One retry policy for every call repgeom makes to the Hugging Face hub.
+
+The hub rate-limits (HTTP 429, with a ``Retry-After`` of up to minutes), answers 5xx when busy
+and drops connections in the middle of multi-GB files. `Retrier` decides, for each failure,
+whether to wait and try again or to stop:
+
+- **429**: wait what the hub asks (``Retry-After`` in seconds or as an HTTP date, else the
+  ``RateLimit`` header's reset), else back off as below;
+- **5xx, 408, timeouts, refused or dropped connections**: back off exponentially (1, 2, 4 ...
+  s, capped at `MAX_WAIT_S`, times a random factor in [0.5, 1] so that many jobs do not come
+  back in step);
+- **anything else** (401/403/404, a full disk, offline mode, a bug): not retried, raised as is
+  for the caller to name.
+
+Waits and tries that failed without receiving a byte spend one budget (`RETRY_BUDGET_S`, about
+15 minutes, per revision in `repgeom.models.hf.downloads`); a try that moved data is progress
+and costs nothing. When a wait would overrun the budget, `RetriesExhausted` is raised at once
+rather than after a useless sleep. Every wait is said first (``waiting 60 s: HTTP 429 from
+<url> (try 3, 12 min of 15 left)``), so a console that is quiet says why.
+
+huggingface_hub has retries of its own (``utils.http_backoff``: 5 tries, at most 8 s apart) but
+uses them for file downloads only, silently, and `HfApi.model_info` and ``list_repo_refs`` not at
+all; repgeom's calls go through this module instead, so one budget bounds them all.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
+
+RETRY_BUDGET_S = 15 * 60.0
+"""Seconds of waiting (and of tries that received nothing) allowed per revision."""
+FIRST_WAIT_S = 1.0
+"""The first back-off; each failure doubles it."""
+MAX_WAIT_S = 60.0
+"""The longest back-off between two tries (a 429's ``Retry-After`` may ask for more)."""
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+"""HTTP statuses worth another try (any other 5xx too)."""
+
+T = TypeVar("T")
+
+
+class RetriesExhausted(RuntimeError):
+    """The retry budget is spent; `last` is the last failure."""
+
+    def __init__(self, message: str, last: BaseException | None) -> None:
+        super().__init__(message)
+        self.last = last
+
+
+class Aborted(RuntimeError):
+    """The caller set the abort flag (Ctrl-C in the main thread): stop between two chunks."""
+
+
+def describe(error: BaseException) -> str:
+    """``TypeName: first line of the message``, or the type alone for an exception without one
+    (``str(error).splitlines()[0]`` raises IndexError on those)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+
+
+def status_of(error: BaseException) -> int | None:
+    """The HTTP status of an ``HfHubHTTPError`` (or httpx status error), else None."""
+    response = getattr(error, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def url_of(error: BaseException) -> str:
+    """The URL a failed request asked for, or ``"the hub"``."""
+    for holder in (getattr(error, "response", None), error):
+        try:
+            request = getattr(holder, "request", None)
+            if request is not None:
+                return str(request.url).split("?", 1)[0]
+        except RuntimeError:  # httpx raises when a request was never attached
+            pass
+    return "the hub"
+
+
+def retry_after(headers) -> float | None:
+    """The seconds a 429 or 503 asks to wait: ``Retry-After`` as seconds or an HTTP date
+    (RFC 9110 section 10.2.3), else the reset of the hub's ``RateLimit`` header
+    (``"api";r=0;t=55``), else None."""
+    if headers is None:
+        return None
+    value = headers.get("Retry-After")
+    if value:
+        value = value.strip()
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            pass
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError, IndexError, OverflowError):
+            pass
+    try:
+        from huggingface_hub.utils._http import parse_ratelimit_headers
+
+        limit = parse_ratelimit_headers(headers)
+    except Exception:  # noqa: BLE001 - a private helper: its absence only loses a hint
+        return None
+    return float(limit.reset_in_seconds) if limit is not None and limit.remaining == 0 else None
+
+
+def transient(error: BaseException) -> bool:
+    """Whether another try may succeed: a 429, 408 or 5xx, a timeout, a refused or dropped
+    connection. Offline mode and every 4xx else are not transient."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if isinstance(error, OfflineModeIsEnabled):
+        return False
+    status = status_of(error)
+    if status is not None:
+        return status in RETRY_STATUS or status >= 500
+    return isinstance(error, (*_network_errors(), ConnectionError, TimeoutError))
+
+
+@functools.cache
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Timeouts and broken connections of the HTTP clients huggingface_hub may use (httpx2 from
+    its 2.x, httpx in 1.x, requests before)."""
+    found: list[type[BaseException]] = []
+    for module, names in (("httpx2", ("TimeoutException", "NetworkError", "RemoteProtocolError")),
+                          ("httpx", ("TimeoutException", "NetworkError", "RemoteProtocolError")),
+                          ("requests", ("ConnectionError", "Timeout"))):
+        try:
+            imported = __import__(module)
+        except ImportError:
+            continue
+        found += [getattr(imported, name) for name in names if hasattr(imported, name)]
+    return tuple(found)
+
+
+def _say(message: str) -> None:
+    """Print above a tqdm bar, if one is drawn, on stderr."""
+    try:
+        from tqdm.auto import tqdm
+
+        tqdm.write(message, file=sys.stderr)
+    except ImportError:  # pragma: no cover - tqdm comes with huggingface_hub
+        print(message, file=sys.stderr, flush=True)
+
+
+def _minutes(seconds: float, budget: float) -> str:
+    if budget >= 120:
+        return f"{seconds / 60:.0f} min of {budget / 60:.0f}"
+    return f"{seconds:.0f} s of {budget:.0f}"
+
+
+@dataclass
+class Retrier:
+    """The retry state of one revision (or one listing): tries so far and budget spent.
+
+    budget_s : seconds of waits (and of tries that received nothing) allowed in all;
+    first_wait_s, max_wait_s : the back-off's first and longest wait; say : where a wait is
+    announced (stderr, above the progress bar); abort : set by another thread to stop a wait or a
+    download at once (`Aborted`).
+    """
+
+    budget_s: float = RETRY_BUDGET_S
+    first_wait_s: float = FIRST_WAIT_S
+    max_wait_s: float = MAX_WAIT_S
+    say: Callable[[str], None] = _say
+    abort: threading.Event | None = None
+    tries: int = 0
+    spent_s: float = 0.0
+    waits: list[float] = field(default_factory=list)
+    _backoffs: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.first_wait_s > 0 or self.max_wait_s < self.first_wait_s:
+            raise ValueError(f"Retrier: first_wait_s={self.first_wait_s} must be > 0 and at most "
+                             f"max_wait_s={self.max_wait_s}: a zero wait retries without bound")
+        if self.budget_s < 0:
+            raise ValueError(f"retry_budget_s={self.budget_s} must be >= 0 (0: no retries)")
+
+    @property
+    def left_s(self) -> float:
+        return max(0.0, self.budget_s - self.spent_s)
+
+    def check_abort(self) -> None:
+        if self.abort is not None and self.abort.is_set():
+            raise Aborted("stopped: the run was interrupted")
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()``, tried again after each transient failure (see the module docstring);
+        other errors propagate unchanged.
+
+        Raises
+        ------
+        RetriesExhausted
+            The budget is spent; the message names `what`, the last error and the tries.
+        """
+        while True:
+            self.check_abort()
+            started = time.monotonic()
+            try:
+                return fn()
+            except Exception as error:  # noqa: BLE001 - sorted by `failed`
+                self.failed(error, what, seconds=time.monotonic() - started)
+
+    def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
+               progressed: bool = False) -> None:
+        """Account for one failed try of `what` that took `seconds`: return after the wait
+        when another try is worth it, else raise (`error` itself when it is not transient,
+        `RetriesExhausted` when the budget is spent). A try that `progressed` (received bytes)
+        costs no budget and restarts the back-off."""
+        self.tries += 1
+        if not transient(error):
+            raise error
+        if progressed:
+            self._backoffs = 0
+        else:
+            self.spent_s += seconds
+        status = status_of(error)
+        reason = f"HTTP {status}" if status is not None else describe(error)
+        asked = retry_after(getattr(getattr(error, "response", None), "headers", None))
+        if asked is not None and status in (429, 503):
+            wait = max(asked, self.first_wait_s)  # never 0 s: the tries stay bounded
+        else:
+            wait = min(self.max_wait_s, self.first_wait_s * 2**self._backoffs)
+            wait *= random.uniform(0.5, 1.0)  # jitter: jobs hit together do not retry together
+            self._backoffs += 1
+        if wait > self.left_s:
+            raise RetriesExhausted(
+                f"{what}: {reason} from {url_of(error)} after {self.tries} tries; "
+                + (f"the hub asks to wait {wait:.0f} s, more than the {self.left_s:.0f} s left "
+                   if asked is not None and wait > 0 else
+                   f"the {self.budget_s:.0f} s retry budget is spent ")
+                + f"({describe(error)})", error)
+        shown = f"{wait:.0f}" if wait >= 10 else f"{wait:.1f}"
+        self.say(f"waiting {shown} s: {reason} from {url_of(error)} (try {self.tries}, "
+                 f"{_minutes(self.left_s - wait, self.budget_s)} left)")
+        self.spent_s += wait
+        self.waits.append(wait)
+        self.sleep(wait)
+
+    def sleep(self, seconds: float) -> None:
+        """Wait `seconds`, or less when `abort` is set (then raise `Aborted`)."""
+        if self.abort is None:
+            time.sleep(seconds)
+        elif self.abort.wait(seconds):
+            raise Aborted("stopped: the run was interrupted")

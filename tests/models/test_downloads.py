@@ -1,0 +1,542 @@
+"""Hub downloads (`repgeom.models.hf.downloads`) against the tests' stand-in hub and its faults:
+folders repgeom owns and only those deleted, one retry policy for every hub call, resumed
+partial files, the errors that say what to do, weights hashes, complete caches, Ctrl-C."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+from email.utils import formatdate
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub.constants
+import pytest
+from cli_runs import PYTHON, subprocess_env
+from hub_server import FakeHub, Fault
+
+from repgeom.models import revisions
+from repgeom.models.hf import downloads
+from repgeom.models.hf.downloads import (
+    DOWNLOADS,
+    MARKER,
+    DownloadError,
+    HubAccessError,
+    RevisionUnavailable,
+    clear_leftovers,
+    download_dir,
+    fetch_revision,
+    release,
+)
+from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
+from repgeom.probes.trajectory import Step, Trajectory
+
+REPO = "org/steps"
+WEIGHTS_BYTES = 300_000
+
+
+def _revision(folder: Path, seed: int, *, weights: str | None = "safetensors",
+              shards: int = 1) -> Path:
+    """A revision's files: a config and random weights (one file, shards with an index, or a
+    ``.bin``; none for a config-only branch). The tests here never load them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "seed": seed}))
+    blob = hashlib.sha256(str(seed).encode()).digest() * (WEIGHTS_BYTES // 32 + 1)
+    blob = blob[:WEIGHTS_BYTES]
+    if weights == "safetensors" and shards == 1:
+        (folder / "model.safetensors").write_bytes(blob)
+    elif weights == "safetensors":
+        names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+        for i, name in enumerate(names):
+            (folder / name).write_bytes(blob[i::shards])
+        index = {"metadata": {}, "weight_map": {f"w{i}": n for i, n in enumerate(names)}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif weights == "bin":
+        (folder / "pytorch_model.bin").write_bytes(blob)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> dict[str, Path]:
+    """step10..step40 with their own weights, step50 serving step40's (one folder), step60
+    config only."""
+    root = tmp_path_factory.mktemp("repo")
+    folders = {f"step{s}": _revision(root / f"step{s}", s) for s in (10, 20, 30, 40)}
+    folders["step50"] = folders["step40"]
+    folders["step60"] = _revision(root / "step60", 60, weights=None)
+    return folders
+
+
+@pytest.fixture
+def use(monkeypatch, tmp_path):
+    """`use(hub)`: point huggingface_hub (in this process) at `hub`, with an empty cache."""
+
+    def point(hub: FakeHub) -> FakeHub:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        return hub
+
+    return point
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fetch(revision: str, work: Path, **options) -> downloads.RevisionFiles:
+    options = {"owner": work.parent / "out", "first_wait_s": 0.01, "say": lambda m: None,
+               **options}
+    return fetch_revision(REPO, revision, work, **options)
+
+
+def _hf_subject(revision: str, step: int) -> SimpleNamespace:
+    return SimpleNamespace(name=REPO, revision=revision, step=step, source="hf",
+                           reference=False, model=REPO, stack=None, path="")
+
+
+# ---------------------------------------------------------------------------------------------
+# Ownership
+
+
+@pytest.mark.parametrize("where", ["folder", "cwd"])
+def test_a_users_files_a_git_repository_and_the_cwd_survive(where, repo, use, tmp_path,
+                                                             monkeypatch) -> None:
+    """`work_dir=` names the user's folder (or ``.``): a kill left a download behind, the rerun
+    clears it and probes: only repgeom's marked folder goes, never ``mydata/``, ``.git/``, a
+    folder the user named like a revision, nor the cwd (today's clean-up deleted all four)."""
+    user = tmp_path / "mine"
+    for path in ("mydata/table.csv", ".git/HEAD", "step20/notes.txt", "step99/notes.txt"):
+        (user / path).parent.mkdir(parents=True, exist_ok=True)
+        (user / path).write_text("the user's")
+    if where == "cwd":
+        monkeypatch.chdir(user)
+    work = Path(".") if where == "cwd" else user
+    out = tmp_path / "out"
+    trajectory = Trajectory(request=None, device=None, output_dir=out, work_dir=work)
+    with use(FakeHub(REPO, repo)):
+        left = trajectory._fetch(Step([_hf_subject("step10", 10)]))  # then killed
+        left.lock.close()
+        trajectory._clear_leftovers([Step([_hf_subject("step20", 20)])])
+        assert not left.path.exists()  # this run's leftover, not to be probed again: deleted
+        files = trajectory._fetch(Step([_hf_subject("step20", 20)]))
+        assert files.owned and (files.path / MARKER).is_file()
+        release(files)
+    assert os.getcwd() and Path.cwd().exists()
+    kept = sorted(str(p.relative_to(user)) for p in user.rglob("*") if p.is_file())
+    assert kept == [".git/HEAD", "mydata/table.csv", "step20/notes.txt", "step99/notes.txt"]
+    assert not (user / DOWNLOADS).exists()  # repgeom's own folder goes once empty
+
+
+def test_the_clean_up_deletes_only_this_runs_unlocked_marked_leftovers(repo, use,
+                                                                       tmp_path) -> None:
+    work = tmp_path / "work"
+    with use(FakeHub(REPO, repo)):
+        mine = {r: _fetch(r, work, owner=tmp_path / "a") for r in ("step10", "step20", "step30")}
+        theirs = _fetch("step10", work, owner=tmp_path / "b")
+    for files in (mine["step10"], mine["step20"], theirs):
+        files.lock.close()  # their processes were killed; step30's is still running
+    unmarked = download_dir(work, tmp_path / "a", REPO, "step40")
+    unmarked.mkdir(parents=True)  # no marker: not known to be repgeom's
+    deleted = clear_leftovers(work, tmp_path / "a", keep=[(REPO, "step20")])
+    assert deleted == [mine["step10"].path]
+    assert mine["step20"].path.is_dir()  # still to probe: its files resume
+    assert mine["step30"].path.is_dir()  # locked by a live process
+    assert theirs.path.is_dir() and unmarked.is_dir()  # another run's; not marked
+    assert theirs.path != mine["step10"].path
+    mine["step30"].lock.close()
+
+
+def test_two_jobs_on_one_work_dir_never_touch_each_others_folders(repo, use, tmp_path) -> None:
+    """Two runs (say two shards) download the same revisions into one `work_dir` at once, and
+    each clears its leftovers while the other downloads: both end with whole, checked files."""
+    work, results, errors = tmp_path / "work", {}, []
+
+    def job(name: str) -> None:
+        try:
+            out = tmp_path / name
+            for revision in ("step10", "step20", "step30"):
+                clear_leftovers(work, out, keep=[(REPO, revision)])
+                files = _fetch(revision, work, owner=out)
+                results[name, revision] = (files.path, _sha256(files.path / "model.safetensors"))
+                release(files)
+        except Exception as error:  # noqa: BLE001 - reported by the main thread
+            errors.append(error)
+
+    with use(FakeHub(REPO, repo, bytes_per_second=2_000_000)):  # slow enough to overlap
+        threads = [threading.Thread(target=job, args=(n,)) for n in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert not errors, errors
+    for revision in ("step10", "step20", "step30"):
+        assert results["a", revision][0] != results["b", revision][0]
+        assert results["a", revision][1] == results["b", revision][1] == _sha256(
+            repo[revision] / "model.safetensors")
+
+
+def test_the_same_revision_of_the_same_run_twice_at_once_is_refused(repo, use, tmp_path) -> None:
+    with use(FakeHub(REPO, repo)):
+        first = _fetch("step10", tmp_path / "work")
+        with pytest.raises(DownloadError, match="in use by another repgeom process"):
+            _fetch("step10", tmp_path / "work")
+        release(first)
+
+
+@pytest.mark.slow  # two processes
+def test_a_kill_during_a_download_then_the_rerun_resumes(repo, use, tmp_path) -> None:
+    """kill -9 mid-file: the partial file stays and the rerun asks for the rest only (a Range
+    request), so no byte is sent twice."""
+    work = tmp_path / "work"
+    code = textwrap.dedent(f"""
+        from repgeom.models.hf.downloads import fetch_revision
+        fetch_revision({REPO!r}, "step10", {str(work)!r}, owner={str(tmp_path / "out")!r})
+    """)
+    with FakeHub(REPO, repo, bytes_per_second=100_000) as hub:  # 3 s for the weights
+        env = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+        env.pop("HF_HUB_OFFLINE", None)
+        process = subprocess.Popen([PYTHON, "-c", code], env=env)
+        part = download_dir(work, tmp_path / "out", REPO, "step10") / "model.safetensors.incomplete"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not part.exists() or part.stat().st_size < 50_000):
+            time.sleep(0.05)
+        process.kill()
+        process.wait()
+        had = part.stat().st_size
+        assert 0 < had < WEIGHTS_BYTES
+        use(hub)
+        files = _fetch("step10", work)
+        ranges = [r.range_start for r, status, _ in hub.served if r.kind == "file"
+                  and r.filename == "model.safetensors" and status == 206]
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step10"] / "model.safetensors")
+    assert ranges and ranges[0] >= had  # resumed where the killed process stopped
+    weights_sent = sum(n for r, _, n in hub.served if r.filename == "model.safetensors")
+    assert weights_sent <= WEIGHTS_BYTES + (1 << 16)  # at most the last write before the kill
+    release(files)
+
+
+# ---------------------------------------------------------------------------------------------
+# One retry policy
+
+
+def test_429_waits_for_retry_after_on_the_api_and_on_files(repo, use, tmp_path) -> None:
+    said: list[str] = []
+    faults = [Fault(on="info", status=429, retry_after="1"),
+              Fault(on="file", status=429, retry_after=formatdate(time.time() + 5, usegmt=True),
+                    filename="model.safetensors")]  # a date: about 3 s after the first wait
+    with use(FakeHub(REPO, repo, faults=faults)) as hub:
+        started = time.monotonic()
+        files = _fetch("step10", tmp_path / "work", say=said.append)
+        took = time.monotonic() - started
+    assert said[0].startswith("waiting 1.0 s: HTTP 429 from ")
+    assert said[0].endswith("/api/models/org/steps/revision/step10 (try 1, 15 min of 15 left)")
+    second = float(said[1].split()[1])  # the date's seconds, less those spent since
+    assert 2 <= second <= 5 and "HTTP 429" in said[1] and "try 2" in said[1]
+    assert took >= 1 + second - 0.05  # the wait is shown to 0.1 s
+    assert [s for _, s, _ in hub.served].count(429) == 2
+    assert files.weights == {"model.safetensors": _sha256(repo["step10"] / "model.safetensors")}
+    release(files)
+
+
+def test_5xx_on_the_listing_and_on_the_file_list_are_retried(repo, use, tmp_path) -> None:
+    said: list[str] = []
+    faults = [Fault(on="refs", status=500, times=2), Fault(on="info", status=503, times=2)]
+    with use(FakeHub(REPO, repo, faults=faults)) as hub:
+        refs = revisions.list_refs(REPO, retry=Retrier(first_wait_s=0.01, say=said.append))
+        files = _fetch("step20", tmp_path / "work", say=said.append)
+    assert "step20" in refs.branches
+    assert [s for r, s, _ in hub.served if r.kind == "refs"] == [500, 500, 200]
+    assert [s for r, s, _ in hub.served if r.kind == "info"] == [503, 503, 200]
+    assert len(said) == 4 and all("HTTP 50" in m for m in said)
+    release(files)
+
+
+def test_a_429_on_the_listing_waits_then_lists(repo, use) -> None:
+    said: list[str] = []
+    with use(FakeHub(REPO, repo, faults=[Fault(on="refs", status=429, retry_after="1")])):
+        refs = revisions.list_refs(REPO, retry=Retrier(first_wait_s=0.01, say=said.append))
+    assert "step10" in refs.branches and said[0].startswith("waiting 1.0 s: HTTP 429")
+
+
+def test_a_connection_cut_mid_file_resumes_where_it_stopped(repo, use, tmp_path) -> None:
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000, times=2)
+    with use(FakeHub(REPO, repo, faults=[cut])) as hub:
+        files = _fetch("step30", tmp_path / "work")
+    served = [(r.range_start, status, n) for r, status, n in hub.served
+              if r.filename == "model.safetensors"]
+    assert served == [(0, 200, 100_000), (100_000, 206, 100_000), (200_000, 206, 100_000)]
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step30"] / "model.safetensors")
+    assert files.bytes == sum(p.stat().st_size for p in repo["step30"].iterdir())
+    release(files)
+
+
+def test_the_budget_bounds_the_tries_and_the_partial_file_is_kept(repo, use, tmp_path) -> None:
+    """Always cut, always 500 after: the budget ends it; the message says the partial file is
+    kept and the same command resumes; a rerun against a healthy hub finishes it."""
+    work = tmp_path / "work"
+    faults = [Fault(on="file", filename="model.safetensors", cut_after=50_000),
+              Fault(on="file", filename="model.safetensors", status=500, times=float("inf"))]
+    with use(FakeHub(REPO, repo, faults=faults)) as hub:
+        with pytest.raises(DownloadError) as raised:
+            _fetch("step40", work, retry_budget_s=0.5, first_wait_s=0.05)
+        tries = sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors")
+    message = str(raised.value)
+    assert "HTTP 500" in message and "partial files are kept" in message
+    assert "the same command resumes" in message and "retry_budget_s=" in message
+    assert 3 <= tries <= 1 + 0.5 / (0.05 * 0.5) + 1  # each wait at least half the first one
+    part = download_dir(work, tmp_path / "out", REPO, "step40") / "model.safetensors.incomplete"
+    assert part.stat().st_size == 50_000
+    with use(FakeHub(REPO, repo)) as hub:
+        files = _fetch("step40", work)
+    assert hub.bytes_sent <= WEIGHTS_BYTES - 50_000 + 1000  # the rest, and the config
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step40"] / "model.safetensors")
+    release(files)
+
+
+def test_a_wait_longer_than_the_budget_fails_at_once(repo, use, tmp_path) -> None:
+    with use(FakeHub(REPO, repo, faults=[Fault(on="info", status=429, retry_after="3600")])):
+        started = time.monotonic()
+        with pytest.raises(DownloadError, match="asks to wait 3600 s, more than"):
+            _fetch("step10", tmp_path / "work", retry_budget_s=60)
+    assert time.monotonic() - started < 10
+
+
+def test_an_error_without_a_message_is_named_by_its_type() -> None:
+    """``str(error).splitlines()[0]`` raised IndexError on these in the error path."""
+    assert describe(ConnectionError()) == "ConnectionError"
+    with pytest.raises(RetriesExhausted, match=r"\(ConnectionError\)"):
+        Retrier(budget_s=0, say=lambda m: None).failed(ConnectionError(), "a try")
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    assert retry_after({"Retry-After": "120"}) == 120
+    later = retry_after({"Retry-After": formatdate(time.time() + 90, usegmt=True)})
+    assert 85 <= later <= 91
+    assert retry_after({"ratelimit": '"api";r=0;t=55'}) == 55
+    assert retry_after({}) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults that no retry mends
+
+
+def test_a_config_only_branch_and_a_missing_revision_are_unavailable(repo, use, tmp_path) -> None:
+    with use(FakeHub(REPO, repo)) as hub:
+        with pytest.raises(RevisionUnavailable, match="step60 of org/steps has no weights file"):
+            _fetch("step60", tmp_path / "work")
+        with pytest.raises(RevisionUnavailable, match="no such revision"):
+            _fetch("step70", tmp_path / "work")
+    assert not any(r.kind == "file" for r, _, _ in hub.served)
+    assert not (tmp_path / "work").exists()  # nothing made for a revision that cannot be probed
+
+
+def test_a_file_that_404s_makes_the_revision_unavailable_without_retries(repo, use,
+                                                                        tmp_path) -> None:
+    with use(FakeHub(REPO, repo, faults=[Fault(on="file", status=404)])) as hub:
+        with pytest.raises(RevisionUnavailable, match="HTTP 404"):
+            _fetch("step10", tmp_path / "work")
+    assert sum(1 for r, _, _ in hub.served if r.kind == "file") == 1
+
+
+@pytest.mark.parametrize("token", [None, "hf_fake"])
+def test_a_gated_repository_names_the_token_and_the_licence_page(token, repo, use, tmp_path,
+                                                                monkeypatch) -> None:
+    with use(FakeHub(REPO, repo, gated=True)) as hub:
+        if token:
+            monkeypatch.setenv("HF_TOKEN", token)
+        with pytest.raises(HubAccessError) as raised:
+            _fetch("step10", tmp_path / "work")
+    message = str(raised.value)
+    assert f"HTTP {403 if token else 401}" in message
+    assert "HF_TOKEN" in message and "hf auth login" in message
+    assert f"https://huggingface.co/{REPO}" in message
+    assert sum(1 for r, _, _ in hub.served if r.kind == "file") == 1  # not retried
+
+
+def test_a_full_disk_is_not_retried_and_names_work_dir(repo, use, tmp_path, monkeypatch) -> None:
+    usage = SimpleNamespace(total=10**9, used=10**9 - 1000, free=1000)
+    monkeypatch.setattr(downloads.shutil, "disk_usage", lambda path: usage)
+    with use(FakeHub(REPO, repo)) as hub:
+        with pytest.raises(OSError) as raised:
+            _fetch("step10", tmp_path / "work")
+    assert raised.value.errno == errno.ENOSPC and "work_dir=" in str(raised.value)
+    assert not any(r.kind == "file" for r, _, _ in hub.served)
+
+
+def test_a_quota_hit_while_writing_is_not_retried(repo, use, tmp_path, monkeypatch) -> None:
+    real_open = open
+
+    def over_quota(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".incomplete") and "a" in mode:
+            raise OSError(errno.EDQUOT, "Disk quota exceeded")
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", over_quota)
+    with use(FakeHub(REPO, repo)) as hub:
+        with pytest.raises(OSError) as raised:
+            _fetch("step10", tmp_path / "work")
+    assert raised.value.errno == errno.EDQUOT and "over its quota" in str(raised.value)
+    assert "work_dir=" in str(raised.value)
+    assert sum(1 for r, _, _ in hub.served if r.kind == "file") == 1  # not retried
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights identity, formats, caches
+
+
+def test_weights_hashes_tell_copies_from_steps(repo, use, tmp_path) -> None:
+    """step50 serves step40's weights (as 86 of Pythia-2.8b's branches serve the final
+    model's): same hash; hashes come from the hub's LFS metadata and equal the content's."""
+    with use(FakeHub(REPO, repo)):
+        got = {}
+        for revision in ("step30", "step40", "step50"):
+            files = _fetch(revision, tmp_path / "work")
+            got[revision] = files.weights
+            assert files.weights == {"model.safetensors": _sha256(files.path / "model.safetensors")}
+            release(files)
+    assert got["step40"] == got["step50"] != got["step30"]
+
+
+def test_sharded_safetensors_and_bin_only_repositories(use, tmp_path) -> None:
+    sharded = _revision(tmp_path / "sharded", 1, shards=3)
+    # The .bin format's index too (its shards are not fetched: one format is enough).
+    (sharded / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"weight_map": {"w": "pytorch_model-00001-of-00002.bin"}}))
+    binary = _revision(tmp_path / "binary", 2, weights="bin")
+    lacking = _revision(tmp_path / "lacking", 3, shards=2)
+    (lacking / "model-00002-of-00002.safetensors").unlink()  # named by its index, not served
+    with use(FakeHub(REPO, {"step1": sharded, "step2": binary, "step3": lacking})):
+        with pytest.raises(RevisionUnavailable, match="model-00002-of-00002.safetensors"):
+            _fetch("step3", tmp_path / "work")
+        files = _fetch("step1", tmp_path / "work")
+        shards = sorted(p.name for p in files.path.glob("*.safetensors"))
+        assert sorted(files.weights) == shards and len(shards) == 3
+        assert all(files.weights[s] == _sha256(sharded / s) for s in shards)
+        release(files)
+        files = _fetch("step2", tmp_path / "work")
+        assert files.weights == {"pytorch_model.bin": _sha256(binary / "pytorch_model.bin")}
+        release(files)
+
+
+def test_a_cache_holding_one_shard_of_three_is_not_used(use, tmp_path) -> None:
+    sharded = _revision(tmp_path / "sharded", 1, shards=3)
+    with use(FakeHub(REPO, {"step1": sharded})) as hub:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(REPO, revision="step1", allow_patterns=[
+            "config.json", "*.index.json", "model-00001-of-00003.safetensors"])
+        files = _fetch("step1", tmp_path / "work")
+        assert files.owned  # downloaded: the cache lacks two shards
+        release(files)
+        snapshot_download(REPO, revision="step1")  # now the cache has all three
+        sent = hub.bytes_sent
+        files = _fetch("step1", tmp_path / "work")
+        assert not files.owned and hub.bytes_sent == sent
+        assert files.weights == {s.name: _sha256(s) for s in sharded.glob("*.safetensors")}
+
+
+def test_a_local_folder_is_hashed(tmp_path) -> None:
+    folder = _revision(tmp_path / "local", 3)
+    files = fetch_revision(str(folder), None, tmp_path / "work")
+    assert not files.owned
+    assert files.weights == {"model.safetensors": _sha256(folder / "model.safetensors")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C
+
+
+@pytest.mark.slow  # a subprocess
+def test_ctrl_c_during_a_download_exits_within_5_s(repo, tmp_path) -> None:
+    """The trajectory loop waits for a revision that downloads for minutes; SIGINT ends the
+    process within 5 s (the thread pool joined the download before), and the partial file stays
+    for the next run."""
+    out = tmp_path / "out"
+    code = textwrap.dedent(f"""
+        from types import SimpleNamespace
+        from pathlib import Path
+        from repgeom.probes.trajectory import Trajectory
+        subject = SimpleNamespace(name={REPO!r}, revision="step10", step=10, source="hf",
+                                  reference=False, model={REPO!r}, stack=None, path="")
+        Trajectory(request=None, device=None, output_dir=Path({str(out)!r})).run([subject])
+    """)
+    with FakeHub(REPO, repo, bytes_per_second=2_000) as hub:  # 150 s for the weights
+        env = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+        env.pop("HF_HUB_OFFLINE", None)
+        process = subprocess.Popen([PYTHON, "-c", code], env=env, stderr=subprocess.PIPE,
+                                   text=True)
+        part = download_dir(out / "work", out, REPO, "step10") / "model.safetensors.incomplete"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (part.exists() and part.stat().st_size):
+            time.sleep(0.05)
+        assert part.exists(), process.stderr.read() if process.poll() is not None else ""
+        process.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        took = time.monotonic() - sent
+    assert took < 5, f"{took:.1f} s"
+    assert process.returncode != 0 and "KeyboardInterrupt" in stderr
+    assert part.stat().st_size > 0  # kept: the next run resumes it
+
+
+# ---------------------------------------------------------------------------------------------
+# As a user runs it
+
+
+@pytest.mark.slow  # probe.py against the stand-in hub
+def test_probe_py_rides_out_the_hubs_faults_in_a_users_work_dir(tiny_hf_folder, tiny_text,
+                                                                tmp_path) -> None:
+    """``work_dir=`` a folder of the user's, and a hub that answers 500 to the listing, 429 to
+    a file list and cuts a download: every revision is probed, the console says why it waited,
+    and the user's files (and a folder named like a revision) are still there."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes import table
+
+    folders = {f"step{s}": tiny_hf_folder("gpt2") for s in (10, 20, 30)}
+    user = tmp_path / "mine"
+    for path in ("mydata/table.csv", ".git/HEAD", "step20/notes.txt"):
+        (user / path).parent.mkdir(parents=True, exist_ok=True)
+        (user / path).write_text("the user's")
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    out = tmp_path / "out"
+    faults = [Fault(on="refs", status=500),  # step20: not one a first look at the model reads
+              Fault(on="info", status=429, retry_after="1", revision="step20"),
+              Fault(on="file", filename="model.safetensors", cut_after=1000, revision="step20")]
+    with FakeHub(REPO, folders, faults=faults) as hub:
+        done = run_probe_py(
+            [f"hf={REPO}", "hf_revisions=all", f"text_file={text}", "window=32", "n_states=64",
+             "settings.state_batch_size=64", "settings.max_order=8",
+             "settings.distributions=false", "metrics=[anisotropy]", "plot_metrics=[]",
+             "device=cpu", f"work_dir={user}", f"hydra.run.dir={out}"],
+            HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(table.read_table(out)["step"].unique()) == [10, 20, 30]
+    size = (Path(folders["step20"]) / "model.safetensors").stat().st_size
+    waits = [line for line in done.stderr.splitlines() if line.startswith("waiting ")]
+    assert len(waits) == 3, done.stderr[-3000:]
+    assert "HTTP 500" in waits[0] and "HTTP 429" in waits[1] and "peer closed" in waits[2]
+    assert [n for r, _, n in hub.served if r.filename == "model.safetensors"
+            and r.revision == "step20"] == [1000, size - 1000]  # resumed, nothing sent twice
+    kept = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
+    assert kept == [".git", ".git/HEAD", "mydata", "mydata/table.csv", "step20",
+                    "step20/notes.txt"]
