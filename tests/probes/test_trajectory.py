@@ -4,6 +4,7 @@ downloads, flat memory, per-revision costs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -89,6 +90,26 @@ def test_revisions_stream_through_a_working_folder(uninterrupted, folders) -> No
     assert sorted(costs.index) == list(STEPS)
     assert costs.loc[10, "download_bytes"] == 0 and (costs.loc[20:, "download_bytes"] > 0).all()
     assert (costs[["load_s", "forward_s", "metrics_s"]] > 0).all().all()
+
+
+def test_revisions_serving_the_same_weights_are_named_and_marked(uninterrupted,
+                                                                 folders) -> None:
+    """Each revision's weights sha256 (the cached step10 hashed from its file, the others by the
+    hub's LFS sha256) is recorded; revisions whose weights equal a later one's are named as its
+    copies in probe_info.json and marked in the table. Expected: hashed here from the files."""
+    out = uninterrupted[0]
+    sha = {name: hashlib.sha256((Path(folder) / "model.safetensors").read_bytes()).hexdigest()
+           for name, folder in folders.items()}
+    costs = timings(out).set_index("revision")
+    assert {r: json.loads(w) for r, w in costs["weights_sha256"].items()} == {
+        r: {"model.safetensors": h} for r, h in sha.items()}
+    latest = {h: r for r, h in sha.items()}  # in step order: the last revision of each hash
+    expected = {r: latest[h] for r, h in sha.items() if latest[h] != r}
+    assert expected  # the stand-in serves the same weights under several names
+    info = json.loads((out / "probe_info.json").read_text())
+    assert info["weights_copies"] == expected
+    marked = table.read_table(out).groupby("revision")["weights_copy_of"].first()
+    assert marked.to_dict() == {r: expected.get(r, "") for r in folders}
 
 
 def test_memory_stays_flat(uninterrupted) -> None:
