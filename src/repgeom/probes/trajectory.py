@@ -3,9 +3,11 @@ memory, resumable after a kill.
 
 For each step (one revision or checkpoint; both stacks of an encoder-decoder model together):
 
-1. **files**: a hub revision's files come from the user's cache, or are downloaded into
-   ``<output_dir>/work/`` (`repgeom.models.hf.downloads`) while the step before is probed (one
-   background thread: at most two revisions' weights on disk), and are deleted once probed
+1. **files**: a hub revision's files come from the user's cache (when complete), or are
+   downloaded into a folder that repgeom creates and marks as this run's, inside
+   ``<output_dir>/work/`` or ``work_dir=`` (`repgeom.models.hf.downloads`: ownership, retries,
+   resumed partial files), while the step before is probed (one daemon thread: at most two
+   revisions' weights on disk, and Ctrl-C does not wait for it), and are deleted once probed
    (``keep_weights=true`` keeps them);
 2. **probe**: the target loads the model, draws its probe set and measures it;
 3. **rows**: its rows and, with pairwise metrics, each layer against the same layer of the final
