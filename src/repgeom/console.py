@@ -71,6 +71,10 @@ def format_warning(message, category, filename, lineno, line=None) -> str:
     return f"{category.__name__}: {message}{where}\n"
 
 
+HTTP_CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "urllib3")
+"""Loggers of the HTTP clients huggingface_hub uses, quieted to warnings."""
+
+
 def quiet_console() -> None:
     """Install the filters; safe to call any number of times.
 
@@ -83,6 +87,9 @@ def quiet_console() -> None:
       (`OWN_SUMMARY_NOTICE`).
     - The pytree FutureWarning (`PYTREE_DEPRECATION`).
     - Lightning's `srun` hint outside a SLURM job (`SRUN_HINT`).
+    - The HTTP clients' one line per request (``HTTP Request: GET ...``: `HTTP_CLIENT_LOGGERS`,
+      at INFO, which Hydra's job logging prints); the waits of the hub's retry policy say why
+      nothing moves instead (`repgeom.models.hf.hub_calls`).
     - Warnings are printed on one line each, without their source line (`format_warning`).
     W&B's "anonymous setting" warning is avoided where the logger is built
     (`drop_unset_wandb_anonymous`), not filtered; its end-of-run block ("Run history", "Run
@@ -90,6 +97,8 @@ def quiet_console() -> None:
     model summary without its FLOPs column is `repgeom.model_summary`.
     """
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
+    for client in HTTP_CLIENT_LOGGERS:  # one INFO line per request under Hydra's logging
+        logging.getLogger(client).setLevel(logging.WARNING)
     for name in _RANK_ZERO_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropPrefix) for f in logger.filters):

@@ -210,6 +210,7 @@ def test_a_revision_that_cannot_be_probed_is_skipped_and_named(folders, text_fil
     assert set(skipped) == {"step20", "step40"}
     assert "weights failed to load" in skipped["step40"]["reason"]
     assert "skipped step20:" in done.stdout and "Not probed (2)" in done.stdout
+    assert "HTTP Request:" not in done.stdout + done.stderr  # no line per request (console.py)
     info = json.loads((out / "probe_info.json").read_text())
     assert {s["revision"] for s in info["skipped"]} == {"step20", "step40"}
 
