@@ -104,3 +104,29 @@ def test_the_note_is_not_a_grouping_column() -> None:
             for layer, value, note in [(1, 2.0, ""), (2, np.nan, "copies: 60%"), (3, 4.0, "")]]
     means = aggregate.layer_means(table.rows_to_frame(rows))
     assert len(means) == 1 and means["value"].item() == pytest.approx(3.0)
+
+
+def test_every_run_with_the_profile_writes_the_scale_figures_and_phases_follow_the_plateau(
+        tmp_path) -> None:
+    from repgeom.probes import phases, plots
+
+    frames = []
+    g = torch.Generator().manual_seed(1)
+    # Three steps of a 3-D plane in R^16 under shrinking 16-D noise: the plateau's ID falls.
+    for step, noise in [(0, 0.5), (10, 0.05), (20, 0.01)]:
+        plane = torch.randn(1, 800, 3, generator=g) @ torch.randn(3, 16, generator=g)
+        hidden = [plane + noise * i * torch.randn(1, 800, 16, generator=g) for i in (1, 2)]
+        capture = Capture(hidden=hidden, queries=[], keys=[], attention=[], causal=True)
+        settings = ProbeSettings(metrics=["id_scales"], state_batch_size=400, max_order=8,
+                                 attention=False)
+        frames.append(pd.DataFrame(measure([capture], [], settings).rows).assign(step=step))
+    frame = table.rows_to_frame(pd.concat(frames))
+    names = {p.name for p in plots.save_figures(frame, tmp_path)}
+    assert {"id_vs_scale.png", "id_scale_heatmap.png", "vs_step_id_plateau.png"} <= names
+    assert not any(n.startswith(("heatmap_twonn_dec", "profile_gride_k8_scale")) for n in names)
+    # The training probe lists its figures: the scale figures come with the rows all the same.
+    listed = {p.name for p in plots.save_figures(frame, tmp_path / "b", metrics=["anisotropy"])}
+    assert {"id_vs_scale.png", "id_scale_heatmap.png"} <= listed
+    assert not plots.save_figures(frame, tmp_path / "c", metrics=[])
+    events = phases.find_phases(frame)
+    assert "id_plateau" in set(events["metric"])
