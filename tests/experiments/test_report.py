@@ -219,9 +219,9 @@ def test_findings_count_seeds_and_give_hand_computed_intervals(planted) -> None:
 def test_every_id_claim_is_stated_at_each_scale(planted, tmp_path: Path) -> None:
     _, _, every, _ = planted
     for masking in ("causal", "bidirectional"):
-        for scale, metric in (("smallest scale", "twonn"), ("plateau", "id_plateau"),
+        for scale, metric in (("the smallest scale", "twonn"), ("the plateau", "id_plateau"),
                               ("GRIDE k16", "gride_k16")):
-            finding = _finding(every, f"at the {scale} ", f"({metric})", f"({masking})")
+            finding = _finding(every, f"at {scale} (", f"({metric})", f"({masking})")
             # Runs probed before the scale profile: the plateau is "not measured", not a verdict.
             assert finding.measured == (metric != "id_plateau")
     missing = _finding(every, "(id_plateau)", "(causal)")

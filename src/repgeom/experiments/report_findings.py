@@ -171,8 +171,8 @@ def _near_duplicates(stacked: pd.DataFrame, step: int) -> pd.DataFrame:
 
 
 SCALES = {
-    "twonn": "smallest scale",
-    "id_plateau": "plateau",
+    "twonn": "the smallest scale",
+    "id_plateau": "the plateau",
     "gride_k16": "GRIDE k16",
 }
 """The scales at which every intrinsic-dimension claim is read (issue 28), in the report's order:
@@ -185,16 +185,16 @@ k16 the 8th and 16th neighbours."""
 def _scale_text(metric: str, batch) -> str:
     at = f"batches of {batch} states" if batch else "the probe's batches"
     return {
-        "twonn": f"TwoNN on {at}: the distance to the first two neighbours, the papers' reading",
+        "twonn": f"TwoNN on {at}, the distance to the first two neighbours: the papers' reading",
         "id_plateau": "the widest range of scales over which TwoNN by decimation and GRIDE "
-                      "k = 2..64 agree within their batch noise (`id_plateau`)",
-        "gride_k16": "GRIDE at neighbour order 16 (the 8th and 16th neighbours)",
+                      "k = 2..64 agree within their batch noise",
+        "gride_k16": "the 8th and 16th neighbours",
     }[metric]
 
 
 def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding | None:
     """"Rises, then falls" for masking `m` read at the scale of `metric` (`SCALES`)."""
-    claim = (f"at the {SCALES[metric]} ({_scale_text(metric, batch)}), the mean intrinsic "
+    claim = (f"at {SCALES[metric]} ({_scale_text(metric, batch)}), the mean intrinsic "
              f"dimension ({metric}) rises early in training, then falls ({m})")
     check = ("the mean over seeds of the layer mean (blocks 1..L) peaks strictly inside the "
              "run, and peak − start and peak − end both exceed the noise: their 95% "
@@ -354,7 +354,8 @@ def scale_lines(tables: dict[str, list[pd.DataFrame]], batch: int | None = None)
         values, _ = seeds.grid(stacked.loc[stacked["value"].notna()], layer_mean=True)
         if len(values):
             first, last = values.index[0], values.index[-1]
-            readings.append(f"{SCALES[metric]} {values.loc[first].mean():.1f} → "
+            readings.append(f"{SCALES[metric].removeprefix('the ')} "
+                            f"{values.loc[first].mean():.1f} → "
                             f"{values.loc[last].mean():.1f}")
     ours = (f" (here, the decoder's block mean from step {int(values.index[0])} to step "
             f"{int(values.index[-1])}: " + ", ".join(readings) + ")") if readings else ""
