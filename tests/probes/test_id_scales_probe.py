@@ -130,3 +130,13 @@ def test_every_run_with_the_profile_writes_the_scale_figures_and_phases_follow_t
     assert not plots.save_figures(frame, tmp_path / "c", metrics=[])
     events = phases.find_phases(frame)
     assert "id_plateau" in set(events["metric"])
+
+
+def test_a_layer_guarded_at_every_step_has_no_peak_in_the_wandb_summary() -> None:
+    from repgeom.probes import wandb_charts
+
+    rows = [dict(step=step, layer=layer, metric="twonn", value=value)
+            for step in (0, 10) for layer, value in ((0, math.nan), (1, 2.0 + step))]
+    summary = wandb_charts.summary(table.rows_to_frame(rows))
+    assert summary["probe_summary/twonn_peak_step/layer_01"] == 10
+    assert "probe_summary/twonn_peak_step/layer_00" not in summary
