@@ -145,15 +145,26 @@ def _guard(rows: list[tuple], share: float, limit: float) -> list[tuple]:
             for row in rows]
 
 
-def _id_search(X, settings):
-    return metrics.intrinsic_dimension(
-        X,
-        discard_fraction=settings.discard_fraction,
-        batch_size=min(settings.state_batch_size, X.shape[0]),
-        max_order=settings.max_order,
-        near_duplicate_threshold=settings.near_duplicate_threshold,
-        seed=settings.seed,
-    )
+_LAST_SEARCH: list = []
+"""(states, options, result) of the last `_id_search`: ``intrinsic_dimension`` runs before
+``id_scales`` on the same layer's tensor (catalogue order), which then reuses its neighbour
+search (and so reads GRIDE's scales from the very search of the ``gride_k`` rows) instead of
+repeating it. `_id_scales` empties it, so no layer's states outlive their entries."""
+
+
+def _id_search(X, settings, *, reuse: bool = False):
+    options = (settings.discard_fraction, min(settings.state_batch_size, X.shape[0]),
+               settings.max_order, settings.near_duplicate_threshold, settings.seed)
+    if reuse and _LAST_SEARCH and _LAST_SEARCH[0] is X and _LAST_SEARCH[1] == options:
+        result = _LAST_SEARCH[2]
+    else:
+        discard_fraction, batch_size, max_order, threshold, seed = options
+        result = metrics.intrinsic_dimension(
+            X, discard_fraction=discard_fraction, batch_size=batch_size, max_order=max_order,
+            near_duplicate_threshold=threshold, seed=seed,
+        )
+    _LAST_SEARCH[:] = [] if reuse else [X, options, result]
+    return result
 
 
 def _intrinsic_dimension(X, settings) -> list[tuple]:
@@ -195,7 +206,7 @@ def _id_scales(X, settings) -> list[tuple]:
     ``id_plateau_hi`` (its range of scales); NaN with the reason in ``note`` where there is no
     plateau or where copies exceed ``settings.max_copy_share``.
     """
-    result = _id_search(X, settings)
+    result = _id_search(X, settings, reuse=True)
     decimation = metrics.twonn_decimation(X, discard_fraction=settings.discard_fraction,
                                           seed=settings.seed)
     gride = result.gride

@@ -171,7 +171,7 @@ def find_phases(
         same trajectory (probed at the same steps). Tables with several models or runs (a
         ``model``/``run`` column) give each its own rows.
     metrics : list of str, optional
-        Default `PHASE_METRICS` (twonn, gride_k16), those present.
+        Default `PHASE_METRICS` (twonn, gride_k16, id_plateau), those present.
     level : float
         Coverage of the interval over seeds.
 
