@@ -33,6 +33,7 @@ import functools
 import importlib
 import math
 import re
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -146,16 +147,17 @@ def _guard(rows: list[tuple], share: float, limit: float) -> list[tuple]:
 
 
 _LAST_SEARCH: list = []
-"""(states, options, result) of the last `_id_search`: ``intrinsic_dimension`` runs before
+"""(weak reference to the states, options, result) of the last `_id_search`:
+``intrinsic_dimension`` runs before
 ``id_scales`` on the same layer's tensor (catalogue order), which then reuses its neighbour
 search (and so reads GRIDE's scales from the very search of the ``gride_k`` rows) instead of
-repeating it. `_id_scales` empties it, so no layer's states outlive their entries."""
+repeating it. The reference is weak, so the states are not kept alive by it."""
 
 
 def _id_search(X, settings, *, reuse: bool = False):
     options = (settings.discard_fraction, min(settings.state_batch_size, X.shape[0]),
                settings.max_order, settings.near_duplicate_threshold, settings.seed)
-    if reuse and _LAST_SEARCH and _LAST_SEARCH[0] is X and _LAST_SEARCH[1] == options:
+    if reuse and _LAST_SEARCH and _LAST_SEARCH[0]() is X and _LAST_SEARCH[1] == options:
         result = _LAST_SEARCH[2]
     else:
         discard_fraction, batch_size, max_order, threshold, seed = options
@@ -163,7 +165,7 @@ def _id_search(X, settings, *, reuse: bool = False):
             X, discard_fraction=discard_fraction, batch_size=batch_size, max_order=max_order,
             near_duplicate_threshold=threshold, seed=seed,
         )
-    _LAST_SEARCH[:] = [] if reuse else [X, options, result]
+    _LAST_SEARCH[:] = [] if reuse else [weakref.ref(X), options, result]
     return result
 
 
