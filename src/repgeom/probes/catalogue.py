@@ -313,8 +313,9 @@ BUILTIN: dict[str, Metric] = {
                 Output("near_duplicate_share", "Near-duplicate share", ()),
                 Output("copy_share", "Share of states that are copies or near-copies", ())),
                batched=False, switch="intrinsic_dimension"),
-        # Off in training (probe.py's `all`, and experiment=shape_of_learning): one more search
-        # per batch and the decimation, about as much as the entry above.
+        # Off in training (on in probe.py's `all` and experiment=shape_of_learning): the
+        # decimation of the whole layer costs 2-3 s per layer of 8192 x 128 states on the
+        # shared 2-core box, more than the entry above (whose search it reuses).
         Metric("id_scales", "states", _id_scales,
                (_id(r"twonn_dec(?P<j>\d+)", "Intrinsic dimension (TwoNN on N/2^{j} states)",
                     figures=()),
