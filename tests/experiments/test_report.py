@@ -44,7 +44,12 @@ COSINE_SLOPE = {"causal": 0.1, "bidirectional": -0.1}
 decoder's drift and cosine rise together (Spearman = Pearson = 1), the encoder's oppose (-1)."""
 
 
-def _rows(masking: str, k: int) -> list[dict]:
+PLATEAU = {"causal": (3.0, 12.0, 9.0, 8.0), "bidirectional": (3.0, 4.0, 5.0, 6.0)}
+"""Layer mean of the plateau's ID (`id_plateau`) where a sweep has it: the decoder rises and
+falls, the encoder only rises. Block 1 of the decoder at step 0 is guarded (NaN, a note)."""
+
+
+def _rows(masking: str, k: int, plateau: bool = False) -> list[dict]:
     o = OFFSETS[k]
     rows = []
     for i, step in enumerate(STEPS):
@@ -70,6 +75,11 @@ def _rows(masking: str, k: int) -> list[dict]:
             cosine = 0.5 + COSINE_SLOPE[masking] * layer + 0.01 * o if layer in BLOCKS else -9.0
             rows.append(dict(base, metric="drift_norm", value=drift))
             rows.append(dict(base, metric="mean_cosine", value=cosine))
+            if plateau and layer in BLOCKS:
+                guarded = masking == "causal" and step == 0 and layer == 1
+                value = math.nan if guarded else PLATEAU[masking][i] + spread + 0.1 * o
+                rows.append(dict(base, metric="id_plateau", value=value, std=0.1,
+                                 note="copies: 60% of the states" if guarded else ""))
             share = 0.3 if (masking == "causal" and step == 0 and layer == 1) else 0.0
             rows.append(dict(base, metric="near_duplicate_share", value=share))
             if layer in BLOCKS:
@@ -95,13 +105,13 @@ def _config(masking: str, seed: int) -> dict:
     }
 
 
-def make_sweep(folder: Path, *, hparams: bool = True) -> Path:
+def make_sweep(folder: Path, *, hparams: bool = True, plateau: bool = False) -> Path:
     """The layout `scripts/make_report.sh` reads: <masking>-seed<k>/ with probes/probes.parquet and
     .hydra/config.yaml, and (if `hparams`) the training run's csv/version_0/hparams.yaml."""
     for masking in ("causal", "bidirectional"):
         for k in range(len(OFFSETS)):
             run = folder / f"{masking}-seed{k}"
-            append_rows(probe_dir(run), _rows(masking, k))
+            append_rows(probe_dir(run), _rows(masking, k, plateau))
             (run / "probes" / "probes.csv").unlink()  # only the parquet is committed
             (run / ".hydra").mkdir(parents=True)
             (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(_config(masking, k)))
@@ -204,6 +214,30 @@ def test_findings_count_seeds_and_give_hand_computed_intervals(planted) -> None:
     # Its start is in a flagged layer (near-duplicate share 0.3 in block 1 at step 0).
     assert "TwoNN at step 0 reads layers the report flags as near-duplicates" in rise.observed
     assert "near-duplicates" not in _finding(every, "(twonn)", "(bidirectional)").observed
+
+
+def test_every_id_claim_is_stated_at_each_scale(planted, tmp_path: Path) -> None:
+    _, _, every, _ = planted
+    for masking in ("causal", "bidirectional"):
+        for scale, metric in (("the smallest scale", "twonn"), ("the plateau", "id_plateau"),
+                              ("GRIDE k16", "gride_k16")):
+            finding = _finding(every, f"at {scale} (", f"({metric})", f"({masking})")
+            # Runs probed before the scale profile: the plateau is "not measured", not a verdict.
+            assert finding.measured == (metric != "id_plateau")
+    missing = _finding(every, "(id_plateau)", "(causal)")
+    assert "**not measured**" in missing.markdown() and "id_scales" in missing.observed
+    # A sweep with the profile: the plateau's claim is decided like the others, the guarded
+    # block left out of the mean with the count said.
+    sweep = make_sweep(tmp_path / "sweep", plateau=True)
+    _, findings, _ = shape_of_learning(sweep, tmp_path / "figures")
+    every = {f.claim: f for f in findings["id"]}
+    causal = _finding(every, "(id_plateau)", "(causal)")
+    assert causal.measured and causal.agrees and "peak 12." in causal.observed
+    assert "3 of 48 (block, step, seed) readings are NaN" in causal.observed  # 1 per seed
+    encoder = _finding(every, "(id_plateau)", "(bidirectional)")
+    assert encoder.measured and not encoder.agrees  # a rise without a fall
+    text = report_module.id_scale_lines(sweep)[0]
+    assert "smallest-scale reading" in text and "plateau 3.0 → 8.0" in text
 
 
 def test_the_old_tiny_rise_no_longer_agrees(planted) -> None:

@@ -84,7 +84,11 @@ def assert_every_metric_every_layer(
         assert rows["layer"].tolist() == list(range(1, n_layers + 1)), metric
         assert (rows["head"] == -1).all(), metric
     finite = frame[frame["metric"].isin(STATE_METRICS | HEAD_METRICS | LAYER_QK_METRICS)]
-    assert np.isfinite(finite["value"]).all()
+    # A layer whose states are mostly copies (a tiny random model's embedding) has its
+    # intrinsic dimensions NaN, with the reason in `note` (ProbeSettings.max_copy_share).
+    guarded = finite["note"].str.startswith("copies: ") if "note" in finite else False
+    assert np.isfinite(finite.loc[~guarded, "value"]).all()
+    assert finite.loc[guarded, "metric"].isin(["twonn", "twonn_mle", "gride_k2", "gride_k8"]).all()
 
 
 @pytest.fixture(scope="module")
@@ -425,7 +429,9 @@ def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, train
     # The phases of the trajectory: phases.csv beside probes.csv, and in the W&B summary.
     events = phase_report.read_phases(tmp_path)
     pd.testing.assert_frame_equal(events, phases.find_phases(frame), check_exact=False)
-    assert set(events["metric"]) == {"twonn", "gride_k16"} and -1 in set(events["layer"])
+    # probe.py's `all` has the scale profile (id_scales): the plateau's phases too
+    assert set(events["metric"]) == {"twonn", "gride_k16", "id_plateau"}
+    assert -1 in set(events["layer"])
     summary = {k: v for r in wandb_records(result.wandb_dir, "summary") for k, v in
                r.get("update", {}).items()}
     assert "probe_summary/phases/twonn/mean/peak_step" in summary

@@ -42,6 +42,7 @@ from repgeom.experiments.report_sections import (
     distributions,
     drift_cosine,
     drift_cosine_lines,
+    id_scale_lines,
     included_markdown,
     markdown_table,
     setup_lines,
@@ -107,6 +108,8 @@ def render(args: argparse.Namespace) -> Path:
             lines += [finding.markdown() for finding in findings[key]] + [""]
             if key == "attention":
                 lines += [*drift_cosine_lines(sweep), ""]
+            if key == "id":
+                lines += [*id_scale_lines(sweep), ""]
             prefixes = {
                 "profile": ("anisotropy_",),
                 "id": ("twonn_", "gride_"),

@@ -37,6 +37,8 @@ class Finding:
     seeds_holding: int | None = None
     n_seeds: int | None = None
     unit: str = "seeds"
+    measured: bool = True
+    """False: the tables do not hold what the check needs (the verdict says "not measured")."""
 
     @property
     def count(self) -> str:
@@ -46,7 +48,8 @@ class Finding:
         return f"holds in {self.seeds_holding} of {self.n_seeds} {self.unit}"
 
     def markdown(self) -> str:
-        verdict = "**agrees**" if self.agrees else "**does not agree**"
+        verdict = ("**not measured**" if not self.measured
+                   else "**agrees**" if self.agrees else "**does not agree**")
         count = f"; {self.count}" if self.count else ""
         return (
             f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
@@ -167,48 +170,96 @@ def _near_duplicates(stacked: pd.DataFrame, step: int) -> pd.DataFrame:
     return rows.loc[rows["value"] > NEAR_DUPLICATE_FLAG]
 
 
+SCALES = {
+    "twonn": "the smallest scale",
+    "id_plateau": "the plateau",
+    "gride_k16": "GRIDE k16",
+}
+"""The scales at which every intrinsic-dimension claim is read (issue 28), in the report's order:
+TwoNN on the probe's batches reads the distance to the first two neighbours among a batch's
+states; the plateau (`repgeom.metrics.id_plateau`, rows of the ``id_scales`` entry) the widest
+range of scales over which TwoNN by decimation and GRIDE k = 2..64 agree within the noise; GRIDE
+k16 the 8th and 16th neighbours."""
+
+
+def _scale_text(metric: str, batch) -> str:
+    at = f"batches of {batch} states" if batch else "the probe's batches"
+    return {
+        "twonn": f"TwoNN on {at}, the distance to the first two neighbours: the papers' reading",
+        "id_plateau": "the widest range of scales over which TwoNN by decimation and GRIDE "
+                      "k = 2..64 agree within their batch noise",
+        "gride_k16": "the 8th and 16th neighbours",
+    }[metric]
+
+
+def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding | None:
+    """"Rises, then falls" for masking `m` read at the scale of `metric` (`SCALES`)."""
+    claim = (f"at {SCALES[metric]} ({_scale_text(metric, batch)}), the mean intrinsic "
+             f"dimension ({metric}) rises early in training, then falls ({m})")
+    check = ("the mean over seeds of the layer mean (blocks 1..L) peaks strictly inside the "
+             "run, and peak − start and peak − end both exceed the noise: their 95% "
+             "intervals over seeds exclude 0 and their means beat the batch std (root mean "
+             "square of the per-layer stds, combined in quadrature over the two points)")
+    if not all(metric in set(t["metric"]) for t in tables[m]):
+        if metric != "id_plateau":
+            return None
+        return Finding(claim, check, "not in these tables: the runs were probed before the scale "
+                       "profile existed (catalogue entry `id_scales`, issue 28); rerun `python "
+                       "train.py -m experiment=shape_of_learning`, whose preset computes it, and "
+                       "`scripts/make_report.sh`", False, measured=False)
+    stacked = seeds.per_seed(tables[m], metric)
+    gaps = ""
+    if stacked["value"].isna().any():  # no plateau, or a guarded layer: say how often
+        blocks = stacked.loc[(stacked["layer"] >= 1) & (stacked["layer_name"] != FINAL_NORM)]
+        missing = blocks.loc[blocks["value"].isna()]
+        gaps = (f"; {len(missing)} of {len(blocks)} (block, step, seed) readings are NaN (no "
+                "plateau, or copies above the guard: the table's note says which) and the layer "
+                "mean is over the other blocks")
+        stacked = stacked.loc[stacked["value"].notna()]
+    values, stds = seeds.grid(stacked, layer_mean=True)
+    values, stds = values.dropna(), stds.reindex(values.dropna().index)
+    if len(values) < 3:
+        return Finding(claim, check, f"{len(values)} steps with a finite layer mean in every seed"
+                       f"{gaps}: too few for a rise and a fall", False, measured=False)
+    rf = seeds.rise_then_fall(values, stds)
+    steps = [int(s) for s in values.index]
+    note = ""
+    if metric == "twonn" and m in shares:
+        flagged = _near_duplicates(shares[m], steps[0])
+        if not flagged.empty:
+            worst = flagged.loc[flagged["value"].idxmax()]
+            note = (
+                f". TwoNN at step {steps[0]} reads layers the report flags as "
+                f"near-duplicates: {len(flagged)} (block, seed) pairs above "
+                f"{NEAR_DUPLICATE_FLAG:.0%}, up to {worst['value']:.3f} "
+                f"(block {int(worst['layer'])}, {names[m][int(worst['seed'])]}), so its "
+                "start is not a dimension"
+            )
+    return Finding(
+        claim, check,
+        f"start {rf.mean[0]} (step {steps[0]}), peak {rf.mean[rf.peak]} at step "
+        f"{steps[rf.peak]}, end {rf.mean[-1]} (step {steps[-1]}); "
+        f"{rf.above_start.format()}, {rf.above_end.format()}{gaps}{note}",
+        rf.agrees, rf.seeds_holding, rf.n_seeds,
+    )
+
+
 def id_findings(
-    tables: dict[str, list[pd.DataFrame]], names: dict[str, list[str]], threshold: float | None
+    tables: dict[str, list[pd.DataFrame]], names: dict[str, list[str]], threshold: float | None,
+    batch: int | None = None,
 ) -> list[Finding]:
-    """The intrinsic dimension rises, then falls; and where TwoNN reads near-duplicates."""
+    """The intrinsic dimension rises, then falls, read at each scale (`SCALES`) per masking; and
+    where TwoNN reads near-duplicates."""
     out = []
     shares = {
         m: seeds.per_seed(tables[m], "near_duplicate_share")
         for m in MASKINGS if all("near_duplicate_share" in set(t["metric"]) for t in tables[m])
     }
-    for metric in ("twonn", "gride_k16"):
-        for m in MASKINGS:
-            if not all(metric in set(t["metric"]) for t in tables[m]):
-                continue
-            values, stds = seeds.grid(seeds.per_seed(tables[m], metric), layer_mean=True)
-            if len(values) < 3:
-                continue
-            rf = seeds.rise_then_fall(values, stds)
-            steps = [int(s) for s in values.index]
-            note = ""
-            if metric == "twonn" and m in shares:
-                flagged = _near_duplicates(shares[m], steps[0])
-                if not flagged.empty:
-                    worst = flagged.loc[flagged["value"].idxmax()]
-                    note = (
-                        f". TwoNN at step {steps[0]} reads layers the report flags as "
-                        f"near-duplicates: {len(flagged)} (block, seed) pairs above "
-                        f"{NEAR_DUPLICATE_FLAG:.0%}, up to {worst['value']:.3f} "
-                        f"(block {int(worst['layer'])}, {names[m][int(worst['seed'])]}), so its "
-                        "start is not a dimension"
-                    )
-            out.append(Finding(
-                f"the mean intrinsic dimension ({metric}) rises early in training, then falls "
-                f"({m})",
-                "the mean over seeds of the layer mean (blocks 1..L) peaks strictly inside the "
-                "run, and peak − start and peak − end both exceed the noise: their 95% "
-                "intervals over seeds exclude 0 and their means beat the batch std (root mean "
-                "square of the per-layer stds, combined in quadrature over the two points)",
-                f"start {rf.mean[0]} (step {steps[0]}), peak {rf.mean[rf.peak]} at step "
-                f"{steps[rf.peak]}, end {rf.mean[-1]} (step {steps[-1]}); "
-                f"{rf.above_start.format()}, {rf.above_end.format()}{note}",
-                rf.agrees, rf.seeds_holding, rf.n_seeds,
-            ))
+    for m in MASKINGS:
+        for metric in SCALES:
+            finding = _rise_then_fall_finding(tables, names, m, metric, shares, batch)
+            if finding is not None:
+                out.append(finding)
     if shares:
         per_run, flagged_runs = [], []
         for m, stacked in shares.items():
@@ -289,3 +340,31 @@ def attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int])
             positive.holds and negative.holds, _count([positive, negative]), n[m],
         ))
     return out
+
+
+def scale_lines(tables: dict[str, list[pd.DataFrame]], batch: int | None = None) -> list[str]:
+    """Two sentences on which scale the papers' TwoNN reads and what that means for comparing,
+    with the decoder's block-mean readings at the first and last probe (mean over seeds)."""
+    at = f"batches of {batch} states" if batch else "batches of at least 4096 states"
+    readings = []
+    for metric in SCALES:
+        if not all(metric in set(t["metric"]) for t in tables["causal"]):
+            continue
+        stacked = seeds.per_seed(tables["causal"], metric)
+        values, _ = seeds.grid(stacked.loc[stacked["value"].notna()], layer_mean=True)
+        if len(values):
+            first, last = values.index[0], values.index[-1]
+            readings.append(f"{SCALES[metric].removeprefix('the ')} "
+                            f"{values.loc[first].mean():.1f} → "
+                            f"{values.loc[last].mean():.1f}")
+    ours = (f" (here, the decoder's block mean from step {int(values.index[0])} to step "
+            f"{int(values.index[-1])}: " + ", ".join(readings) + ")") if readings else ""
+    return [
+        f"**Which scale the papers read.** Razzhigaev et al. (2023, §2.2) fit TwoNN (Facco et al. "
+        f"2017) on shuffled {at}, so their intrinsic dimension is our smallest-scale reading "
+        "(`twonn`): the geometry at the distance of each state's first two neighbours in a "
+        "batch, not the plateau where Facco et al. read a dimension. A number of ours compared "
+        "with theirs must therefore be the smallest-scale one, and a claim that holds there but "
+        "not at the plateau or at GRIDE k16 is a statement about the nearest-neighbour scale, "
+        f"not about the dimension of the states' manifold{ours}.",
+    ]

@@ -18,6 +18,7 @@ from repgeom.experiments.report_findings import (
     attention_findings,
     id_findings,
     profile_findings,
+    scale_lines,
 )
 from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
 from repgeom.probes import plots
@@ -80,6 +81,15 @@ def drift_cosine(sweep: Path) -> pd.DataFrame:
     result = pd.DataFrame.from_dict(out, orient="index")
     result.index.name = "masking"
     return result
+
+
+def id_scale_lines(sweep: Path) -> list[str]:
+    """The two sentences of experiment 2 on which scale the papers' TwoNN reads
+    (`report_findings.scale_lines`), from the sweep's tables."""
+    runs = find_runs(sweep)
+    tables = {m: [read_table(r.path) for r in runs[m]] for m in MASKINGS}
+    batch = run_facts({m: runs[m] for m in MASKINGS})["causal"].get("state_batch")
+    return scale_lines(tables, batch)
 
 
 def drift_cosine_lines(sweep: Path) -> list[str]:
@@ -145,7 +155,7 @@ def shape_of_learning(
     threshold = facts["causal"]["near_duplicate_threshold"]
     findings = {
         "profile": profile_findings(tables, n),
-        "id": id_findings(tables, names, threshold),
+        "id": id_findings(tables, names, threshold, facts["causal"].get("state_batch")),
         "attention": attention_findings(tables, n),
     }
     return images, findings, facts

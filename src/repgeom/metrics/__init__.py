@@ -14,6 +14,8 @@ Modules:
 - ``linearity``: Procrustes linearity score of two paired state sets (Razzhigaev et al. 2024).
 - ``intrinsic_dimension``: TwoNN, GRIDE, Levina-Bickel MLE, near-duplicate share, from one
   exact kNN search per batch (``neighbors``).
+- ``id_scales``: the intrinsic dimension against scale, TwoNN by decimation (Facco et al.) and
+  the plateau of a profile.
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
   mutual-kNN alignment (Huh et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
@@ -38,6 +40,7 @@ from .cosine import (
 )
 from .distributions import FAMILIES, DistributionResult, activation_distribution
 from .drift import DriftResult, drift
+from .id_scales import PlateauResult, TwoNNDecimationResult, id_plateau, twonn_decimation
 from .intrinsic_dimension import (
     GrideResult,
     IntrinsicDimensionResult,
@@ -79,6 +82,10 @@ __all__ = [
     "near_duplicate_share",
     "intrinsic_dimension",
     "IntrinsicDimensionResult",
+    "twonn_decimation",
+    "TwoNNDecimationResult",
+    "id_plateau",
+    "PlateauResult",
     "attention_entropy",
     "AttentionResult",
     "qk_alignment",

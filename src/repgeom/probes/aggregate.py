@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.probes.table import COLUMNS, FINAL_NORM, PAIR_COLUMNS, key_index, rows_to_frame
+from repgeom.probes.table import (
+    COLUMNS,
+    FINAL_NORM,
+    NOTE,
+    PAIR_COLUMNS,
+    key_index,
+    rows_to_frame,
+)
 
 
 def is_pairwise(frame: pd.DataFrame) -> bool:
@@ -42,8 +49,9 @@ def single_set(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def extra_columns(frame: pd.DataFrame) -> list[str]:
-    """The columns of `frame` beyond the six standard ones (``model``, ``revision``, ...)."""
-    return [c for c in frame.columns if c not in COLUMNS]
+    """The columns of `frame` beyond the standard ones (``model``, ``revision``, ...) that name a
+    set of rows; the ``note`` column (why a value is NaN) is not one."""
+    return [c for c in frame.columns if c not in COLUMNS and c != NOTE]
 
 
 def head_means(frame: pd.DataFrame) -> pd.DataFrame:

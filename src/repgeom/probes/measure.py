@@ -65,6 +65,12 @@ class ProbeSettings:
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = 5000
     seed: int = 0
+    max_copy_share: float = 0.5
+    """Above this share of a layer's states that are copies or near-copies (exact duplicates
+    plus the near-duplicate share's points, of all states), every intrinsic-dimension reading of
+    the layer (TwoNN, its MLE, the authors' convention, GRIDE, the MLE, decimation, the plateau)
+    is NaN, with the reason in the table's ``note`` column: the estimators read the jitter
+    inside the clumps there (the char embedding at step 0 reads 192 under the authors' fit)."""
     twonn_convention: str = "facco"
     """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
     ``llm_microscope``: as the Shape of Learning authors' code does
@@ -80,6 +86,8 @@ class ProbeSettings:
         for name in ("discard_fraction", "near_duplicate_threshold", "cosine_baseline_quantile"):
             setattr(self, name, check_fraction(getattr(self, name), f"probe setting {name}",
                                                include_low=False))
+        self.max_copy_share = check_fraction(self.max_copy_share, "probe setting max_copy_share",
+                                             include_high=True)
         for name, minimum in (("state_batch_size", 3), ("distribution_samples", 10),
                               ("seed", None)):
             check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
@@ -121,6 +129,7 @@ class ProbeOutput:
         *,
         head: int = -1,
         layer_b: int | None = None,
+        note: str = "",
     ) -> None:
         row = {
             "layer": layer,
@@ -132,6 +141,8 @@ class ProbeOutput:
         }
         if layer_b is not None:  # a pairwise value: the second layer (table.PAIR_COLUMNS)
             row["layer_b"] = layer_b
+        if note:  # why the value is NaN (table.NOTE); rows without one get "" in the table
+            row["note"] = note
         self.rows.append(row)
 
     def extend(self, other: ProbeOutput) -> None:
@@ -334,8 +345,8 @@ def _measure_states(
         for entry in entries:
             with _skip_on_error(out, entry.name, layer):
                 rows = per_batch(entry, batches) if entry.batched else entry.fn(X, settings)
-                for name, value, std in rows:
-                    out.add(layer, name, value, std)
+                for name, value, std, *note in rows:  # a 4th item: the row's note
+                    out.add(layer, name, value, std, note=note[0] if note else "")
 
 
 def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:

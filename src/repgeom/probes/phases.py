@@ -50,7 +50,8 @@ MEAN_LAYER = -1
 MEAN_NAME = "mean"
 """`layer` and `layer_name` of the layer mean (blocks 1..L) in the phase tables."""
 PHASE_METRICS = catalogue.wandb_metrics("peak")
-"""The intrinsic dimensions followed (twonn and the catalogue's GRIDE member), where present."""
+"""The intrinsic dimensions followed (twonn, the catalogue's GRIDE member and, where the table has
+the scale profile, the plateau's ID ``id_plateau``), where present."""
 GROUP_COLUMNS = ("model", "run")
 """Columns that name one trajectory in a table (``revision`` changes along it: not one)."""
 
@@ -184,7 +185,7 @@ def find_phases(
         same trajectory (probed at the same steps). Tables with several models or runs (a
         ``model``/``run`` column) give each its own rows.
     metrics : list of str, optional
-        Default `PHASE_METRICS` (twonn, gride_k16), those present.
+        Default `PHASE_METRICS` (twonn, gride_k16, id_plateau), those present.
     level : float
         Coverage of the interval over seeds.
 

@@ -21,6 +21,11 @@ std        float64  its standard deviation (bootstrap, across windows, ...), NaN
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
 are kept, after these seven, and every function here and in `plots` can group by them.
 
+One further column is not a grouping key: ``note`` (str, `NOTE`) says why a row's value is NaN
+where a guard set it so (e.g. ``copies: 64% of the states are copies or near-copies (limit
+50%)`` on every intrinsic-dimension row of a layer, `repgeom.probes.catalogue`); it is empty on
+every other row, and absent from tables in which no value was guarded.
+
 Pairwise metrics (``reads="pair"`` in `repgeom.probes.catalogue`: ``linear_cka``,
 ``mutual_knn``) compare two sets of states; their rows add the columns that name the second set
 (`PAIR_COLUMNS`), which hold -1 (or are empty) on every other row:
@@ -74,6 +79,10 @@ them out."""
 
 
 ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")
+
+
+NOTE = "note"
+"""Column saying why a value is NaN (see the module docstring); empty elsewhere."""
 
 
 PAIR_COLUMNS: tuple[str, ...] = ("layer_b", "step_b", "run_b")
@@ -141,9 +150,9 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
     for col in PAIR_COLUMNS[:2]:
         if col in frame.columns:
             frame[col] = _as_int(frame[col].fillna(-1), col)
-    if "run_b" in frame.columns:
-        frame["run_b"] = frame["run_b"].astype(object).where(frame["run_b"].notna(), "")
-        frame["run_b"] = frame["run_b"].astype(str)
+    for col in ("run_b", NOTE):  # strings, empty where a row has none
+        if col in frame.columns:
+            frame[col] = frame[col].astype(object).where(frame[col].notna(), "").astype(str)
     derived = frame["layer"].map(block_name)
     if "layer_name" in frame.columns:
         given = frame["layer_name"].astype(object)
@@ -313,7 +322,7 @@ def _read_file(path: Path) -> pd.DataFrame:
     if path.suffix == ".parquet":
         return rows_to_frame(pd.read_parquet(path))
     header = pd.read_csv(path, nrows=0).columns
-    as_str = {c: str for c in ("metric", *ID_COLUMNS) if c in header}
+    as_str = {c: str for c in ("metric", NOTE, *ID_COLUMNS) if c in header}
     return rows_to_frame(pd.read_csv(path, dtype=as_str))
 
 

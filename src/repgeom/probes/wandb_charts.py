@@ -182,7 +182,7 @@ def summary(frame: pd.DataFrame) -> dict[str, float | int]:
     out: dict[str, float | int] = {}
     for metric in PEAK_METRICS:
         values = layer_values(frame, metric)
-        for layer, rows in values.groupby("layer"):
+        for layer, rows in values.dropna(subset=["value"]).groupby("layer"):  # NaN: guarded
             top = rows.loc[rows["value"].idxmax()]  # rows are sorted by step: the earliest max
             out[f"probe_summary/{metric}_peak_step/{layer_key(layer)}"] = int(top["step"])
             out[f"probe_summary/{metric}_peak/{layer_key(layer)}"] = float(top["value"])

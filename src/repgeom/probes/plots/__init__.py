@@ -18,12 +18,15 @@ function                   what it shows
 `survey_profile`           one line per model against relative depth (0 = embedding, 1 = last
                            block), decoders solid, encoders dashed: a survey across models
 `compare_texts`            per-layer pooled cosine of two texts, and the token x token cosines
+`id_vs_scale`              ID against scale per layer at the first, peak and last probe
+                           (TwoNN by decimation, GRIDE k, the plateau)
+`scale_heatmap`            block-mean ID over scale and step
 `save_figures`             the standard set of PNGs for every metric in a table
 =========================  =================================================================
 
 Figures across runs (side by side, bands over seeds) are in `repgeom.experiments.figures`.
 One module per job: `style` (shared pieces), `single_run`, `across_models`, `compare_texts`,
-`pairwise`, `save`.
+`pairwise`, `scales`, `save`.
 
 Per-head metrics are averaged over heads wherever a figure has no head axis. Layer means leave
 out layer 0, the embedding (see `repgeom.probes.table`).
@@ -33,6 +36,7 @@ from repgeom.probes.plots.across_models import FINAL_NORM_GAP, KIND_STYLE, surve
 from repgeom.probes.plots.compare_texts import compare_texts
 from repgeom.probes.plots.pairwise import layer_similarity, similarity_to_final
 from repgeom.probes.plots.save import save_figures
+from repgeom.probes.plots.scales import id_vs_scale, scale_heatmap
 from repgeom.probes.plots.single_run import (
     heatmap,
     layer_profile,
@@ -57,6 +61,7 @@ __all__ = [
     "compare_texts",
     "group_colours",
     "heatmap",
+    "id_vs_scale",
     "is_id_metric",
     "layer_profile",
     "layer_similarity",
@@ -66,6 +71,7 @@ __all__ = [
     "per_head_vs_step",
     "per_layer_vs_step",
     "save_figures",
+    "scale_heatmap",
     "similarity_to_final",
     "step_colorbar",
     "step_colours",

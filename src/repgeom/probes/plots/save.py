@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 from repgeom.probes import catalogue
 from repgeom.probes.aggregate import is_pairwise
 from repgeom.probes.plots.pairwise import pair_jobs
+from repgeom.probes.plots.scales import SCALE_ROWS, has_scales, id_vs_scale, scale_heatmap
 from repgeom.probes.plots.single_run import (
     heatmap,
     layer_profile,
@@ -50,7 +51,12 @@ def save_figures(
     - ``per_head_<metric>.png``: `per_head_vs_step`, where asked (qk_cosine);
     - ``similarity_<metric>.png``: `layer_similarity`, a layer x layer map of each pairwise
       metric (CKA, mutual k-NN) at the last step, and ``vs_final_<metric>.png``:
-      `similarity_to_final`, each layer's similarity to itself at the final step.
+      `similarity_to_final`, each layer's similarity to itself at the final step;
+    - ``id_vs_scale.png`` (`scales.id_vs_scale`: ID against scale per layer at the first, peak
+      and last steps) and, with several steps, ``id_scale_heatmap.png`` (`scales.scale_heatmap`)
+      wherever the table holds the scale profile (``id_scales``), whatever `metrics` lists
+      (unless it is empty); its rows (``twonn_dec<j>``, ``*_scale``, ``id_plateau_lo/hi``) get
+      no figure of their own.
 
     Figures over steps need at least two probe steps; with a single step every metric gets its
     profile instead. Absent metrics are skipped, and a figure that cannot be drawn (a metric with
@@ -70,7 +76,13 @@ def save_figures(
     # Split once: every figure then filters a few hundred rows instead of the whole table.
     by_metric = {m: rows for m, rows in frame.groupby("metric", sort=False) if m in wanted}
     jobs: list[tuple[str, Callable[[], Figure]]] = []
+    if has_scales(frame) and (metrics is None or list(metrics)):
+        jobs.append(("id_vs_scale", partial(id_vs_scale, frame)))
+        if several_steps:
+            jobs.append(("id_scale_heatmap", partial(scale_heatmap, frame)))
     for metric in wanted:
+        if SCALE_ROWS.fullmatch(metric):
+            continue
         rows = by_metric[metric]
         if is_pairwise(rows):
             jobs += pair_jobs(rows, metric)
