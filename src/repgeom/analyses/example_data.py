@@ -18,8 +18,6 @@ Examples
 
 from __future__ import annotations
 
-import sys
-
 import pandas as pd
 
 __all__ = ["SUBJECTS", "ATTRIBUTES", "make_examples"]
@@ -116,14 +114,3 @@ def make_examples() -> pd.DataFrame:
         for fact in facts
     ]
     return pd.DataFrame(rows)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python -m repgeom.analyses.example_data OUT.csv")
-    make_examples().to_csv(args[0], index=False)
-
-
-if __name__ == "__main__":
-    main()

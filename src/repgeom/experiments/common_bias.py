@@ -68,7 +68,6 @@ from repgeom.experiments.common_bias_markdown import render_markdown
 from repgeom.experiments.common_bias_summary import FixedPoint, drift_fixed_point, summarize
 from repgeom.experiments.common_bias_sweep import COLUMNS, common_bias_sweep
 from repgeom.models.gpt import GPTConfig
-from repgeom.resources import conf_dir
 
 __all__ = [
     "COLUMNS",
@@ -80,7 +79,6 @@ __all__ = [
     "plot_common_bias",
     "run",
     "render_markdown",
-    "main",
 ]
 
 
@@ -163,14 +161,3 @@ def _command_line() -> str | None:
     hc = HydraConfig.get().overrides
     typed = [o for o in hc.hydra if not o.startswith("hydra.mode=")]  # e.g. hydra.run.dir=...
     return " ".join(["python -m repgeom.experiments.common_bias", *hc.task, *typed])
-
-
-def main() -> None:
-    """``python -m repgeom.experiments.common_bias [overrides]`` (see ``conf/common_bias.yaml``)."""
-    import hydra
-
-    hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="common_bias")(run)()
-
-
-if __name__ == "__main__":
-    main()
