@@ -12,10 +12,15 @@ from repgeom.cli.command import console
 from repgeom.cli.yaml_config import run_yaml
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def task(cfg):
+    """Run the job; its imports are here, so that --help and --cfg load none of them."""
     from repgeom.experiments.common_bias import run
 
-    run_yaml("common_bias", run, argv)
+    return run(cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_yaml("common_bias", task, argv)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,15 @@ from repgeom.cli.command import console
 from repgeom.cli.yaml_config import run_yaml
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def task(cfg):
+    """Run the job; its imports are here, so that --help and --cfg load none of them."""
     from repgeom.analyses.probe_extras import probe
 
-    run_yaml("probe", probe, argv)
+    return probe(cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run_yaml("probe", task, argv)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,17 @@ from repgeom.cli.command import console
 from repgeom.cli.yaml_config import run_yaml
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def task(cfg):
+    """Run the job; its imports are here, so that --help and --cfg load none of them."""
     from repgeom.train import train
 
-    run_yaml("train", train, argv)
+    return train(cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import repgeom.probes.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
+
+    run_yaml("train", task, argv)
 
 
 if __name__ == "__main__":
