@@ -44,7 +44,7 @@ def task(cfg: DashboardConfig) -> None:
 
     if not wandb_logged_in():
         print("saving the dashboard needs a W&B login (wandb login, or WANDB_API_KEY); "
-              "dry_run=FILE writes its specification without one", file=sys.stderr)
+              "dry_run=FILE (--dry-run) writes its specification without one", file=sys.stderr)
         raise SystemExit(2)
     workspace = build_workspace(cfg.entity, cfg.project, name=cfg.name).save()
     print(f"dashboard saved: {workspace.url}")

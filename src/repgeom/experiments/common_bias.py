@@ -47,7 +47,7 @@ The paper's section 4 figures plot input vs output cosine similarity and norm ag
 the max/median/min of softmax rows against ``N``; their numbers could not be checked from here
 (see ``docs/results/common_bias/README.md`` for what was and was not verified).
 
-Run it with ``python -m repgeom.experiments.common_bias model=gpt_small`` (Hydra config
+Run it with ``repgeom-common-bias model=gpt_small`` (Hydra config
 ``conf/common_bias.yaml``); it writes ``common_bias.csv``, ``common_bias.png`` and
 ``summary.json`` into ``outputs/common_bias/<date>/<time>``.
 """
@@ -159,5 +159,6 @@ def _command_line() -> str | None:
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get().overrides
-    typed = [o for o in hc.hydra if not o.startswith("hydra.mode=")]  # e.g. hydra.run.dir=...
-    return " ".join(["python -m repgeom.experiments.common_bias", *hc.task, *typed])
+    typed = [o for o in hc.hydra  # e.g. hydra.run.dir=...; not those the command adds itself
+             if not o.startswith(("hydra.mode=", "hydra.job.name="))]
+    return " ".join(["repgeom-common-bias", *hc.task, *typed])
