@@ -1,6 +1,6 @@
 """The repgeom W&B dashboard, defined in code.
 
-    python -m repgeom.dashboard --entity E --project P [--dry-run FILE]
+    repgeom-dashboard --entity E --project P [--dry-run FILE]
 
 Builds a W&B workspace (saved view) with the `wandb-workspaces` package: one section per family
 of numbers a run logs (loss and bpc; anisotropy per layer; TwoNN and GRIDE per layer with the

@@ -8,9 +8,9 @@ after PCA to 90% of the variance (per layer, over all sentences).
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.distinctiveness hf=<name or folder> csv=<file> out=<dir> \\
+    repgeom-distinctiveness hf=<name or folder> csv=<file> out=<dir> \\
         [subject=subject] [attribute=attribute] [pooling=mean|last] [pca=0.9] [tokenizer=...]
-    python -m repgeom.analyses.distinctiveness ckpt=<run>/checkpoints/last.ckpt csv=... out=...
+    repgeom-distinctiveness ckpt=<run>/checkpoints/last.ckpt csv=... out=...
 
 Writes to ``out``: ``distinctiveness.csv`` (layer, layer_name, space, subject, attribute,
 score, n_components), ``by_subject.csv`` and ``by_attribute.csv`` (means per layer),

@@ -17,10 +17,10 @@ finds secondary modes with a KDE. Here, for a model and a labelled CSV:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.distributions hf=<name or folder> csv=<file> out=<dir> \\
+    repgeom-distributions hf=<name or folder> csv=<file> out=<dir> \\
         [group_by=subject,attribute] [criterion=loglik|aic] [n_samples=5000] \\
         [mode_samples=20000] [tokenizer=...] [name=<label>]
-    python -m repgeom.analyses.distributions ckpt=<file.ckpt> csv=<file> out=<dir>
+    repgeom-distributions ckpt=<file.ckpt> csv=<file> out=<dir>
 
 Writes to ``out``: ``fits.csv`` (model, group, layer, layer_name, family, loglik, aic, params),
 ``summary.csv`` (per group and layer: kurtosis, best families, modes per side),

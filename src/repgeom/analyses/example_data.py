@@ -5,7 +5,7 @@ by a language model; this is a small, deterministic stand-in built from template
 5 attributes (a tone, a casing, a style, a sentence form, and neutral), 8 facts per subject, so
 200 rows. Every (subject, attribute) cell holds the same 8 facts, rewritten by the attribute.
 
-``python -m repgeom.analyses.example_data data/examples/subject_attribute.csv`` writes it.
+``repgeom-example-data data/examples/subject_attribute.csv`` writes it.
 
 Examples
 --------

@@ -29,7 +29,7 @@ The protocol on our runs:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.qk_projection run=<train.py run folder> out=<dir> \\
+    repgeom-qk-projection run=<train.py run folder> out=<dir> \\
         [layer=1,2] [head=0] [basis=union|query|key] [windows=16] [points=256] [device=auto]
 
 A run folder holds ``last.ckpt`` and ``best.ckpt`` only unless training kept more:

@@ -18,8 +18,8 @@ from a trained model on real text, per block:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.scores hf=<name or folder> csv=<file with a text column> out=<dir>
-    python -m repgeom.analyses.scores ckpt=<file.ckpt> "text=some text" out=<dir>
+    repgeom-scores hf=<name or folder> csv=<file with a text column> out=<dir>
+    repgeom-scores ckpt=<file.ckpt> "text=some text" out=<dir>
 
 Writes to ``out``: ``scores.csv`` (model, layer, layer_name, statistic, n, mean, std, min,
 q01, q05, q25, q50, q75, q95, q99, max; q05 is the 5% quantile), ``scores.png`` (one histogram

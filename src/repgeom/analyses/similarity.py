@@ -12,9 +12,9 @@ tokens of one sentence all point the same way ("smallest similarity is 0.92"). B
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.similarity hf=<name or folder> text="Cooking mushrooms..." \\
+    repgeom-similarity hf=<name or folder> text="Cooking mushrooms..." \\
         [pairs=<csv with text_a,text_b>] out=<dir>
-    python -m repgeom.analyses.similarity ckpt=<file.ckpt> text=... out=<dir>
+    repgeom-similarity ckpt=<file.ckpt> text=... out=<dir>
 
 Writes ``self_similarity.csv`` (layer, layer_name, n_tokens, mean_offdiag, min_offdiag),
 ``self_similarity.png`` (the matrices), and with ``pairs=``, ``pair_similarity.csv``

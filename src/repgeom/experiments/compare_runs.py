@@ -2,7 +2,7 @@
 
 The one command to lay a causal and a bidirectional run beside each other::
 
-    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \\
+    repgeom-compare-runs outputs/causal outputs/bidirectional \\
         --metric anisotropy --labels causal bidirectional --out compare.png
 
 Each RUN is a run folder (its table is ``<run>/probes/probes.parquet`` or ``.csv``), a ``probes``
@@ -13,10 +13,10 @@ Several runs per label (seeds) are drawn as one panel: the mean profile over tho
 95% t-interval, shaded (`repgeom.experiments.seeds`). Repeat a label, or let each run's saved Hydra
 config name its group::
 
-    python -m repgeom.experiments.compare_runs sweep/causal-seed{0,1,2} \\
+    repgeom-compare-runs sweep/causal-seed{0,1,2} \\
         sweep/bidirectional-seed{0,1,2} \\
         --labels causal causal causal bidirectional bidirectional bidirectional
-    python -m repgeom.experiments.compare_runs sweep/*-seed* --group-by masking
+    repgeom-compare-runs sweep/*-seed* --group-by masking
 
 The runs of one label must have been probed at the same steps.
 
@@ -25,7 +25,7 @@ layer of run A and run B on the same windows, `repgeom.probes.similarity`), from
 probe saved (the training probe with a pairwise metric, ``probe.metrics=[all]``, or probe.py,
 whose default computes them)::
 
-    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \
+    repgeom-compare-runs outputs/causal outputs/bidirectional \
         --similarity linear_cka --labels causal bidirectional --out causal_vs_bidi.png
 
 writes the figure and the rows (``layer``, ``run_b``, ``value``, ``std``: mean and std over the

@@ -3,7 +3,7 @@
 The generated sections are followed by two hand-written files passed in, ``--analyses`` (the
 analyses' sections, with numbers read from their CSV files) and ``--notes``.
 
-    python -m repgeom.experiments.report \\
+    repgeom-report \\
         --shape-of-learning multirun/shape_of_learning/<stamp> \\
         --distributions outputs/probe/<date>/<time> \\
         --common-bias docs/results/common_bias \\

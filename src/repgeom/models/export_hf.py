@@ -2,7 +2,7 @@
 
 ::
 
-    python -m repgeom.models.export_hf outputs/.../checkpoints/last.ckpt exported/
+    repgeom-export-hf outputs/.../checkpoints/last.ckpt exported/
     python probe.py hf=exported/          # the same numbers as ckpt=...last.ckpt
 
 The folder holds ``config.json``, the weights and a tokenizer; ``AutoModel``,

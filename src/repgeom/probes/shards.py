@@ -10,7 +10,7 @@ in ``shard`` into ``<sweep dir>/merged/`` (one group) or ``merged-<k>/`` (severa
 ``hf=a,b``): the table (``probes/probes.csv``), its figures, ``phases.csv``,
 ``drift_cosine.csv``, ``probe_info.json`` and, with a W&B logger, one W&B run. By hand::
 
-    python -m repgeom.probes.shards <sweep dir> [--out DIR]
+    repgeom-shards <sweep dir> [--out DIR]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ sweep ends, in ``<sweep dir>/survey/``)::
 
 or, on probe folders that already exist (a sweep folder stands for every probe folder in it)::
 
-    python -m repgeom.probes.survey outputs/probe/a outputs/probe/b --out survey/ \\
+    repgeom-survey outputs/probe/a outputs/probe/b --out survey/ \\
         --metrics anisotropy twonn
 
 Why folders and not a list in one process: each model keeps its own complete probe folder
