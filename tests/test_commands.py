@@ -139,3 +139,5 @@ def test_a_flag_alone_takes_its_default_value_and_unknown_words_fail(config) -> 
         command.hydra_words(["--colour", "red"], config)
     with pytest.raises(ValueError, match="unexpected word 'stray'"):
         command.hydra_words(["stray"], config)
+    with pytest.raises(ValueError, match="unknown option lables="):
+        command.hydra_words(["lables=x"], config, positional=("runs",))  # not taken for a run

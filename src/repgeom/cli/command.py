@@ -23,6 +23,7 @@ The commands write where their options say and leave no ``outputs/<date>`` folde
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import typing
 from collections.abc import Callable, Sequence
@@ -140,6 +141,8 @@ def hydra_words(argv: Sequence[str], config: type, *, positional: Sequence[str] 
             else:
                 passed.append(w)
             continue
+        if eq and re.fullmatch(r"[A-Za-z_][\w-]*", key):  # a misspelt option, not a path
+            raise ValueError(f"unknown option {key}=; options: {', '.join(sorted(kinds))}")
         if not free:
             raise ValueError(f"unexpected word {w!r}; options are key=value "
                              f"({', '.join(sorted(kinds))})")
