@@ -180,6 +180,8 @@ def run_command(name: str, config: type, task: Callable[[Any], Any],
         overrides = hydra_words(words, config, positional=positional, flag_values=flag_values)
     except ValueError as err:
         raise SystemExit(f"{name}: error: {err}") from None
+    if "--help" in overrides or "-h" in overrides:  # what the command does, then Hydra's help
+        print((sys.modules[task.__module__].__doc__ or "").strip() + "\n")
     ConfigStore.instance().store(name=f"repgeom_{name}", node=config)
     result: dict[str, Any] = {}
 
