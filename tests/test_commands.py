@@ -117,8 +117,8 @@ def test_old_words_become_hydra_overrides(config) -> None:
     words = command.hydra_words(
         ["a", "b", "--labels", "x", "y", "--step", "3", "--no-figures", "--group-by=masking",
          "--cfg", "job"], config, positional=("runs",))
-    assert words == ["runs=['a','b']", "labels=['x','y']", "step=3", "figures=false",
-                     "group_by='masking'", "--cfg", "job"]
+    assert words == ["--cfg", "job", "runs=['a','b']", "labels=['x','y']", "step=3",
+                     "figures=false", "group_by='masking'"]
 
 
 def test_free_text_and_comma_lists_arrive_as_typed(config) -> None:
@@ -129,7 +129,7 @@ def test_free_text_and_comma_lists_arrive_as_typed(config) -> None:
                                ["text=it's a, b: c", "group_by=subject,attribute"])
     assert seen == ("it's a, b: c", "subject,attribute")
     # with --multirun a comma sweeps, as everywhere in Hydra
-    assert command.hydra_words(["-m", "text=a,b"], config) == ["text=a,b", "-m"]
+    assert command.hydra_words(["text=a,b", "-m"], config) == ["-m", "text=a,b"]
 
 
 def test_a_flag_alone_takes_its_default_value_and_unknown_words_fail(config) -> None:
@@ -141,3 +141,13 @@ def test_a_flag_alone_takes_its_default_value_and_unknown_words_fail(config) -> 
         command.hydra_words(["stray"], config)
     with pytest.raises(ValueError, match="unknown option lables="):
         command.hydra_words(["lables=x"], config, positional=("runs",))  # not taken for a run
+
+
+def test_added_overrides_join_the_users_run_of_overrides() -> None:
+    # argparse (Hydra's parser) fails on overrides on both sides of a flag
+    defaults = ["hydra.job.name=train", "hydra.run.dir=."]
+    assert command.with_defaults(["-m", "a=1", "--cfg", "job"], defaults) == [
+        "-m", "hydra.job.name=train", "hydra.run.dir=.", "a=1", "--cfg", "job"]
+    assert command.with_defaults(["--help"], defaults) == ["--help", *defaults]
+    assert command.with_defaults(["hydra.run.dir=out"], defaults) == [
+        "hydra.job.name=train", "hydra.run.dir=out"]

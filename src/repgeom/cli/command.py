@@ -29,11 +29,12 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["run_command", "hydra_words", "console", "QUIET"]
+__all__ = ["run_command", "hydra_words", "with_defaults", "console", "QUIET"]
 
 QUIET = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=none",
          "hydra/hydra_logging=none")
-"""Overrides put before the user's: no run folder, no ``.hydra/``, no log file."""
+"""Overrides added unless the user sets the same key: no run folder, no ``.hydra/``, no log
+file."""
 
 _HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
                 "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion",
@@ -86,6 +87,7 @@ def hydra_words(argv: Sequence[str], config: type, *, positional: Sequence[str] 
     words = list(argv)
     multirun = "-m" in words or "--multirun" in words
     values: dict[str, list[str]] = {}
+    flags: list[str] = []  # Hydra's own, first: argparse takes one run of overrides after them
     passed: list[str] = []
     free = list(positional)
 
@@ -100,9 +102,9 @@ def hydra_words(argv: Sequence[str], config: type, *, positional: Sequence[str] 
         w = words[i]
         i += 1
         if w.split("=", 1)[0] in _HYDRA_FLAGS:
-            passed.append(w)
+            flags.append(w)
             if w in _HYDRA_FLAGS_WITH_VALUE and i < len(words):
-                passed.append(words[i])
+                flags.append(words[i])
                 i += 1
             continue
         if w.startswith("--"):
@@ -158,7 +160,20 @@ def hydra_words(argv: Sequence[str], config: type, *, positional: Sequence[str] 
             out.append(f"{key}={_quote(vs[0])}")
         else:
             out.append(f"{key}={vs[0]}")
-    return [*out, *passed]
+    return [*flags, *out, *passed]
+
+
+def with_defaults(words: Sequence[str], defaults: Sequence[str]) -> list[str]:
+    """`words` with the overrides of `defaults` whose key none of them sets (the user's wins).
+
+    Hydra's parser (argparse) reads the overrides as one run of words between its flags, so the
+    added ones go beside the user's first override, or last when there is none.
+    """
+    keys = {w.split("=", 1)[0].lstrip("+~") for w in words if "=" in w}
+    added = [d for d in defaults if d.split("=", 1)[0] not in keys]
+    words = list(words)
+    at = next((i for i, w in enumerate(words) if "=" in w and not w.startswith("-")), len(words))
+    return [*words[:at], *added, *words[at:]]
 
 
 def run_command(name: str, config: type, task: Callable[[Any], Any],
@@ -192,7 +207,8 @@ def run_command(name: str, config: type, task: Callable[[Any], Any],
             result["error"] = err
 
     saved = sys.argv
-    sys.argv = [f"repgeom-{name.replace('_', '-')}", f"hydra.job.name={name}", *QUIET, *overrides]
+    sys.argv = [f"repgeom-{name.replace('_', '-')}",
+                *with_defaults(overrides, (f"hydra.job.name={name}", *QUIET))]
     try:
         GlobalHydra.instance().clear()
         hydra.main(version_base="1.3", config_path=None, config_name=f"repgeom_{name}")(job)()

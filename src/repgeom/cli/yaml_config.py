@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from repgeom.cli.command import with_defaults
 from repgeom.resources import conf_dir
 
 __all__ = ["run_yaml"]
@@ -21,7 +22,7 @@ def run_yaml(config_name: str, task: Callable[[Any], Any],
     saved = sys.argv
     words = saved[1:] if argv is None else list(argv)
     # The job's name is the config's, not that of the file calling hydra.main (this one).
-    sys.argv = [saved[0], f"hydra.job.name={config_name}", *words]
+    sys.argv = [saved[0], *with_defaults(words, [f"hydra.job.name={config_name}"])]
     try:
         hydra.main(version_base="1.3", config_path=str(conf_dir()),
                    config_name=config_name)(task)()
