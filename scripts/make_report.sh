@@ -8,7 +8,7 @@
 # size is only in the last one) copied from multirun/shape_of_learning/<stamp>/<masking>-seed<k>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m repgeom.experiments.report \
+python -m repgeom.cli.report \
     --shape-of-learning docs/results/runs/shape_of_learning \
     --distributions docs/results/runs/distributions_causal \
     --distributions-command "python probe.py ckpt=<causal run>/checkpoints/last.ckpt" \

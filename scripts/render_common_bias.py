@@ -3,7 +3,7 @@
     python scripts/render_common_bias.py [RESULTS_DIR]
 
 RESULTS_DIR (default docs/results/common_bias) holds one folder per model, each written by
-`python -m repgeom.experiments.common_bias ... hydra.run.dir=RESULTS_DIR/<model>`.
+`repgeom-common-bias ... hydra.run.dir=RESULTS_DIR/<model>`.
 """
 
 import json

@@ -21,11 +21,11 @@ for pair in "causal:$CAUSAL" "bidirectional:$BIDIRECTIONAL"; do
     ckpt=${pair#*:}
     name=quickstart-$masking
     OUT=docs/results/analyses/$name
-    $PY -m repgeom.analyses.distinctiveness ckpt="$ckpt" name="$name" csv=$DATA \
+    $PY -m repgeom.cli.distinctiveness ckpt="$ckpt" name="$name" csv=$DATA \
         out="$OUT/distinctiveness"
-    $PY -m repgeom.analyses.distributions ckpt="$ckpt" name="$name" csv=$DATA \
+    $PY -m repgeom.cli.distributions ckpt="$ckpt" name="$name" csv=$DATA \
         group_by=subject,attribute out="$OUT/distributions"
-    $PY -m repgeom.analyses.similarity ckpt="$ckpt" name="$name" \
+    $PY -m repgeom.cli.similarity ckpt="$ckpt" name="$name" \
         "text=Cooking mushrooms in a pot is hard." pairs=data/examples/text_pairs.csv \
         out="$OUT/similarity"
     rm -f "$OUT/distributions/fits.csv"   # every family's fit: large; summary.csv keeps the best

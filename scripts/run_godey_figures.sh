@@ -23,14 +23,14 @@ DATA=data/examples/subject_attribute.csv
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-$PY -m repgeom.analyses.scores ckpt="$RUN/checkpoints/last.ckpt" name=quickstart-causal \
+$PY -m repgeom.cli.scores ckpt="$RUN/checkpoints/last.ckpt" name=quickstart-causal \
     csv=$DATA out=$OUT/scores/quickstart-causal
-$PY -m repgeom.analyses.scores ckpt="$RUN/checkpoints/step50.ckpt" name=quickstart-causal-step50 \
+$PY -m repgeom.cli.scores ckpt="$RUN/checkpoints/step50.ckpt" name=quickstart-causal-step50 \
     csv=$DATA out=$OUT/scores/quickstart-causal-step50
-$PY -m repgeom.analyses.scores ckpt="$BIDIRECTIONAL" name=quickstart-bidirectional \
+$PY -m repgeom.cli.scores ckpt="$BIDIRECTIONAL" name=quickstart-bidirectional \
     csv=$DATA out=$OUT/scores/quickstart-bidirectional
-$PY -m repgeom.analyses.scores hf="$M" name=all-MiniLM-L6-v2 csv=$DATA out=$OUT/scores/minilm
-$PY -m repgeom.analyses.qk_projection run="$RUN" out=$OUT/qk_projection layer=1,4
+$PY -m repgeom.cli.scores hf="$M" name=all-MiniLM-L6-v2 csv=$DATA out=$OUT/scores/minilm
+$PY -m repgeom.cli.qk_projection run="$RUN" out=$OUT/qk_projection layer=1,4
 # kept small: the means of every head, the figures of head 0 (the projected tokens: 2 MB)
 rm "$OUT/qk_projection/qk_projection.csv" "$OUT"/qk_projection/*_head0[1-9].png
 
@@ -40,7 +40,7 @@ $PY probe.py ckpt="$RUN/checkpoints/last.ckpt" model_name=quickstart-causal "${P
 $PY probe.py ckpt="$BIDIRECTIONAL" model_name=quickstart-bidirectional "${PROBE[@]}" \
     hydra.run.dir="$WORK/bidirectional"
 $PY probe.py hf="$M" model_name=all-MiniLM-L6-v2 "${PROBE[@]}" hydra.run.dir="$WORK/minilm"
-$PY -m repgeom.probes.survey "$WORK/causal" "$WORK/bidirectional" "$WORK/minilm" \
+$PY -m repgeom.cli.survey "$WORK/causal" "$WORK/bidirectional" "$WORK/minilm" \
     --out $OUT/survey --metrics anisotropy mean_cosine twonn qk_cosine qk_cosine_concat
 # the training probe of the trajectory run (steps 0, 250, 500): Q/K cosines, heads concatenated
 cp "$RUN/probes/probes.csv" $OUT/trajectory_probes.csv

@@ -1,7 +1,7 @@
 """The package's layers, read from its source with `ast`: imports run downwards only.
 
     console, resources  <  metrics  <  data, models, loggers, options, progress_bar,
-    model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard (entry points)
+    model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard  <  cli (commands)
 
 A lower floor never imports a higher one (not even inside a function), and no two modules import
 each other, directly or round a cycle. `probe.py` runs without the training stack.
@@ -24,7 +24,7 @@ FLOORS = {
     "probes": 3,
     "analyses": 4,
     "experiments": 5,
-    "train": 6, "dashboard": 6, "commands": 7,
+    "train": 6, "dashboard": 6, "cli": 7,
 }
 
 

@@ -100,7 +100,7 @@ def test_dashboard_dry_run_plots_only_keys_the_run_has(
     _, wandb_run = run
     out = tmp_path / "dashboard.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "repgeom.dashboard", "--entity", "me", "--project", "repgeom",
+        [sys.executable, "-m", "repgeom.cli.dashboard", "--entity", "me", "--project", "repgeom",
          "--dry-run", str(out)],
         capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, check=True,
     )  # fmt: skip
@@ -129,7 +129,7 @@ def test_dashboard_dry_run_plots_only_keys_the_run_has(
 def test_dashboard_save_needs_a_login(tmp_path: Path) -> None:
     env = subprocess_env(HOME=str(tmp_path), NETRC=str(tmp_path / "none"))
     proc = subprocess.run(
-        [sys.executable, "-m", "repgeom.dashboard", "--entity", "me", "--project", "p"],
+        [sys.executable, "-m", "repgeom.cli.dashboard", "--entity", "me", "--project", "p"],
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -1,6 +1,6 @@
 """The repgeom W&B dashboard, defined in code.
 
-    python -m repgeom.dashboard --entity E --project P [--dry-run FILE]
+    repgeom-dashboard --entity E --project P [--dry-run FILE]
 
 Builds a W&B workspace (saved view) with the `wandb-workspaces` package: one section per family
 of numbers a run logs (loss and bpc; anisotropy per layer; TwoNN and GRIDE per layer with the
@@ -15,10 +15,8 @@ one dashboard serves models of any depth.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,41 +210,9 @@ def missing_keys(spec: dict[str, Any], history_keys: set[str], summary_keys: set
     return missing
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m repgeom.dashboard",
-        description="Create the repgeom W&B dashboard (a saved workspace view).",
-    )
-    parser.add_argument("--entity", required=True, help="W&B entity (user or team)")
-    parser.add_argument("--project", required=True, help="W&B project of the runs (repgeom)")
-    parser.add_argument("--name", default="repgeom", help="the saved view's name")
-    parser.add_argument(
-        "--dry-run",
-        metavar="FILE",
-        nargs="?",
-        const="repgeom-dashboard.json",
-        help="write the specification to FILE (default repgeom-dashboard.json) and save nothing",
-    )
-    args = parser.parse_args(argv)
-    if args.dry_run:
-        spec = specification(args.entity, args.project, name=args.name)
-        Path(args.dry_run).write_text(json.dumps(spec, indent=1, ensure_ascii=False))
-        n_panels = sum(len(s["panels"]) for s in spec["sections"])
-        print(f"wrote {args.dry_run}: {len(spec['sections'])} sections, {n_panels} panels")
-        return 0
-    from repgeom.loggers import wandb_logged_in
-
-    if not wandb_logged_in():
-        print(
-            "saving the dashboard needs a W&B login (wandb login, or WANDB_API_KEY); "
-            "--dry-run writes its specification without one",
-            file=sys.stderr,
-        )
-        return 2
-    workspace = build_workspace(args.entity, args.project, name=args.name).save()
-    print(f"dashboard saved: {workspace.url}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def write_specification(entity: str, project: str, path: str | Path, *,
+                        name: str = "repgeom") -> dict[str, Any]:
+    """Write the dashboard's specification to `path` as JSON (saves nothing to W&B)."""
+    spec = specification(entity, project, name=name)
+    Path(path).write_text(json.dumps(spec, indent=1, ensure_ascii=False))
+    return spec

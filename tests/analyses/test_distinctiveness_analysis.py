@@ -5,6 +5,7 @@ from planted_subject import ArraySubject
 
 from repgeom.analyses import distinctiveness as analysis
 from repgeom.analyses.example_data import ATTRIBUTES, SUBJECTS, make_examples
+from repgeom.cli import distinctiveness as command
 from repgeom.metrics.distinctiveness import distinctiveness
 
 
@@ -69,11 +70,11 @@ def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
         ["subject", "attribute"]).head(2)
     csv = tmp_path / "small.csv"
     small.to_csv(csv, index=False)
-    s = analysis.main([f"ckpt={tiny_ckpt}", f"csv={csv}", f"out={tmp_path / 'ckpt'}",
+    s = command.main([f"ckpt={tiny_ckpt}", f"csv={csv}", f"out={tmp_path / 'ckpt'}",
                        "pooling=last"])
     assert set(s["layer_name"]) == {"embedding", "block_1", "block_2", "final_norm"}
     assert len(s) == 4 * 2 * 2 * 2  # layers x spaces x subjects x attributes
-    s = analysis.main([f"hf={tiny_hf_dir / 'model_and_tokenizer'}", f"csv={csv}",
+    s = command.main([f"hf={tiny_hf_dir / 'model_and_tokenizer'}", f"csv={csv}",
                        f"out={tmp_path / 'hf'}", "pca=0"])
     assert set(s["space"]) == {"raw"} and s["score"].abs().max() <= 2
 

@@ -4,6 +4,7 @@ import pytest
 from planted_subject import ArraySubject
 
 from repgeom.analyses import distributions as analysis
+from repgeom.cli import distributions as command
 from repgeom.metrics.distributions import FAMILIES, activation_distribution
 
 
@@ -92,11 +93,11 @@ def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
     csv = tmp_path / "t.csv"
     pd.DataFrame({"text": ["the cat sat on the mat", "a dog ran", "Is it so?", "no, it is not"],
                   "subject": ["cat", "dog", "cat", "dog"]}).to_csv(csv, index=False)
-    t = analysis.main([f"ckpt={tiny_ckpt}", f"csv={csv}", "group_by=subject",
+    t = command.main([f"ckpt={tiny_ckpt}", f"csv={csv}", "group_by=subject",
                        f"out={tmp_path / 'ckpt'}", "n_samples=500", "--no-figures"])
     assert set(t["summary"]["group"]) == {"cat", "dog"}
     assert t["summary"]["layer_name"].nunique() == 4
-    t = analysis.main(["--hf", str(tiny_hf_dir / "model"), "--tokenizer",
+    t = command.main(["--hf", str(tiny_hf_dir / "model"), "--tokenizer",
                        str(tiny_hf_dir / "tokenizer"), "--csv", str(csv), "--out",
                        str(tmp_path / "hf"), "--n-samples", "500", "--group-by", "subject"])
     assert (tmp_path / "hf" / "layer_block_2.png").is_file()

@@ -12,8 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra_configs import CONF_DIR, compose_train
 
-from repgeom.analyses import probe_extras, qk_projection
+from repgeom.analyses import probe_extras
 from repgeom.analyses.qk_projection import common_svd, project, qk_trajectory, svd_basis
+from repgeom.cli import qk_projection
 from repgeom.probes import runner, table
 from repgeom.train import train
 
@@ -164,7 +165,7 @@ def test_bad_runs_and_indices(run, tmp_path) -> None:
         qk_trajectory(run, heads=[2])
     with pytest.raises(ValueError, match="points must be a positive integer"):
         qk_trajectory(run, points=0)
-    with pytest.raises(SystemExit):  # argparse: "'a,b' is not a comma-separated list ..."
+    with pytest.raises(ValueError, match="'a,b' is not a comma-separated list of integers"):
         qk_projection.main([f"run={run}", f"out={tmp_path}", "layer=a,b"])
 
 

@@ -13,6 +13,7 @@ from tiny_hf_models import build_tiny_hf
 
 from repgeom.analyses import scores
 from repgeom.analyses.subjects import load_subject
+from repgeom.cli import scores as scores_command
 
 TEXT = "the cat sat on the mat, and then it slept."
 
@@ -80,7 +81,7 @@ def test_encoder_and_checkpoint_scores_give_the_models_attention(tiny_hf_dir, ti
 def test_statistics_are_those_of_the_scores(tiny_gpt2, tmp_path):
     texts = [TEXT, "a dog."]
     subject = load_subject(hf=tiny_gpt2)
-    table = scores.main([f"hf={tiny_gpt2}", f"text={texts[0]}", f"text={texts[1]}",
+    table = scores_command.main([f"hf={tiny_gpt2}", f"text={texts[0]}", f"text={texts[1]}",
                          f"out={tmp_path}"])
     written = pd.read_csv(tmp_path / "scores.csv")
     assert (tmp_path / "scores.png").stat().st_size > 10_000
@@ -129,11 +130,11 @@ def test_bad_input_fails_with_its_name(tiny_gpt2, tmp_path):
     bad_csv = tmp_path / "texts.csv"
     pd.DataFrame({"sentence": ["a b"]}).to_csv(bad_csv, index=False)
     with pytest.raises(ValueError, match="has no 'text' column"):
-        scores.main([f"hf={tiny_gpt2}", f"csv={bad_csv}", f"out={tmp_path}"])
-    with pytest.raises(SystemExit):  # argparse: neither text= nor csv=
-        scores.main([f"hf={tiny_gpt2}", f"out={tmp_path}"])
+        scores_command.main([f"hf={tiny_gpt2}", f"csv={bad_csv}", f"out={tmp_path}"])
+    with pytest.raises(ValueError, match="give text=... and/or csv="):
+        scores_command.main([f"hf={tiny_gpt2}", f"out={tmp_path}"])
     with pytest.raises(ValueError, match="give exactly one of hf="):
-        scores.main([f"out={tmp_path}", "text=abc"])
+        scores_command.main([f"out={tmp_path}", "text=abc"])
     subject = load_subject(hf=tiny_gpt2)
     with pytest.raises(ValueError, match="no query row attends to two positions"):
         scores.collect(subject, ["a"])

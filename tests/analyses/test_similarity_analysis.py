@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 from planted_subject import ArraySubject
 
-from repgeom.analyses import similarity
 from repgeom.analyses.similarity import offdiag_stats, pair_similarity, token_self_similarity
+from repgeom.cli import similarity as similarity_command
 
 
 def known_subject():
@@ -47,14 +47,14 @@ def test_cli_on_tiny_models(tiny_ckpt, tiny_hf_dir, tmp_path):
     pd.DataFrame({"text_a": ["abcdef", "the cat"], "text_b": ["Cooking mushrooms.", "a dog"]}
                  ).to_csv(pairs, index=False)
     out = tmp_path / "ckpt"
-    t = similarity.main([f"ckpt={tiny_ckpt}", "text=the cat sat", f"pairs={pairs}",
+    t = similarity_command.main([f"ckpt={tiny_ckpt}", "text=the cat sat", f"pairs={pairs}",
                          f"out={out}"])
     self_sim = pd.read_csv(out / "self_similarity.csv")
     assert list(self_sim["n_tokens"]) == [11] * 4 and (out / "self_similarity.png").is_file()
     assert self_sim["mean_offdiag"].between(-1, 1).all()
     assert len(t["pair_similarity"]) == 2 * 4
     # the HF model through --flags, a folder without tokenizer plus tokenizer=
-    t = similarity.main(["--hf", str(tiny_hf_dir / "model"), "--tokenizer",
+    t = similarity_command.main(["--hf", str(tiny_hf_dir / "model"), "--tokenizer",
                          str(tiny_hf_dir / "tokenizer"), "--text", "the cat",
                          "--out", str(tmp_path / "hf")])
     assert list(t["self_similarity"]["n_tokens"]) == [7] * 3

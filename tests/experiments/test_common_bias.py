@@ -278,11 +278,11 @@ def test_run_writes_its_three_files(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_command_line_writes_its_three_files(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "repgeom.experiments.common_bias", *TINY,
+        [sys.executable, "-m", "repgeom.cli.common_bias", *TINY,
          f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = check_run_folder(tmp_path, 5 * 2 * 2)
-    assert summary["settings"]["command"].startswith("python -m repgeom.experiments.common_bias")
+    assert summary["settings"]["command"].startswith("repgeom-common-bias ")
     assert "n_tokens=8" in summary["settings"]["command"]

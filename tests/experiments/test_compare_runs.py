@@ -1,4 +1,5 @@
-"""`python -m repgeom.experiments.compare_runs`: two run folders in, one side-by-side PNG out."""
+"""`repgeom-compare-runs` (`repgeom.cli.compare_runs` over `repgeom.experiments.compare_runs`):
+two run folders in, one side-by-side PNG out."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import pytest
 
+from repgeom.cli import compare_runs as compare_command
 from repgeom.experiments import compare_runs
 from repgeom.probes.table import append_rows, probe_dir
 
@@ -24,8 +26,8 @@ def write_run(run_dir, *, steps=(0, 100), top_layer=2, n_layer=4):
 def test_main_writes_a_png_from_two_runs(tmp_path, capsys):
     causal = write_run(tmp_path / "causal", top_layer=3)
     bidirectional = write_run(tmp_path / "bidirectional", top_layer=1)
-    out = compare_runs.main([str(causal), str(bidirectional), "--metric", "anisotropy",
-                             "--out", str(tmp_path / "figs" / "compare.png")])
+    out = compare_command.main([str(causal), str(bidirectional), "--metric", "anisotropy",
+                                "--out", str(tmp_path / "figs" / "compare.png")])
     assert out == tmp_path / "figs" / "compare.png"
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5_000
     assert f"wrote {out}" in capsys.readouterr().out
@@ -42,32 +44,32 @@ def test_labels_and_step_reach_the_figure(tmp_path, monkeypatch):
         return real(frames, metric, step=step)
 
     monkeypatch.setattr(compare_runs, "profiles_side_by_side", spy)
-    compare_runs.main([str(causal), str(bidirectional), "--labels", "causal", "bidirectional",
-                       "--step", "0", "--out", str(tmp_path / "c.png")])
+    compare_command.main([str(causal), str(bidirectional), "--labels", "causal", "bidirectional",
+                          "--step", "0", "--out", str(tmp_path / "c.png")])
     assert seen == {"labels": ["causal", "bidirectional"], "metric": "anisotropy", "step": 0}
     # Default labels are the run folders' names; a table file or probes/ folder names its run.
-    compare_runs.main([str(causal / "probes" / "probes.csv"), str(bidirectional / "probes"),
-                       "--out", str(tmp_path / "d.png")])
+    compare_command.main([str(causal / "probes" / "probes.csv"), str(bidirectional / "probes"),
+                          "--out", str(tmp_path / "d.png")])
     assert seen["labels"] == ["a", "b"] and seen["step"] == "last"
 
 
-def test_bad_arguments_exit_with_a_message(tmp_path, capsys):
+def test_bad_arguments_fail_with_a_message(tmp_path):
     run = write_run(tmp_path / "a")
-    with pytest.raises(SystemExit):
-        compare_runs.main([str(run), str(run), "--labels", "only-one"])
-    assert "--labels: got 1 labels for 2 runs" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        compare_runs.main([str(run), "--step", "late"])
-    assert "expected an integer or 'last'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="labels: got 1 labels for 2 runs"):
+        compare_command.main([str(run), str(run), "--labels", "only-one"])
+    with pytest.raises(ValueError, match="expected an integer or 'last'"):
+        compare_command.main([str(run), "--step", "late"])
+    with pytest.raises(SystemExit, match="unknown option --colour"):
+        compare_command.main([str(run), "--colour", "red"])
 
 
 def test_missing_table_and_missing_metric_are_clear(tmp_path):
     run = write_run(tmp_path / "a")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no probe table in .*empty"):
-        compare_runs.main([str(run), str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")])
+        compare_command.main([str(run), str(tmp_path / "empty"), "--out", str(tmp_path / "x.png")])
     with pytest.raises(ValueError, match="'twonn' is not in the table; available: anisotropy"):
-        compare_runs.main([str(run), "--metric", "twonn", "--out", str(tmp_path / "x.png")])
+        compare_command.main([str(run), "--metric", "twonn", "--out", str(tmp_path / "x.png")])
     assert not (tmp_path / "x.png").exists()
 
 
@@ -115,9 +117,9 @@ def test_runs_sharing_a_label_draw_their_mean_and_t_interval(tmp_path, monkeypat
         return figures[-1]
 
     monkeypatch.setattr(compare_runs, "profile_bands", spy)
-    out = compare_runs.main([*map(str, causal), *map(str, bidirectional),
-                             "--labels", *["causal"] * 3, *["bidirectional"] * 3,
-                             "--out", str(tmp_path / "bands.png")])
+    out = compare_command.main([*map(str, causal), *map(str, bidirectional),
+                                "--labels", *["causal"] * 3, *["bidirectional"] * 3,
+                                "--out", str(tmp_path / "bands.png")])
     assert out.stat().st_size > 5_000
     (fig,) = figures
     left, right = fig.axes[:2]
@@ -141,15 +143,17 @@ def test_group_by_masking_reads_each_runs_config(tmp_path, monkeypatch):
         return real(groups, metric, step=step)
 
     monkeypatch.setattr(compare_runs, "profile_bands", spy)
-    compare_runs.main([*map(str, runs), "--group-by", "masking", "--out", str(tmp_path / "g.png")])
+    compare_command.main([*map(str, runs), "--group-by", "masking",
+                          "--out", str(tmp_path / "g.png")])
     assert seen == {"causal": 2, "bidirectional": 2}
     with pytest.raises(FileNotFoundError, match="has no .*config.yaml"):
-        compare_runs.main([str(write_run(tmp_path / "plain")), "--group-by", "masking",
-                           "--out", str(tmp_path / "h.png")])
+        compare_command.main([str(write_run(tmp_path / "plain")), "--group-by", "masking",
+                              "--out", str(tmp_path / "h.png")])
 
 
 def test_runs_of_one_label_must_share_their_steps(tmp_path):
     a = write_seed(tmp_path / "a", [0.2, 0.3, 0.2])
     b = write_seed(tmp_path / "b", [0.2, 0.3, 0.2], step=50)
     with pytest.raises(ValueError, match="probed at different steps"):
-        compare_runs.main([str(a), str(b), "--labels", "x", "x", "--out", str(tmp_path / "x.png")])
+        compare_command.main([str(a), str(b), "--labels", "x", "x",
+                              "--out", str(tmp_path / "x.png")])

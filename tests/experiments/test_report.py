@@ -12,10 +12,10 @@ import yaml
 from cli_runs import PYTHON, run_train, subprocess_env, tiny_overrides
 from hydra_configs import ROOT
 
+from repgeom.cli.report import main as report
 from repgeom.experiments import report as report_module
 from repgeom.experiments import seeds
 from repgeom.experiments.report import find_runs, shape_of_learning
-from repgeom.experiments.report import main as report
 from repgeom.probes.table import append_rows, probe_dir, read_table
 
 T_975_2 = 4.302652729911275

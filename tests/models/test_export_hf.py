@@ -18,9 +18,10 @@ import torch
 from cli_runs import subprocess_env
 from hydra_configs import compose_train
 
+from repgeom.cli.export_hf import main
 from repgeom.data import enwik8
 from repgeom.data.vocab import Vocab
-from repgeom.models.export_hf import build_tokenizer, bytes_to_unicode, export_hf, main
+from repgeom.models.export_hf import build_tokenizer, bytes_to_unicode, export_hf
 from repgeom.models.hf import hf_capture, load_hf_model
 from repgeom.models.lightning_module import CharLM
 from repgeom.train import train

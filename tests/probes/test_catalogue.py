@@ -306,9 +306,11 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     assert any(k.startswith("probe/plots/similarity_linear_cka") for k in keys)  # image keys
 
     out = tmp_path / "causal_vs_bidi.png"
-    compare_runs.main([str(causal), str(runs["bidirectional"]), "--similarity", "linear_cka",
-                       "--labels", "causal", "bidirectional", "--batch-size", "256",
-                       "--out", str(out)])
+    from repgeom.cli import compare_runs as compare_command
+
+    compare_command.main([str(causal), str(runs["bidirectional"]), "--similarity", "linear_cka",
+                          "--labels", "causal", "bidirectional", "--batch-size", "256",
+                          "--out", str(out)])
     rows = pd.read_csv(out.with_suffix(".csv"))
     assert out.is_file() and rows["run_b"].eq("bidirectional").all() and len(rows) == 4
     # Independent: linear_cka of the two saved state sets, mean over the same batches.

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from test_probe_run import SMALL, run_probe_py
 
+from repgeom.cli import survey as survey_command
 from repgeom.probes import plots, survey, table
 from repgeom.probes.drift_cosine import CSV_NAME, drift_cosine_correlation
 
@@ -118,17 +119,17 @@ def test_relative_depth_of_models_of_different_depths(tmp_path) -> None:
 @pytest.mark.slow
 def test_cli_and_its_errors(sweep, tmp_path, capsys) -> None:
     root, _ = sweep
-    paths = survey.main([str(root / "0"), str(root / "1"), "--out", str(tmp_path),
+    paths = survey_command.main([str(root / "0"), str(root / "1"), "--out", str(tmp_path),
                          "--metrics", "anisotropy"])
     assert [p.name for p in paths] == ["survey_anisotropy.png"]
     assert "2 probe folders" in capsys.readouterr().out
     with pytest.raises(ValueError, match="metric 'twonn' is not in the table; available"):
-        survey.main([str(root), "--out", str(tmp_path), "--metrics", "twonn"])
+        survey_command.main([str(root), "--out", str(tmp_path), "--metrics", "twonn"])
     with pytest.raises(ValueError, match="give each model once"):
         survey.survey_table([root / "0", root / "0"])
     with pytest.raises(FileNotFoundError, match="not a probe.py output folder"):
         survey.probe_folders([tmp_path])
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['depth', 'kind'\]: build it"):
         plots.survey_profile(table.read_table(root / "0"), "anisotropy")
-    with pytest.raises(SystemExit):
-        survey.main([str(root / "0"), str(root / "1")])  # several folders need --out
+    with pytest.raises(ValueError, match="out is needed with several folders"):
+        survey_command.main([str(root / "0"), str(root / "1")])

@@ -1,4 +1,4 @@
-"""Self-contained analyses with their own command lines (``python -m repgeom.analyses.<name>``).
+"""Self-contained analyses of a model on texts, each run by ``repgeom-<name>`` (`repgeom.cli`).
 
 - ``distributions``: activation laws and secondary modes per layer and label group
   ("Beyond Gaussian", papers/004).

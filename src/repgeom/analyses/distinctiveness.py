@@ -8,9 +8,9 @@ after PCA to 90% of the variance (per layer, over all sentences).
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.distinctiveness hf=<name or folder> csv=<file> out=<dir> \\
+    repgeom-distinctiveness hf=<name or folder> csv=<file> out=<dir> \\
         [subject=subject] [attribute=attribute] [pooling=mean|last] [pca=0.9] [tokenizer=...]
-    python -m repgeom.analyses.distinctiveness ckpt=<run>/checkpoints/last.ckpt csv=... out=...
+    repgeom-distinctiveness ckpt=<run>/checkpoints/last.ckpt csv=... out=...
 
 Writes to ``out``: ``distinctiveness.csv`` (layer, layer_name, space, subject, attribute,
 score, n_components), ``by_subject.csv`` and ``by_attribute.csv`` (means per layer),
@@ -19,7 +19,6 @@ score, n_components), ``by_subject.csv`` and ``by_attribute.csv`` (means per lay
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,11 +28,10 @@ import torch
 
 from repgeom.metrics.distinctiveness import distinctiveness, pca_project
 
-from .cli import model_arguments, parse
-from .subjects import Subject, load_subject, pool
+from .subjects import Subject, pool
 
 __all__ = ["pooled_states", "distinctiveness_by_layer", "layer_means", "plot_heatmaps",
-           "plot_means", "run", "main"]
+           "plot_means", "run"]
 
 
 def pooled_states(subject: Subject, texts: Sequence[str], pooling: str = "mean") -> np.ndarray:
@@ -158,26 +156,3 @@ def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
         fig.savefig(out / "means.png", dpi=80)
         plt.close(fig)
     return scores
-
-
-def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(prog="python -m repgeom.analyses.distinctiveness",
-                                description=__doc__.split("\n\n")[0])
-    model_arguments(p)
-    p.add_argument("--csv", required=True, help="labelled sentences (text + label columns)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--subject", default="subject", help="subject column")
-    p.add_argument("--attribute", default="attribute", help="attribute column")
-    p.add_argument("--text", default="text", help="text column")
-    p.add_argument("--pooling", default="mean", choices=("mean", "last"))
-    p.add_argument("--pca", type=float, default=0.9, help="variance share kept; 0 = no PCA")
-    a = parse(p, argv)
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
-                           name=a.name)
-    return run(subject, pd.read_csv(a.csv), a.out, subject_col=a.subject,
-               attribute_col=a.attribute, text_col=a.text, pooling=a.pooling,
-               pca_variance=a.pca or None)
-
-
-if __name__ == "__main__":
-    main()

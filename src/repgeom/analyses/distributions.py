@@ -17,10 +17,10 @@ finds secondary modes with a KDE. Here, for a model and a labelled CSV:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.distributions hf=<name or folder> csv=<file> out=<dir> \\
+    repgeom-distributions hf=<name or folder> csv=<file> out=<dir> \\
         [group_by=subject,attribute] [criterion=loglik|aic] [n_samples=5000] \\
         [mode_samples=20000] [tokenizer=...] [name=<label>]
-    python -m repgeom.analyses.distributions ckpt=<file.ckpt> csv=<file> out=<dir>
+    repgeom-distributions ckpt=<file.ckpt> csv=<file> out=<dir>
 
 Writes to ``out``: ``fits.csv`` (model, group, layer, layer_name, family, loglik, aic, params),
 ``summary.csv`` (per group and layer: kurtosis, best families, modes per side),
@@ -32,7 +32,6 @@ Writes to ``out``: ``fits.csv`` (model, group, layer, layer_name, family, loglik
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,10 +47,9 @@ from repgeom.metrics.distributions import (
     activation_distribution,
 )
 
-from .cli import model_arguments, parse
-from .subjects import Subject, load_subject
+from .subjects import Subject
 
-__all__ = ["group_values", "fit_groups", "family_shares", "plot_layer", "run", "main"]
+__all__ = ["group_values", "fit_groups", "family_shares", "plot_layer", "run"]
 
 
 def group_values(subject: Subject, data: pd.DataFrame, group_by: Sequence[str] = (),
@@ -189,30 +187,3 @@ def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
                 fig.savefig(out / f"layer_{name}.png", dpi=80)
                 plt.close(fig)
     return tables
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
-    p = argparse.ArgumentParser(prog="python -m repgeom.analyses.distributions",
-                                description=__doc__.split("\n\n")[0])
-    model_arguments(p)
-    p.add_argument("--csv", required=True, help="texts (a 'text' column) and label columns")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--group-by", default="", help="comma-separated label columns")
-    p.add_argument("--text", default="text", help="text column")
-    p.add_argument("--n-samples", type=int, default=5000, help="values per fit (subsample)")
-    p.add_argument("--mode-samples", type=int, default=20000, help="values per KDE (subsample)")
-    p.add_argument("--criterion", default="loglik", choices=("loglik", "aic"),
-                   help="which winner the figures show (both are in the tables)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-figures", action="store_true")
-    a = parse(p, argv)
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
-                           name=a.name)
-    group_by = [c for c in a.group_by.split(",") if c]
-    return run(subject, pd.read_csv(a.csv), a.out, group_by=group_by, text_col=a.text,
-               n_samples=a.n_samples, seed=a.seed, criterion=a.criterion,
-               mode_samples=a.mode_samples, figures=not a.no_figures)
-
-
-if __name__ == "__main__":
-    main()

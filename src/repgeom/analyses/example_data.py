@@ -5,7 +5,7 @@ by a language model; this is a small, deterministic stand-in built from template
 5 attributes (a tone, a casing, a style, a sentence form, and neutral), 8 facts per subject, so
 200 rows. Every (subject, attribute) cell holds the same 8 facts, rewritten by the attribute.
 
-``python -m repgeom.analyses.example_data data/examples/subject_attribute.csv`` writes it.
+``repgeom-example-data data/examples/subject_attribute.csv`` writes it.
 
 Examples
 --------
@@ -17,8 +17,6 @@ Examples
 """
 
 from __future__ import annotations
-
-import sys
 
 import pandas as pd
 
@@ -116,14 +114,3 @@ def make_examples() -> pd.DataFrame:
         for fact in facts
     ]
     return pd.DataFrame(rows)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        raise SystemExit("usage: python -m repgeom.analyses.example_data OUT.csv")
-    make_examples().to_csv(args[0], index=False)
-
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,7 @@ The protocol on our runs:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.qk_projection run=<train.py run folder> out=<dir> \\
+    repgeom-qk-projection run=<train.py run folder> out=<dir> \\
         [layer=1,2] [head=0] [basis=union|query|key] [windows=16] [points=256] [device=auto]
 
 A run folder holds ``last.ckpt`` and ``best.ckpt`` only unless training kept more:
@@ -47,7 +47,6 @@ writes the same into ``<probe output>/qk_projection/`` (`write`).
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,8 +58,6 @@ import torch
 
 from repgeom.analyses.qk_trajectory import DEFAULT_POINTS, QKTrajectory, qk_trajectory
 
-from .cli import parse
-
 __all__ = [
     "BASES",
     "QKProjection",
@@ -71,7 +68,6 @@ __all__ = [
     "project",
     "plot_projection",
     "write",
-    "main",
 ]
 
 BASES = ("union", "query", "key")
@@ -281,11 +277,11 @@ def plot_projection(points: pd.DataFrame, means: pd.DataFrame, *, title: str = "
 # Command line
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in str(text).split(",") if v.strip() != ""]
     except ValueError:
-        raise argparse.ArgumentTypeError(
+        raise ValueError(
             f"{text!r} is not a comma-separated list of integers, e.g. 1,2"
         ) from None
 
@@ -330,28 +326,3 @@ def write(
     print(f"qk_projection: {len(trajectory.steps)} checkpoints (steps {trajectory.steps}), "
           f"{len(trajectory.heads)} heads: {out}")
     return tables, figures
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
-    p = argparse.ArgumentParser(prog="python -m repgeom.analyses.qk_projection",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a train.py run folder (<run>/checkpoints)")
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--layer", type=_int_list, default=None, help="blocks from 1 (default: all)")
-    p.add_argument("--head", type=_int_list, default=None, help="heads from 0 (default: all)")
-    p.add_argument("--basis", choices=BASES, default="union",
-                   help="fit the SVD on queries and keys, or on one kind (appendix C)")
-    p.add_argument("--windows", type=int, default=None,
-                   help="whole probe windows (default: the training probe's attention_windows)")
-    p.add_argument("--points", type=int, default=DEFAULT_POINTS,
-                   help="tokens per step drawn and written")
-    p.add_argument("--seed", type=int, default=0, help="which tokens are drawn")
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda")
-    a = parse(p, argv)
-    tables, _ = write(a.run, a.out, layers=a.layer, heads=a.head, basis=a.basis,
-                      windows=a.windows, points=a.points, seed=a.seed, device=a.device)
-    return tables
-
-
-if __name__ == "__main__":
-    main()

@@ -18,8 +18,8 @@ from a trained model on real text, per block:
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.scores hf=<name or folder> csv=<file with a text column> out=<dir>
-    python -m repgeom.analyses.scores ckpt=<file.ckpt> "text=some text" out=<dir>
+    repgeom-scores hf=<name or folder> csv=<file with a text column> out=<dir>
+    repgeom-scores ckpt=<file.ckpt> "text=some text" out=<dir>
 
 Writes to ``out``: ``scores.csv`` (model, layer, layer_name, statistic, n, mean, std, min,
 q01, q05, q25, q50, q75, q95, q99, max; q05 is the 5% quantile), ``scores.png`` (one histogram
@@ -30,7 +30,6 @@ row maximum and minimum).
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +43,10 @@ from repgeom.metrics import attention_scores
 from repgeom.metrics._validation import check_int
 from repgeom.probes.plots import DPI
 
-from .cli import model_arguments, parse
-from .subjects import Subject, load_subject
+from .subjects import Subject
 
 __all__ = ["LayerScores", "text_scores", "collect", "summary_table", "plot_histograms",
-           "plot_extremes", "main", "QUANTILES", "STATISTICS"]
+           "plot_extremes", "write", "read_texts", "QUANTILES", "STATISTICS"]
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 """Quantiles of every statistic in ``scores.csv`` (columns q01 ... q99)."""
@@ -211,30 +209,14 @@ def plot_extremes(layers: Sequence[LayerScores], title: str = "") -> Figure:
     return fig
 
 
-def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
-    p = argparse.ArgumentParser(prog="python -m repgeom.analyses.scores",
-                                description=__doc__.split("\n\n")[0])
-    model_arguments(p)
-    p.add_argument("--text", action="append", default=[], help="a text (may be repeated)")
-    p.add_argument("--csv", help="CSV whose 'text' column holds the texts")
-    p.add_argument("--max-scores", type=int, default=MAX_SCORES,
-                   help="scores kept per layer for the quantiles and histograms")
-    p.add_argument("--seed", type=int, default=0, help="seed of the subset of scores kept")
-    p.add_argument("--out", required=True, help="output folder")
-    a = parse(p, argv)
-    texts = list(a.text)
-    if a.csv is not None:
-        data = pd.read_csv(a.csv)
-        if "text" not in data.columns:
-            raise ValueError(f"{a.csv} has no 'text' column (columns: {list(data.columns)}); "
-                             "name the column of texts 'text'")
-        texts += data["text"].astype(str).tolist()
+def write(subject: Subject, texts: Sequence[str], out: str | Path, *,
+          max_scores: int = MAX_SCORES, seed: int = 0) -> pd.DataFrame:
+    """Collect the scores of `texts`, write ``scores.csv``, ``scores.png`` and ``extremes.png``
+    to `out`, and return the table."""
     if not texts:
-        p.error("give text=... and/or csv=<file with a text column>")
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
-                           name=a.name)
-    layers = collect(subject, texts, max_scores=a.max_scores, seed=a.seed)
-    out = Path(a.out)
+        raise ValueError("texts is empty: give text=... and/or csv=<file with a text column>")
+    layers = collect(subject, texts, max_scores=max_scores, seed=seed)
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table = summary_table(layers, subject.name)
     table.to_csv(out / "scores.csv", index=False)
@@ -245,5 +227,10 @@ def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     return table
 
 
-if __name__ == "__main__":
-    main()
+def read_texts(csv: str | Path) -> list[str]:
+    """The ``text`` column of the CSV file `csv`."""
+    data = pd.read_csv(csv)
+    if "text" not in data.columns:
+        raise ValueError(f"{csv} has no 'text' column (columns: {list(data.columns)}); "
+                         "name the column of texts 'text'")
+    return data["text"].astype(str).tolist()

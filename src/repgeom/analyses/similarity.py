@@ -12,9 +12,9 @@ tokens of one sentence all point the same way ("smallest similarity is 0.92"). B
 
 Command line (``key=value`` or ``--key value``)::
 
-    python -m repgeom.analyses.similarity hf=<name or folder> text="Cooking mushrooms..." \\
+    repgeom-similarity hf=<name or folder> text="Cooking mushrooms..." \\
         [pairs=<csv with text_a,text_b>] out=<dir>
-    python -m repgeom.analyses.similarity ckpt=<file.ckpt> text=... out=<dir>
+    repgeom-similarity ckpt=<file.ckpt> text=... out=<dir>
 
 Writes ``self_similarity.csv`` (layer, layer_name, n_tokens, mean_offdiag, min_offdiag),
 ``self_similarity.png`` (the matrices), and with ``pairs=``, ``pair_similarity.csv``
@@ -23,7 +23,6 @@ Writes ``self_similarity.csv`` (layer, layer_name, n_tokens, mean_offdiag, min_o
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +32,9 @@ import pandas as pd
 
 from repgeom.metrics.similarity import pooled_similarity, token_cosine_matrix
 
-from .cli import model_arguments, parse
-from .subjects import Subject, load_subject
+from .subjects import Subject
 
-__all__ = ["LayerSelfSimilarity", "token_self_similarity", "pair_similarity", "main"]
+__all__ = ["LayerSelfSimilarity", "token_self_similarity", "pair_similarity", "write"]
 
 
 @dataclass(frozen=True)
@@ -108,23 +106,17 @@ def plot_self_similarity(layers: Sequence[LayerSelfSimilarity], tokens: Sequence
     return fig
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
-    p = argparse.ArgumentParser(prog="python -m repgeom.analyses.similarity",
-                                description=__doc__.split("\n\n")[0])
-    model_arguments(p)
-    p.add_argument("--text", help="one text for the token x token cosine")
-    p.add_argument("--pairs", help="CSV with columns text_a,text_b")
-    p.add_argument("--out", required=True, help="output folder")
-    a = parse(p, argv)
-    if a.text is None and a.pairs is None:
-        p.error("give text=... and/or pairs=<csv>")
-    subject = load_subject(hf=a.hf, ckpt=a.ckpt, tokenizer=a.tokenizer, max_tokens=a.max_tokens,
-                           name=a.name)
-    out = Path(a.out)
+def write(subject: Subject, out: str | Path, *, text: str | None = None,
+          pairs: str | Path | None = None) -> dict[str, pd.DataFrame]:
+    """The token x token cosine of `text` and/or the pooled similarity of the pairs in the CSV
+    `pairs` (columns ``text_a``, ``text_b``), written to `out`; returns the tables by name."""
+    if text is None and pairs is None:
+        raise ValueError("give text=... and/or pairs=<csv>")
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tables = {}
-    if a.text is not None:
-        layers = token_self_similarity(subject, a.text)
+    if text is not None:
+        layers = token_self_similarity(subject, text)
         t = pd.DataFrame([{"layer": x.layer, "layer_name": x.layer_name,
                            "n_tokens": x.matrix.shape[0], "mean_offdiag": x.mean_offdiag,
                            "min_offdiag": x.min_offdiag} for x in layers])
@@ -132,22 +124,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
         t.to_csv(out / "self_similarity.csv", index=False)
         import matplotlib.pyplot as plt
 
-        fig = plot_self_similarity(layers, subject.tokens(a.text), Path(subject.name).name)
+        fig = plot_self_similarity(layers, subject.tokens(text), Path(subject.name).name)
         fig.savefig(out / "self_similarity.png", dpi=80)
         plt.close(fig)
         tables["self_similarity"] = t
-    if a.pairs is not None:
-        df = pd.read_csv(a.pairs)
+    if pairs is not None:
+        df = pd.read_csv(pairs)
         missing = {"text_a", "text_b"} - set(df.columns)
         if missing:
-            raise ValueError(f"{a.pairs} lacks column(s) {sorted(missing)}")
+            raise ValueError(f"{pairs} lacks column(s) {sorted(missing)}")
         t = pair_similarity(subject, zip(df["text_a"].astype(str), df["text_b"].astype(str),
                                          strict=True))
         t.insert(0, "model", subject.name)
         t.to_csv(out / "pair_similarity.csv", index=False)
         tables["pair_similarity"] = t
     return tables
-
-
-if __name__ == "__main__":
-    main()

@@ -47,7 +47,7 @@ The paper's section 4 figures plot input vs output cosine similarity and norm ag
 the max/median/min of softmax rows against ``N``; their numbers could not be checked from here
 (see ``docs/results/common_bias/README.md`` for what was and was not verified).
 
-Run it with ``python -m repgeom.experiments.common_bias model=gpt_small`` (Hydra config
+Run it with ``repgeom-common-bias model=gpt_small`` (Hydra config
 ``conf/common_bias.yaml``); it writes ``common_bias.csv``, ``common_bias.png`` and
 ``summary.json`` into ``outputs/common_bias/<date>/<time>``.
 """
@@ -68,7 +68,6 @@ from repgeom.experiments.common_bias_markdown import render_markdown
 from repgeom.experiments.common_bias_summary import FixedPoint, drift_fixed_point, summarize
 from repgeom.experiments.common_bias_sweep import COLUMNS, common_bias_sweep
 from repgeom.models.gpt import GPTConfig
-from repgeom.resources import conf_dir
 
 __all__ = [
     "COLUMNS",
@@ -80,7 +79,6 @@ __all__ = [
     "plot_common_bias",
     "run",
     "render_markdown",
-    "main",
 ]
 
 
@@ -161,16 +159,6 @@ def _command_line() -> str | None:
     if not HydraConfig.initialized():
         return None
     hc = HydraConfig.get().overrides
-    typed = [o for o in hc.hydra if not o.startswith("hydra.mode=")]  # e.g. hydra.run.dir=...
-    return " ".join(["python -m repgeom.experiments.common_bias", *hc.task, *typed])
-
-
-def main() -> None:
-    """``python -m repgeom.experiments.common_bias [overrides]`` (see ``conf/common_bias.yaml``)."""
-    import hydra
-
-    hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="common_bias")(run)()
-
-
-if __name__ == "__main__":
-    main()
+    typed = [o for o in hc.hydra  # e.g. hydra.run.dir=...; not those the command adds itself
+             if not o.startswith(("hydra.mode=", "hydra.job.name="))]
+    return " ".join(["repgeom-common-bias", *hc.task, *typed])

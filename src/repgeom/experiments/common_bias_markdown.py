@@ -34,7 +34,7 @@ def render_markdown(summaries: Sequence[dict]) -> str:
     ]
     for s in summaries:
         st = s.get("settings", {})
-        lines.append(f"- `{st.get('command') or 'python -m repgeom.experiments.common_bias'}` "
+        lines.append(f"- `{st.get('command') or 'repgeom-common-bias'}` "
                      f"({st.get('sweep_seconds', '?')} s for the sweep on CPU)")
     lines += [
         "",

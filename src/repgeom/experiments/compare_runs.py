@@ -2,7 +2,7 @@
 
 The one command to lay a causal and a bidirectional run beside each other::
 
-    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \\
+    repgeom-compare-runs outputs/causal outputs/bidirectional \\
         --metric anisotropy --labels causal bidirectional --out compare.png
 
 Each RUN is a run folder (its table is ``<run>/probes/probes.parquet`` or ``.csv``), a ``probes``
@@ -13,10 +13,10 @@ Several runs per label (seeds) are drawn as one panel: the mean profile over tho
 95% t-interval, shaded (`repgeom.experiments.seeds`). Repeat a label, or let each run's saved Hydra
 config name its group::
 
-    python -m repgeom.experiments.compare_runs sweep/causal-seed{0,1,2} \\
+    repgeom-compare-runs sweep/causal-seed{0,1,2} \\
         sweep/bidirectional-seed{0,1,2} \\
         --labels causal causal causal bidirectional bidirectional bidirectional
-    python -m repgeom.experiments.compare_runs sweep/*-seed* --group-by masking
+    repgeom-compare-runs sweep/*-seed* --group-by masking
 
 The runs of one label must have been probed at the same steps.
 
@@ -25,7 +25,7 @@ layer of run A and run B on the same windows, `repgeom.probes.similarity`), from
 probe saved (the training probe with a pairwise metric, ``probe.metrics=[all]``, or probe.py,
 whose default computes them)::
 
-    python -m repgeom.experiments.compare_runs outputs/causal outputs/bidirectional \
+    repgeom-compare-runs outputs/causal outputs/bidirectional \
         --similarity linear_cka --labels causal bidirectional --out causal_vs_bidi.png
 
 writes the figure and the rows (``layer``, ``run_b``, ``value``, ``std``: mean and std over the
@@ -34,8 +34,6 @@ probe's batches) as ``causal_vs_bidi.csv``.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -92,54 +90,6 @@ def config_labels(runs: Sequence[str], key: str) -> list[str]:
     return labels
 
 
-def _step(text: str) -> int | str:
-    if text == "last":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer or 'last', got {text!r}"
-        ) from None
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m repgeom.experiments.compare_runs",
-        description="Layer profiles of several probed runs, side by side, in one PNG.",
-    )
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="run folder, its probes/ folder, or a probes.parquet/.csv file")
-    parser.add_argument("--metric", default="anisotropy",
-                        help="metric to compare (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("compare.png"),
-                        help="PNG to write (default: %(default)s)")
-    parser.add_argument("--labels", nargs="+", metavar="LABEL",
-                        help="one label per run (default: the run folders' names); runs that "
-                             "share a label are drawn as their mean with a 95%% interval")
-    parser.add_argument("--group-by", metavar="KEY",
-                        help="label each run by KEY of its .hydra/config.yaml ('masking' for "
-                             "masking.name, or a dotted path), grouping the runs that share it")
-    parser.add_argument("--step", type=_step, default="last",
-                        help="probe step drawn in every panel, or 'last' for each run's own last")
-    parser.add_argument("--dpi", type=int, default=DPI, help="resolution (default: %(default)s)")
-    parser.add_argument("--similarity", choices=catalogue.PAIR_NAMES,
-                        help="instead of profiles: this similarity of the same layer of two runs, "
-                             "from their saved probe states (exactly two RUNs)")
-    parser.add_argument("--batch-size", type=int, default=ProbeSettings.state_batch_size,
-                        help="--similarity: states per batch (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=ProbeSettings.seed,
-                        help="--similarity: seed of the batches (default: %(default)s)")
-    args = parser.parse_args(argv)
-    if args.labels is not None and len(args.labels) != len(args.runs):
-        parser.error(f"--labels: got {len(args.labels)} labels for {len(args.runs)} runs")
-    if args.labels is not None and args.group_by is not None:
-        parser.error("--labels and --group-by: pass one of them")
-    if args.similarity is not None and len(args.runs) != 2:
-        parser.error(f"--similarity compares exactly two runs, got {len(args.runs)}")
-    return args
-
-
 def run_similarity(runs: Sequence[str], labels: Sequence[str], metric: str, *,
                    step: int | str = "last",
                    batch_size: int = ProbeSettings.state_batch_size,
@@ -153,50 +103,72 @@ def run_similarity(runs: Sequence[str], labels: Sequence[str], metric: str, *,
     return rows_to_frame([{**row, "run": labels[0]} for row in rows])
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Read each run's table, draw the figure, write it to ``--out``; return the path.
+def _step(step: int | str) -> int | str:
+    if step == "last":
+        return step
+    try:
+        return int(step)
+    except ValueError:
+        raise ValueError(f"step: expected an integer or 'last', got {step!r}") from None
+
+
+def compare(runs: Sequence[str | Path], out: str | Path = "compare.png", *,
+            metric: str = "anisotropy", labels: Sequence[str] | None = None,
+            group_by: str | None = None, step: int | str = "last", dpi: int = DPI,
+            similarity: str | None = None,
+            batch_size: int = ProbeSettings.state_batch_size,
+            seed: int = ProbeSettings.seed) -> Path:
+    """Read each run's table, draw the figure, write it to `out`; return the path.
 
     One run per label: `profiles_side_by_side`. Several runs under a label: `profile_bands`,
-    one panel per label with the mean over its runs and the 95% interval.
+    one panel per label with the mean over its runs and the 95% interval. `labels` defaults to
+    the run folders' names, or each run's `group_by` key of its ``.hydra/config.yaml``.
+    `similarity` (a pair metric of `catalogue.PAIR_NAMES`): instead of profiles, that similarity
+    of the same layer of exactly two runs, from their saved probe states (a PNG and a CSV).
 
     Raises
     ------
     FileNotFoundError
         When a run has no probe table (naming where it looked).
     ValueError
-        When a run lacks the metric (naming it and listing the metrics present) or the step.
+        When a run lacks the metric (naming it and listing the metrics present) or the step, or
+        the options disagree (labels and runs in number, labels with group_by, similarity with
+        other than two runs).
     """
-    args = parse_args(argv)
-    if args.group_by is not None:
-        labels = config_labels(args.runs, args.group_by)
+    runs = [str(r) for r in runs]
+    out = Path(out)
+    step = _step(step)
+    if labels is not None and len(labels) != len(runs):
+        raise ValueError(f"labels: got {len(labels)} labels for {len(runs)} runs")
+    if labels is not None and group_by is not None:
+        raise ValueError("labels and group_by: pass one of them")
+    if similarity is not None and similarity not in catalogue.PAIR_NAMES:
+        raise ValueError(f"similarity: {similarity!r} is not one of {list(catalogue.PAIR_NAMES)}")
+    if similarity is not None and len(runs) != 2:
+        raise ValueError(f"similarity compares exactly two runs, got {len(runs)}")
+    if group_by is not None:
+        labels = config_labels(runs, group_by)
     else:
-        labels = args.labels or _labels(args.runs)
-    if args.similarity is not None:
-        frame = run_similarity(args.runs, labels, args.similarity, step=args.step,
-                               batch_size=args.batch_size, seed=args.seed)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(args.out.with_suffix(".csv"), index=False)
-        fig = layer_profile(frame, args.similarity)
+        labels = list(labels) if labels else _labels(runs)
+    if similarity is not None:
+        frame = run_similarity(runs, labels, similarity, step=step, batch_size=batch_size,
+                               seed=seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out.with_suffix(".csv"), index=False)
+        fig = layer_profile(frame, similarity)
         fig.suptitle(f"{labels[0]} vs {labels[1]}")
-        fig.savefig(args.out, dpi=args.dpi, facecolor="white", bbox_inches="tight")
-        print(f"wrote {args.out} and {args.out.with_suffix('.csv')}")
-        return args.out
+        fig.savefig(out, dpi=dpi, facecolor="white", bbox_inches="tight")
+        print(f"wrote {out} and {out.with_suffix('.csv')}")
+        return out
     groups: dict[str, list] = {}
-    for label, run in zip(labels, args.runs, strict=True):
+    for label, run in zip(labels, runs, strict=True):
         groups.setdefault(label, []).append(read_table(run))
     if all(len(tables) == 1 for tables in groups.values()):
         frames = {label: tables[0] for label, tables in groups.items()}
-        fig = profiles_side_by_side(frames, args.metric, step=args.step)
+        fig = profiles_side_by_side(frames, metric, step=step)
     else:
-        fig = profile_bands(groups, args.metric, step=args.step)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=args.dpi, facecolor="white", bbox_inches="tight")
-    print(f"wrote {args.out}")
-    return args.out
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except (FileNotFoundError, ValueError) as err:  # a message, not a traceback, on the console
-        sys.exit(f"compare_runs: error: {err}")
+        fig = profile_bands(groups, metric, step=step)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi, facecolor="white", bbox_inches="tight")
+    print(f"wrote {out}")
+    return out

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m repgeom.models.export_hf outputs/.../checkpoints/last.ckpt exported/
+    repgeom-export-hf outputs/.../checkpoints/last.ckpt exported/
     python probe.py hf=exported/          # the same numbers as ckpt=...last.ckpt
 
 The folder holds ``config.json``, the weights and a tokenizer; ``AutoModel``,
@@ -57,7 +57,6 @@ report the final norm as its own layer, exactly as for the checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 from typing import Any
@@ -362,21 +361,3 @@ def export_hf(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     )
     tokenizer.save_pretrained(out)
     return out
-
-
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(
-        prog="python -m repgeom.models.export_hf",
-        description="Export a repgeom checkpoint as a Hugging Face model folder "
-        "(GPT2LMHeadModel, BertModel or XLMRobertaXLModel, with a byte tokenizer).",
-    )
-    parser.add_argument("ckpt", help="checkpoint written by train.py (e.g. .../last.ckpt)")
-    parser.add_argument("out_dir", help="folder to write (save_pretrained layout)")
-    args = parser.parse_args(argv)
-    out = export_hf(args.ckpt, args.out_dir)
-    print(f"Exported {args.ckpt} to {out}")
-    return out
-
-
-if __name__ == "__main__":
-    main()

@@ -10,12 +10,11 @@ in ``shard`` into ``<sweep dir>/merged/`` (one group) or ``merged-<k>/`` (severa
 ``hf=a,b``): the table (``probes/probes.csv``), its figures, ``phases.csv``,
 ``drift_cosine.csv``, ``probe_info.json`` and, with a W&B logger, one W&B run. By hand::
 
-    python -m repgeom.probes.shards <sweep dir> [--out DIR]
+    repgeom-shards <sweep dir> [--out DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ MERGED = "merged"
 KEYS = ("step", "step_b", "layer", "layer_b", "head", "metric", "model", "revision")
 """Columns that name one row: a row twice in the shards' tables means overlapping shards."""
 
-__all__ = ["MERGED", "ShardMergeCallback", "merge_shards", "shard_groups"]
+__all__ = ["MERGED", "ShardMergeCallback", "merge_shards", "merge_sweep", "shard_groups"]
 
 
 def _info(folder: Path) -> dict[str, Any]:
@@ -142,24 +141,24 @@ class ShardMergeCallback(Callback):
             merge_shards(folders, sweep / (MERGED if len(groups) == 1 else f"{MERGED}-{k}"))
 
 
-def main(argv: Sequence[str] | None = None) -> pd.DataFrame | None:
-    """``python -m repgeom.probes.shards SWEEP [--out DIR]``: merge a sweep's shards by hand."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", type=Path, help="the sweep folder (its jobs are 0/, 1/, ...)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"output folder (default: <SWEEP>/{MERGED}, one trajectory only)")
-    args = parser.parse_args(argv)
-    groups = shard_groups(args.sweep)
+def merge_sweep(sweep: str | Path, out: str | Path | None = None) -> pd.DataFrame:
+    """Merge the shard jobs of the sweep folder `sweep` (its jobs are 0/, 1/, ...): into `out`,
+    or ``<sweep>/merged`` (one trajectory) / ``<sweep>/merged-<k>`` (several); returns the last
+    merged table.
+
+    Raises
+    ------
+    ValueError
+        When `sweep` holds no shard jobs, or `out` is given for several trajectories.
+    """
+    sweep = Path(sweep)
+    groups = shard_groups(sweep)
     if not groups:
-        parser.error(f"{args.sweep} holds no shard jobs (probe_info.json with shards set)")
-    if len(groups) > 1 and args.out is not None:
-        parser.error(f"{args.sweep} holds {len(groups)} trajectories; leave --out unset")
+        raise ValueError(f"{sweep} holds no shard jobs (probe_info.json with shards set)")
+    if len(groups) > 1 and out is not None:
+        raise ValueError(f"{sweep} holds {len(groups)} trajectories; leave out unset")
     frame = None
     for k, folders in enumerate(groups):
-        default = args.sweep / (MERGED if len(groups) == 1 else f"{MERGED}-{k}")
-        frame = merge_shards(folders, args.out or default)
+        default = sweep / (MERGED if len(groups) == 1 else f"{MERGED}-{k}")
+        frame = merge_shards(folders, out or default)
     return frame
-
-
-if __name__ == "__main__":
-    main()

@@ -15,7 +15,7 @@ sweep ends, in ``<sweep dir>/survey/``)::
 
 or, on probe folders that already exist (a sweep folder stands for every probe folder in it)::
 
-    python -m repgeom.probes.survey outputs/probe/a outputs/probe/b --out survey/ \\
+    repgeom-survey outputs/probe/a outputs/probe/b --out survey/ \\
         --metrics anisotropy twonn
 
 Why folders and not a list in one process: each model keeps its own complete probe folder
@@ -32,7 +32,6 @@ revisions) contributes its last step.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -51,7 +50,7 @@ INFO_FILE = "probe_info.json"
 OUT_DIR = "survey"
 """The survey's folder inside a sweep folder (`SurveyCallback`, and the CLI's default)."""
 
-__all__ = ["SurveyCallback", "probe_folders", "save_survey", "survey_table"]
+__all__ = ["SurveyCallback", "probe_folders", "save_survey", "survey", "survey_table"]
 
 
 def probe_folders(paths: Iterable[str | Path]) -> list[Path]:
@@ -196,26 +195,23 @@ class SurveyCallback(Callback):
         print(f"Survey of {len(folders)} probe folders: {sweep / OUT_DIR} ({len(paths)} figures)")
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """``python -m repgeom.probes.survey FOLDER [FOLDER ...] [--out DIR] [--metrics M ...]``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", type=Path,
-                        help="probe.py output folders, or a sweep folder that holds them")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"output folder (default: <FOLDER>/{OUT_DIR} for one FOLDER)")
-    parser.add_argument("--metrics", nargs="+", default=None,
-                        help="metrics to draw (default: every layer-profile metric present)")
-    args = parser.parse_args(argv)
-    if args.out is None:
-        if len(args.folders) > 1:
-            parser.error("--out is needed with several folders")
-        args.out = args.folders[0] / OUT_DIR
-    folders = probe_folders(args.folders)
-    paths = save_survey(folders, args.out, metrics=args.metrics)
-    print(f"wrote {args.out / 'survey.csv'} and {len(paths)} figures of {len(folders)} probe "
-          "folders")
+def survey(folders: Sequence[str | Path], out: str | Path | None = None, *,
+           metrics: Sequence[str] | None = None) -> list[Path]:
+    """`save_survey` of the probe folders in `folders` (or the sweep folders holding them) to
+    `out` (default ``<FOLDER>/survey`` for one folder); returns the figures' paths.
+
+    Raises
+    ------
+    ValueError
+        When `out` is None and several folders are given.
+    """
+    folders = [Path(f) for f in folders]
+    if out is None:
+        if len(folders) > 1:
+            raise ValueError("out is needed with several folders")
+        out = folders[0] / OUT_DIR
+    out = Path(out)
+    found = probe_folders(folders)
+    paths = save_survey(found, out, metrics=metrics)
+    print(f"wrote {out / 'survey.csv'} and {len(paths)} figures of {len(found)} probe folders")
     return paths
-
-
-if __name__ == "__main__":
-    main()
