@@ -33,5 +33,5 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", help="a repgeom checkpoint (.ckpt)")
     parser.add_argument("--tokenizer", help="tokenizer name or folder, for hf folders without one")
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help="cut each text to this many tokens")
+                        help="tokens per window; a longer text is read in several windows")
     parser.add_argument("--name", help="model label in tables and figures (default: hf/ckpt)")

@@ -50,7 +50,7 @@ from .mle import MLEResult, mle_dimension
 from .near_duplicates import near_duplicate_share
 from .neighbors import faiss_has_gpu, nearest_neighbors
 from .rank import effective_rank, pca_dimension, rankme
-from .similarity import pooled_similarity, token_cosine_matrix
+from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
 from .twonn import TwoNNResult, twonn
 from .twonn_authors import TwoNNAuthorsResult, twonn_authors
 
@@ -86,6 +86,7 @@ __all__ = [
     "DistributionResult",
     "FAMILIES",
     "pooled_similarity",
+    "layer_pooled_similarity",
     "token_cosine_matrix",
     "effective_rank",
     "rankme",
