@@ -73,7 +73,7 @@ def test_hidden_is_the_residual_stream_and_final_norm_its_norm(tiny_hf, family, 
 def test_final_norm_rule_refuses_two_candidates(tiny_hf_folder):
     from transformers import AutoModel
 
-    from repgeom.models.hf import final_norm_module
+    from repgeom.models.hf.residual import final_norm_module
 
     model = AutoModel.from_pretrained(tiny_hf_folder("gpt2"))
     assert final_norm_module(model) is model.ln_f

@@ -366,7 +366,7 @@ def export_hf(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
     Raises
     ------
-    FileNotFoundError, repgeom.probes.runner.CheckpointFormatError
+    FileNotFoundError, repgeom.models.checkpoints.CheckpointFormatError
         A missing file or one that is not a repgeom checkpoint.
     """
     from repgeom.models.checkpoints import read_checkpoint

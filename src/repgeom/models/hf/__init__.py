@@ -89,7 +89,6 @@ cross-attending to the encoder (`repgeom.models.hf.stacks` says how and why).
 from __future__ import annotations
 
 from repgeom.models.hf.capture import hf_capture
-from repgeom.models.hf.families import FAMILIES, Family
 from repgeom.models.hf.loading import (
     HFModel,
     TokenizerMissingError,
@@ -97,18 +96,13 @@ from repgeom.models.hf.loading import (
     load_tokenizer_or_explain,
     model_stacks,
 )
-from repgeom.models.hf.residual import block_stack, final_norm_module
 from repgeom.models.hf.stacks import STACKS
 from repgeom.models.hf.windows import special_token_ids, tokenize_windows
 
 __all__ = [
-    "FAMILIES",
-    "Family",
     "STACKS",
     "HFModel",
     "TokenizerMissingError",
-    "block_stack",
-    "final_norm_module",
     "hf_capture",
     "load_hf_model",
     "load_tokenizer_or_explain",
