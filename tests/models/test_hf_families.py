@@ -265,3 +265,12 @@ def test_experiment_tells_causal_from_bidirectional(tiny_hf):
     assert is_decoder_by_experiment(tiny_hf("gpt2").model) is True
     assert is_decoder_by_experiment(tiny_hf("llama").model) is True
     assert is_decoder_by_experiment(tiny_hf("bert").model) is False
+
+
+def test_every_export_target_is_a_known_family():
+    # An exported folder is read back through its family's record (Q/K hooks, decoder or not).
+    from repgeom.models.export_hf import EXPORT_TARGETS
+    from repgeom.models.hf.families import FAMILIES
+
+    for target in EXPORT_TARGETS.values():
+        assert FAMILIES[target.family].qk is not None

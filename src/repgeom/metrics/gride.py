@@ -13,6 +13,7 @@ from .knn_batches import Neighbours, search_batches
 
 __all__ = ["GrideResult", "gride", "check_max_order"]
 
+
 @dataclass(frozen=True, eq=False)
 class GrideResult:
     """GRIDE estimate (Denti et al. 2022) at neighbour orders ``n2 = 2, 4, ..., max_order``.
@@ -103,6 +104,7 @@ def check_max_order(max_order, name: str = "max_order") -> int:
     if max_order & (max_order - 1):
         raise ValueError(f"{name} must be a power of two (2, 4, ..., 64), got {max_order}")
     return max_order
+
 
 def gride_from_neighbours(found: Neighbours, max_order: int, *,
                           bracket=(1e-3, 1e3, 1e-7)) -> GrideResult:

@@ -18,6 +18,7 @@ __all__ = ["MLEResult", "mle_dimension", "MLE_NEIGHBORS"]
 # (MLE._N_NEIGHBORS = 20, v0.3); the one place this default is written.
 MLE_NEIGHBORS = 20
 
+
 @dataclass(frozen=True)
 class MLEResult:
     """Levina-Bickel MLE with MacKay-Ghahramani averaging, mean and std over batches.
@@ -102,6 +103,7 @@ def mle_dimension(
     found = search_batches(X, k=k, batch_size=batch_size, seed=seed, min_points=k + 1,
                            what=f"the MLE with k={k}")
     return mle_from_neighbours(found, k)
+
 
 def mle_from_neighbours(found: Neighbours, k: int) -> MLEResult:
     """The MLE from searched batches (at least ``k`` neighbours each), mean and std over

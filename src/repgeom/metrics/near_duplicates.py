@@ -75,6 +75,7 @@ def near_duplicate_share(
                            what=f"the near-duplicate share with reference_order={reference_order}")
     return near_duplicate_share_from_neighbours(found, threshold, reference_order)
 
+
 def near_duplicate_share_from_neighbours(found: Neighbours, threshold: float,
                                          reference_order: int) -> float:
     """The share from searched batches (at least ``reference_order`` neighbours each): r1

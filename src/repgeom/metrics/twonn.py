@@ -17,6 +17,7 @@ from .knn_batches import Neighbours, search_batches
 
 __all__ = ["TwoNNResult", "twonn"]
 
+
 @dataclass(frozen=True)
 class TwoNNResult:
     """TwoNN estimate (Facco et al. 2017), mean and std over batches.
@@ -35,7 +36,6 @@ class TwoNNResult:
     n_batches: int
     n_points: int
     n_duplicates: int
-
 
 
 def twonn(
@@ -93,6 +93,7 @@ def twonn(
     seed = check_int(seed, "seed", minimum=None)
     found = search_batches(X, k=2, batch_size=batch_size, seed=seed, min_points=3, what="TwoNN")
     return twonn_from_neighbours(found, discard_fraction)
+
 
 def twonn_from_neighbours(found: Neighbours, discard_fraction: float) -> TwoNNResult:
     """TwoNN from searched batches (at least 2 neighbours each), mean and std over batches."""
