@@ -55,8 +55,16 @@ def test_checkpoint_states(tiny_ckpt):
     torch.testing.assert_close(states[1], cap.hidden[1][0])
     torch.testing.assert_close(states[-1], cap.final_norm[0])
     assert s.tokens(TEXT) == list(TEXT)
-    long = "ab " * 40  # 120 bytes, block_size 64: cut to the block
-    assert s.states(long)[0].shape[0] == 64
+    long = "ab " * 40  # 120 bytes, block_size 64: two windows, 64 and 56 bytes, joined
+    joined = s.states(long)
+    assert [h.shape[0] for h in joined] == [120] * 4 and s.tokens(long) == list(long)
+    first = s.lm.model.capture(ids.new_tensor(s.lm.vocab.encode(long[:64].encode()))[None],
+                               attention=False)
+    second = s.lm.model.capture(ids.new_tensor(s.lm.vocab.encode(long[64:].encode()))[None],
+                                attention=False)
+    torch.testing.assert_close(joined[1], torch.cat([first.hidden[1][0], second.hidden[1][0]]))
+    with pytest.raises(ValueError, match="longer than one window"):
+        s.queries_keys(long)
 
 
 def test_load_subject_errors(tiny_ckpt):

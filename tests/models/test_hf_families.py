@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hf_cases import DECODERS, QK_FAMILIES
 
 from repgeom.models.hf import hf_capture, tokenize_windows
-from repgeom.models.hf.families import is_decoder_from_config
+from repgeom.models.hf.families import is_decoder_by_experiment, is_decoder_from_config
 from repgeom.probes import catalogue
 from repgeom.probes.measure import ProbeSettings, measure
 
@@ -237,3 +238,39 @@ def test_probe_measures_every_metric_with_queries_and_keys(tiny_hf, tiny_text, f
     q_mean, k_mean = Q[valid].mean(0), K[valid].mean(0)
     dot = frame[(frame["metric"] == "qk_dot") & (frame["layer"] == 1) & (frame["head"] == 0)]
     assert float(dot["value"].iloc[0]) == pytest.approx(float(q_mean @ k_mean), rel=1e-9)
+
+
+# --------------------------------------------------------------------------------------------
+# Structure
+
+
+@pytest.mark.parametrize("family", [*QK_FAMILIES, "electra"])
+def test_encoder_or_decoder_from_config(tiny_hf, family):
+    hf = tiny_hf(family)
+    assert hf.is_decoder == (family in DECODERS)
+    assert hf.kind == ("decoder" if family in DECODERS else "encoder")
+
+
+def test_bert_configured_as_decoder_is_a_decoder():
+    from transformers import BertConfig
+
+    assert is_decoder_from_config(BertConfig(is_decoder=True)) is True
+    assert is_decoder_from_config(BertConfig()) is False
+
+
+def test_experiment_tells_causal_from_bidirectional(tiny_hf):
+    # ELECTRA's config ("ElectraModel", model_type not in our lists) says nothing: the
+    # experiment decides, and must agree with the known families.
+    assert is_decoder_from_config(tiny_hf("electra").model.config) is None
+    assert is_decoder_by_experiment(tiny_hf("gpt2").model) is True
+    assert is_decoder_by_experiment(tiny_hf("llama").model) is True
+    assert is_decoder_by_experiment(tiny_hf("bert").model) is False
+
+
+def test_every_export_target_is_a_known_family():
+    # An exported folder is read back through its family's record (Q/K hooks, decoder or not).
+    from repgeom.models.export_hf import EXPORT_TARGETS
+    from repgeom.models.hf.families import FAMILIES
+
+    for target in EXPORT_TARGETS.values():
+        assert FAMILIES[target.family].qk is not None

@@ -20,9 +20,12 @@ from hydra_configs import CONF_DIR, compose_train
 from omegaconf import DictConfig
 from wandb_records import wandb_history, wandb_records
 
+from repgeom.models.checkpoints import CheckpointFormatError, find_checkpoints, read_checkpoint
 from repgeom.probes import phase_report, phases, runner, table
 from repgeom.probes.measure import PER_HEAD_METRICS
-from repgeom.probes.runner import CheckpointFormatError, probe
+from repgeom.probes.runner import probe
+from repgeom.probes.spec import training_probe
+from repgeom.probes.texts import default_text
 from repgeom.probes.trajectory import timings
 from repgeom.train import train
 
@@ -342,11 +345,11 @@ def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> N
 @pytest.mark.slow  # trains (the trained_run fixture)
 def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run) -> None:
     """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
-    ckpt = runner.read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
-    saved, origin = runner.training_probe(ckpt, trained_run)
+    ckpt = read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
+    saved, origin = training_probe(ckpt, trained_run)
     assert origin == "checkpoint" and saved.n_states == 512
     ckpt["callbacks"] = {key: {"done": [0]} for key in ckpt["callbacks"]}
-    from_run, origin = runner.training_probe(ckpt, trained_run)
+    from_run, origin = training_probe(ckpt, trained_run)
     assert origin.startswith("run config")
     assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (512, 4, 0)
     # The run config lists what conf/probe/default.yaml sets; ProbeSettings fills the rest.
@@ -365,10 +368,10 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     folder = export_hf(ckpt, tmp_path / "exported")
     text = tmp_path / "valid.txt"
-    text.write_text(runner.default_text("sample"), encoding="utf-8")  # markup, non-ASCII
+    text.write_text(default_text("sample"), encoding="utf-8")  # markup, non-ASCII
     # Every option the ckpt= path would otherwise take from the training probe is given
     # explicitly, so the two runs differ in nothing but the model they load.
-    trained, _ = runner.training_probe(runner.read_checkpoint(ckpt), trained_run)
+    trained, _ = training_probe(read_checkpoint(ckpt), trained_run)
     settings = asdict(trained.probe_settings())
     settings.update(max_order=8, state_batch_size=256, distribution_samples=500, distributions=True)
     settings.pop("seed")  # the top-level seed= below sets it for both
@@ -405,7 +408,7 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
 
 @pytest.mark.slow
 def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, trained_run) -> None:
-    assert [s for s, _ in runner.find_checkpoints(trained_run)] == [10, 20]
+    assert [s for s, _ in find_checkpoints(trained_run)] == [10, 20]
     overrides = [f"run={trained_run}", "logger=wandb", "settings.distributions=false",
                  "plot_metrics=[anisotropy,twonn]"]  # fmt: skip
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -8,7 +8,7 @@ tokens of one sentence all point the same way ("smallest similarity is 0.92"). B
 * `token_self_similarity`: the (T, T) cosine matrix of a text's token states and its mean
   off-diagonal entry (`repgeom.metrics.similarity.token_cosine_matrix`);
 * `pair_similarity`: the cosine of the two texts' mean-pooled states
-  (`repgeom.metrics.similarity.pooled_similarity`), each text passed through the model alone.
+  (`repgeom.metrics.similarity.layer_pooled_similarity`), each text passed through the model alone.
 
 Command line (``key=value`` or ``--key value``)::
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from repgeom.metrics.similarity import pooled_similarity, token_cosine_matrix
+from repgeom.metrics.similarity import layer_pooled_similarity, token_cosine_matrix
 
 from .subjects import Subject
 
@@ -75,10 +75,10 @@ def pair_similarity(subject: Subject, pairs: Iterable[tuple[str, str]]) -> pd.Da
     """Cosine of the mean-pooled states of each pair of texts, per layer (tidy)."""
     rows = []
     for k, (a, b) in enumerate(pairs):
-        for i, (name, ha, hb) in enumerate(zip(subject.layer_names, subject.states(a),
-                                               subject.states(b), strict=True)):
+        cosines = layer_pooled_similarity(subject.states(a), subject.states(b))
+        for i, (name, cosine) in enumerate(zip(subject.layer_names, cosines, strict=True)):
             rows.append({"pair": k, "text_a": a, "text_b": b, "layer": i, "layer_name": name,
-                         "cosine": pooled_similarity(ha, hb)})
+                         "cosine": cosine})
     return pd.DataFrame(rows)
 
 

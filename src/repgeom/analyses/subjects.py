@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 
 __all__ = [
@@ -30,18 +30,44 @@ __all__ = [
 
 
 class Subject:
-    """Interface: ``name``, ``layer_names`` and ``states(text)``."""
+    """Interface: ``name``, ``layer_names`` and ``states(text)``.
+
+    `HFSubject` and `CheckpointSubject` read texts with the one reader,
+    `repgeom.models.text_states.read_text_states`, through ``model`` (the loaded model) and
+    ``max_tokens`` (tokens per window, None for the reader's default).
+    """
 
     name: str
     layer_names: list[str]
+    model: Any = None
+    max_tokens: int | None = None
+
+    def _read(self, text: str):
+        from repgeom.models.text_states import read_text_states
+
+        return read_text_states(self.model, text, window=self.max_tokens)
+
+    def _one_window(self, text: str) -> torch.Tensor:
+        """The (1, T) ids of `text`, which must fit one window (attention is per window)."""
+        from repgeom.models.text_states import text_window_ids
+
+        windows = text_window_ids(self.model, text, window=self.max_tokens)
+        if len(windows) > 1:
+            raise ValueError(
+                f"{self.name}: {text[:40]!r}... is longer than one window "
+                f"({windows[0].shape[1]} tokens); the queries and keys of one attention need one "
+                "window: shorten the text or raise max_tokens"
+            )
+        return windows[0]
 
     def states(self, text: str) -> list[torch.Tensor]:
-        """Per layer, the (T, C) float32 CPU states of the text's tokens (specials excluded)."""
-        raise NotImplementedError
+        """Per layer, the (T, C) float32 CPU states of the text's tokens (specials excluded);
+        a text longer than one window is read window by window (`repgeom.models.text_states`)."""
+        return self._read(text).states
 
     def tokens(self, text: str) -> list[str]:
         """The T tokens `states` returns a row for, as strings (for figure labels)."""
-        raise NotImplementedError
+        return self._read(text).tokens
 
     def queries_keys(self, text: str) -> AttentionInputs:
         """Per block, the queries and keys the model multiplies on `text`, special tokens
@@ -72,38 +98,22 @@ class HFSubject(Subject):
     tokenizer : str, path or tokenizer, optional
         Override for folders without a tokenizer
         (`repgeom.models.hf.load_tokenizer_or_explain`).
-    max_tokens : int
-        Texts are cut to this many tokens (special tokens included).
+    max_tokens : int, optional
+        Tokens per window (special tokens included); None: the reader's default
+        (`repgeom.models.text_states`). A longer text is read in several windows.
     """
 
-    def __init__(self, name_or_folder, *, tokenizer=None, max_tokens: int = 512) -> None:
+    def __init__(self, name_or_folder, *, tokenizer=None, max_tokens: int | None = None) -> None:
         from repgeom.models.hf import load_hf_model
 
-        self.hf = load_hf_model(name_or_folder, tokenizer=tokenizer)
+        self.model = load_hf_model(name_or_folder, tokenizer=tokenizer)
         self.name = str(name_or_folder)
-        self.max_tokens = int(max_tokens)
-        cap = self._capture("a b")
-        self.layer_names = cap.layer_names()
+        self.max_tokens = max_tokens
+        self.layer_names = self._read("a b").layer_names
 
-    def _encode(self, text: str) -> dict:
-        limit = min(self.max_tokens, getattr(self.hf.model.config, "max_position_embeddings",
-                                             self.max_tokens))
-        return self.hf.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
-
-    @torch.no_grad()
-    def _capture(self, text: str):
-        from repgeom.models.hf import hf_capture
-
-        enc = self._encode(text)
-        if enc["input_ids"].shape[1] == 0:
-            raise ValueError(f"{self.name}: the tokenizer gives no token for {text[:40]!r}")
-        return hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False)
-
-    def states(self, text: str) -> list[torch.Tensor]:
-        out = self._capture(text).text_states()
-        if out[0].shape[0] == 0:
-            raise ValueError(f"{self.name}: {text[:40]!r} has no token besides special tokens")
-        return out
+    @property
+    def hf(self):
+        return self.model
 
     @torch.no_grad()
     def queries_keys(self, text: str) -> AttentionInputs:
@@ -115,27 +125,19 @@ class HFSubject(Subject):
                 f"{self.hf.family!r} (repgeom.models.hf lists the families it hooks); use a model "
                 "of a supported family"
             )
-        enc = self._encode(text)
-        if enc["input_ids"].shape[1] == 0:
-            raise ValueError(f"{self.name}: the tokenizer gives no token for {text[:40]!r}")
-        cap = hf_capture(self.hf, enc["input_ids"], enc["attention_mask"], attention=False,
+        ids = self._one_window(text)
+        cap = hf_capture(self.hf, ids, torch.ones_like(ids), attention=False,
                          include_special=True)
         return AttentionInputs([q[0].float().cpu() for q in cap.queries],
                                [k[0].float().cpu() for k in cap.keys], cap.causal)
-
-    def tokens(self, text: str) -> list[str]:
-        ids = self._encode(text)["input_ids"][0].tolist()
-        from repgeom.models.hf import special_token_ids
-
-        special = set(special_token_ids(self.hf.tokenizer))
-        return self.hf.tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
 
 
 class CheckpointSubject(Subject):
     """One of our character-level checkpoints (`repgeom.models.checkpoints.load_gpt`), or a
     loaded `CharLM`.
 
-    Text is UTF-8 encoded and cut into the model's ``block_size`` bytes; every byte is a token.
+    Text is UTF-8 encoded, every byte a token, read in windows of the model's ``block_size``
+    bytes (or `max_tokens`, at most that).
     """
 
     def __init__(self, ckpt, *, max_tokens: int | None = None) -> None:
@@ -148,32 +150,18 @@ class CheckpointSubject(Subject):
                 raise FileNotFoundError(f"ckpt={ckpt}: no such checkpoint file")
             lm = load_gpt(ckpt)
             self.name = str(ckpt)
-        self.lm = lm
+        self.model = self.lm = lm
         self.lm.model.eval()
         block = self.lm.model.config.block_size
-        self.max_tokens = block if max_tokens is None else min(int(max_tokens), block)
+        self.max_tokens = None if max_tokens is None else min(int(max_tokens), block)
         cap = self.lm.model.capture(torch.zeros(1, 1, dtype=torch.long), attention=False)
         self.layer_names = cap.layer_names()
 
-    def _ids(self, text: str) -> torch.Tensor:
-        ids = np.asarray(self.lm.vocab.encode(text.encode("utf-8")), dtype=np.int64)
-        if ids.size == 0:
-            raise ValueError("the text is empty")
-        return torch.from_numpy(ids[: self.max_tokens])[None]
-
-    @torch.no_grad()
-    def states(self, text: str) -> list[torch.Tensor]:
-        return self.lm.model.capture(self._ids(text), attention=False).text_states()
-
     @torch.no_grad()
     def queries_keys(self, text: str) -> AttentionInputs:
-        cap = self.lm.model.capture(self._ids(text), attention=False)
+        cap = self.lm.model.capture(self._one_window(text), attention=False)
         return AttentionInputs([q[0].float().cpu() for q in cap.queries],
                                [k[0].float().cpu() for k in cap.keys], cap.causal)
-
-    def tokens(self, text: str) -> list[str]:
-        ids = self._ids(text)[0].tolist()
-        return [self.lm.vocab.decode([i]).decode("utf-8", "replace") for i in ids]
 
 
 def load_subject(*, hf=None, ckpt=None, tokenizer=None, max_tokens: int | None = None,
@@ -183,8 +171,7 @@ def load_subject(*, hf=None, ckpt=None, tokenizer=None, max_tokens: int | None =
     if (hf is None) == (ckpt is None):
         raise ValueError("give exactly one of hf=<name or folder> and ckpt=<checkpoint file>")
     if hf is not None:
-        subject = HFSubject(hf, tokenizer=tokenizer,
-                            max_tokens=512 if max_tokens is None else max_tokens)
+        subject = HFSubject(hf, tokenizer=tokenizer, max_tokens=max_tokens)
     elif tokenizer is not None:
         raise ValueError("tokenizer= is for hf= models; a checkpoint carries its own vocabulary")
     else:

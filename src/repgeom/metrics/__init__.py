@@ -10,10 +10,13 @@ Modules:
 - ``drift``: the common offset of the states.
 - ``rank``: effective rank (Roy & Vetterli, centred), RankMe (Garrido et al.), PCA dimension.
 - ``isoscore``: IsoScore (Rudman et al.), uniformity of the variance over dimensions.
-- ``twonn_authors``: TwoNN in the convention of the Shape of Learning authors' llm-microscope.
+- ``twonn``: TwoNN (Facco et al.) in DADApy's and scikit-dimension's convention;
+  ``twonn_authors``: TwoNN in the convention of the Shape of Learning authors' llm-microscope.
 - ``linearity``: Procrustes linearity score of two paired state sets (Razzhigaev et al. 2024).
-- ``intrinsic_dimension``: TwoNN, GRIDE, Levina-Bickel MLE, near-duplicate share, from one
-  exact kNN search per batch (``neighbors``).
+- ``gride``: multi-scale GRIDE (Denti et al.); ``mle``: Levina-Bickel MLE;
+  ``near_duplicates``: the near-duplicate share; ``knn_batches``: the shuffled, deduplicated
+  batches and the one exact kNN search per batch (``neighbors``) they all read;
+  ``intrinsic_dimension``: all four from that one search (the probe's entry point).
 - ``id_scales``: the intrinsic dimension against scale, TwoNN by decimation (Facco et al.) and
   the plateau of a profile.
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
@@ -40,24 +43,18 @@ from .cosine import (
 )
 from .distributions import FAMILIES, DistributionResult, activation_distribution
 from .drift import DriftResult, drift
+from .gride import GrideResult, gride
 from .id_scales import PlateauResult, TwoNNDecimationResult, id_plateau, twonn_decimation
-from .intrinsic_dimension import (
-    GrideResult,
-    IntrinsicDimensionResult,
-    MLEResult,
-    TwoNNResult,
-    batch_indices,
-    gride,
-    intrinsic_dimension,
-    mle_dimension,
-    near_duplicate_share,
-    twonn,
-)
+from .intrinsic_dimension import IntrinsicDimensionResult, intrinsic_dimension
 from .isoscore import isoscore
+from .knn_batches import batch_indices
 from .linearity import linearity
+from .mle import MLEResult, mle_dimension
+from .near_duplicates import near_duplicate_share
 from .neighbors import faiss_has_gpu, nearest_neighbors
 from .rank import effective_rank, pca_dimension, rankme
-from .similarity import pooled_similarity, token_cosine_matrix
+from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
+from .twonn import TwoNNResult, twonn
 from .twonn_authors import TwoNNAuthorsResult, twonn_authors
 
 __all__ = [
@@ -96,6 +93,7 @@ __all__ = [
     "DistributionResult",
     "FAMILIES",
     "pooled_similarity",
+    "layer_pooled_similarity",
     "token_cosine_matrix",
     "effective_rank",
     "rankme",

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from ._validation import check_fraction, check_int, check_matrix
-from .intrinsic_dimension import _twonn_from_mus, _unique_rows
+from .knn_batches import unique_rows
 from .neighbors import _nearest_neighbors
+from .twonn import twonn_from_ratios
 
 __all__ = ["TwoNNDecimationResult", "twonn_decimation", "PlateauResult", "id_plateau",
            "PLATEAU_REL_TOL", "PLATEAU_MIN_POINTS"]
@@ -141,7 +142,7 @@ def twonn_decimation(
     discard_fraction = check_fraction(discard_fraction, "discard_fraction", include_low=False)
     seed = check_int(seed, "seed", minimum=None)
     X = X if X.dtype == torch.float64 else X.to(torch.float32)
-    keep = _unique_rows(X)
+    keep = unique_rows(X)
     n_duplicates = X.shape[0] - len(keep)
     X = X[keep]
     N = X.shape[0]
@@ -166,7 +167,7 @@ def twonn_decimation(
         for idx in draws:
             sub = Xc if idx is None else Xc[torch.from_numpy(idx).to(Xc.device)]
             r = _two_distances(sub)
-            dims.append(_twonn_from_mus(r[:, 1] / r[:, 0], discard_fraction)[0])
+            dims.append(twonn_from_ratios(r[:, 1] / r[:, 0], discard_fraction)[0])
             rs.append(float(r.mean()))
         dims = np.asarray(dims)
         levels.append((len(draws), dims.mean(), dims.std() if len(dims) > 1 else math.nan,

@@ -6,7 +6,7 @@ import torch
 
 from ._validation import check_matrix
 
-__all__ = ["pooled_similarity", "token_cosine_matrix"]
+__all__ = ["pooled_similarity", "layer_pooled_similarity", "token_cosine_matrix"]
 
 
 def pooled_similarity(A, B) -> float:
@@ -47,6 +47,32 @@ def pooled_similarity(A, B) -> float:
             f"A and B must have the same number of features, got {A.shape[1]} and {B.shape[1]}"
         )
     return _pooled_similarity(A, B)
+
+
+def layer_pooled_similarity(A, B) -> list[float]:
+    """`pooled_similarity` of two texts at every layer: the pooled cosine of compare mode and
+    of the similarity analysis.
+
+    Parameters
+    ----------
+    A, B : sequences of Tensor or ndarray, shapes (T_A, d_l) and (T_B, d_l)
+        The two texts' states, one entry per layer (as many in each).
+
+    Returns
+    -------
+    list of float, one per layer
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = [torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])]
+    >>> B = [torch.tensor([[2.0, 0.0]]), torch.tensor([[1.0, 0.0]])]
+    >>> layer_pooled_similarity(A, B)
+    [1.0, 0.0]
+    """
+    if len(A) != len(B):
+        raise ValueError(f"A and B must have as many layers, got {len(A)} and {len(B)}")
+    return [pooled_similarity(a, b) for a, b in zip(A, B, strict=True)]
 
 
 def _pooled_similarity(A: torch.Tensor, B: torch.Tensor) -> float:

@@ -19,8 +19,8 @@ fit                        least squares through the origin        the same
 =========================  ======================================  ================================
 
 This is written from that description, on our exact FAISS neighbours (the package loops over
-the points in Python, O(N^2): about 4 s for 4,096 points); `tests/metrics/test_twonn_authors.py`
-checks it against the package itself to 1e-6.
+the points in Python, O(N^2): about 4 s for 4,096 points);
+`tests/metrics/test_metrics_twonn_authors.py` checks it against the package itself to 1e-6.
 """
 
 from __future__ import annotations

@@ -58,6 +58,8 @@ report the final norm as its own layer, exactly as for the checkpoint.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -308,19 +310,41 @@ def _load_exactly(hf: torch.nn.Module, state: dict, tied: set[str] = frozenset()
 # The export
 
 
-def hf_class_name(config: GPTConfig) -> str:
-    """The Hugging Face class that a model with `config` is exported as (module docstring)."""
+@dataclass(frozen=True)
+class ExportTarget:
+    """One Hugging Face family our models are exported as (the table in the module docstring).
+
+    family : its ``model_type``, a record of `repgeom.models.hf.families.FAMILIES` (how the
+        exported folder is read back).
+    hf_class : the transformers class. build : our `GPT` -> that class, weights copied.
+    pad : whether the tokenizer gets ``[PAD]`` (XLM-RoBERTa-XL's position offset needs one).
+    """
+
+    family: str
+    hf_class: str
+    build: Callable[[GPT], Any]
+    pad: bool = False
+
+
+EXPORT_TARGETS = {
+    "decoder, pre-LN": ExportTarget("gpt2", "GPT2LMHeadModel", _gpt2),
+    "post-LN": ExportTarget("bert", "BertModel", _bert),
+    "encoder, pre-LN": ExportTarget("xlm-roberta-xl", "XLMRobertaXLModel", _xlm_roberta_xl,
+                                    pad=True),
+}
+
+
+def export_target(config: GPTConfig) -> ExportTarget:
+    """The family a model with `config` is exported as (module docstring)."""
     if config.norm == "post":
-        return "BertModel"
-    return "GPT2LMHeadModel" if config.causal else "XLMRobertaXLModel"
+        return EXPORT_TARGETS["post-LN"]
+    return EXPORT_TARGETS["decoder, pre-LN" if config.causal else "encoder, pre-LN"]
 
 
 def to_hf(model: GPT) -> Any:
     """The transformers model computing exactly what `model` computes, in eval mode."""
-    kind = hf_class_name(model.config)
-    build = {"GPT2LMHeadModel": _gpt2, "BertModel": _bert, "XLMRobertaXLModel": _xlm_roberta_xl}
     with torch.no_grad():
-        hf = build[kind](model.float())
+        hf = export_target(model.config).build(model.float())
     return hf.eval()
 
 
@@ -341,7 +365,7 @@ def export_hf(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
 
     Raises
     ------
-    FileNotFoundError, repgeom.probes.runner.CheckpointFormatError
+    FileNotFoundError, repgeom.models.checkpoints.CheckpointFormatError
         A missing file or one that is not a repgeom checkpoint.
     """
     from repgeom.models.checkpoints import read_checkpoint
@@ -357,7 +381,7 @@ def export_hf(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     tokenizer = build_tokenizer(
         module.vocab,
         model_max_length=model.config.block_size,
-        pad=hf_class_name(model.config) == "XLMRobertaXLModel",
+        pad=export_target(model.config).pad,
     )
     tokenizer.save_pretrained(out)
     return out

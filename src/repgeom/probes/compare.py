@@ -1,6 +1,6 @@
 """probe.py's compare mode: per-layer pooled cosine of two texts (every probed layer, the final
 norm included where the model has one) and the last block's token x token cosine map, for one
-target (`repgeom.probes.targets`)."""
+target (`repgeom.probes.targets`), its texts read by `repgeom.models.text_states`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from repgeom import metrics
 from repgeom.models.capture import FINAL_NORM
+from repgeom.models.text_states import read_text_states
 from repgeom.probes import plots
 
 
@@ -20,10 +21,10 @@ def compare(
     cfg: DictConfig, subject, loaded: Any, output_dir: Path, *, several: bool
 ) -> tuple[pd.DataFrame, list[Path]]:
     include = bool(cfg.include_special)
-    A, tokens_a, names = subject.text_states(loaded, str(cfg.compare.text_a),
-                                             include_special=include)
-    B, tokens_b, _ = subject.text_states(loaded, str(cfg.compare.text_b), include_special=include)
-    pooled = [metrics.pooled_similarity(a, b) for a, b in zip(A, B, strict=True)]
+    a = read_text_states(loaded, str(cfg.compare.text_a), include_special=include)
+    b = read_text_states(loaded, str(cfg.compare.text_b), include_special=include)
+    A, B, tokens_a, tokens_b, names = a.states, b.states, a.tokens, b.tokens, a.layer_names
+    pooled = metrics.layer_pooled_similarity(A, B)
     last = max(i for i, name in enumerate(names) if name != FINAL_NORM)  # the last block
     n = A[last].shape[0]
     # Cross cosines from the one-text matrix of both texts stacked: rows A, columns B.

@@ -33,7 +33,7 @@ import torch
 from repgeom import metrics
 from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
-from repgeom.metrics.intrinsic_dimension import check_max_order
+from repgeom.metrics.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
 from repgeom.probes import catalogue
 

@@ -3,8 +3,8 @@
 `probe_gpt` is the one function that runs our GPT on a probe set and measures it, for the
 training callback and for probe.py's checkpoints alike. `CheckpointTarget` (ours) and
 `HFTarget` (Hugging Face) share one interface: ``load(device)``, ``probe(request, loaded)`` (the
-probe set, captures and `measure`), ``text_states(loaded, text)`` (compare mode) and
-``id_columns()`` (the table's ``model``/``revision``).
+probe set, captures and `measure`) and ``id_columns()`` (the table's ``model``/``revision``);
+compare mode reads one text of the loaded model with `repgeom.models.text_states`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from repgeom.probes.texts import byte_windows, default_text, read_text
 
 T = TypeVar("T")
 
-DEFAULT_HF_WINDOW = 256
-"""Tokens per window of a Hugging Face model (at most its positions) unless window= says."""
 PROTOCOL_HF_WINDOW = {"llm_microscope": 512}
 """Protocols whose windows differ (conf/protocol/): the Shape of Learning authors' 512-token
 chunks."""
@@ -116,7 +114,7 @@ def probe_gpt(
 
 
 # ---------------------------------------------------------------------------------------------
-# probe.py's targets: one class per kind of model, one interface (load, probe, text_states)
+# probe.py's targets: one class per kind of model, one interface (load, probe, id_columns)
 
 
 def checkpoint_spec(request: ProbeRequest, path: Path, ckpt: dict) -> tuple[ProbeSpec, str]:
@@ -205,22 +203,6 @@ class CheckpointTarget:
             keep_states=bool(catalogue.select(settings).pairs),
         )
 
-    def text_states(self, loaded: Any, text: str, *, include_special: bool):
-        """One text's states at every layer, its characters and the layer names
-        (`HFTarget.text_states`)."""
-        encoded = loaded.vocab.encode(text.encode("utf-8"))
-        block_size = loaded.model.config.block_size
-        if len(encoded) > block_size:
-            raise ValueError(
-                f"the text is {len(encoded)} characters (bytes), more than the model's "
-                f"block_size={block_size}; shorten it"
-            )
-        ids = torch.from_numpy(encoded.astype(np.int64))[None]  # (1, T)
-        device = next(loaded.model.parameters()).device
-        with torch.no_grad():
-            capture = loaded.model.eval().capture(ids.to(device), attention=False)
-        tokens = [loaded.vocab.decode([i]).decode("utf-8", errors="replace") for i in ids[0]]
-        return capture.text_states(), tokens, capture.layer_names()
 
 
 @dataclass
@@ -314,31 +296,6 @@ class HFTarget:
         output.forward_seconds = clock.seconds
         return output
 
-    def text_states(self, loaded: Any, text: str, *, include_special: bool):
-        """One text's states at every layer (valid positions only), its tokens and the layer
-        names.
-
-        Returns
-        -------
-        states : list of (T, C) float tensors: the embedding, each block, the final norm where
-            the model has one (`Capture.layers`, the probe table's layers)
-        tokens : list of str, length T
-        names : list of str, the layer names (`Capture.layer_names`)
-        """
-        from repgeom.models.hf import hf_capture
-
-        ids = torch.tensor([loaded.tokenizer(text)["input_ids"]])  # (1, T), specials included
-        max_positions = getattr(loaded.model.config, "max_position_embeddings", None)
-        if max_positions is not None and ids.shape[1] > max_positions:
-            raise ValueError(
-                f"the text is {ids.shape[1]} tokens, more than {loaded.name}'s {max_positions}"
-            )
-        capture = hf_capture(loaded, ids, attention=False, include_special=include_special)
-        keep = capture.valid[0].cpu()
-        if not keep.any():
-            raise ValueError(f"the text {text!r} has no tokens left after removing special tokens")
-        tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0][keep].tolist())
-        return capture.text_states(), tokens, capture.layer_names()
 
 
 def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
@@ -347,14 +304,13 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
     the model's positions): random positions among each window's tokens, special tokens left out
     unless `request.include_special`; the windows' attention mask comes with it."""
     from repgeom.models.hf import special_token_ids, tokenize_windows
+    from repgeom.models.hf.windows import DEFAULT_WINDOW, default_window
 
     text = read_text(request.text_file) if request.text_file else default_text(
         request.text_source)
     window = request.window
     if window is None:
-        positions = getattr(hf.model.config, "max_position_embeddings", None)
-        default = PROTOCOL_HF_WINDOW.get(spec.protocol, DEFAULT_HF_WINDOW)
-        window = min(default, positions) if positions else default
+        window = default_window(hf, PROTOCOL_HF_WINDOW.get(spec.protocol, DEFAULT_WINDOW))
     ids, mask = tokenize_windows(hf, text, window=int(window))
     candidates = mask.bool()
     if not request.include_special:

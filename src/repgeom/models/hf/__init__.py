@@ -1,9 +1,9 @@
 """Hugging Face models read like our GPT: load one, cut text into windows, capture its states.
 
-One job per module: `loading` (`load_hf_model`, `HFModel`, tokenizers), `families` (encoder or
-decoder), `windows` (text to token windows), `qk` (per-family query/key hooks), `residual`
-(block stack and final norm hooks), `stacks` (the two stacks of T5/ByT5), `capture`
-(`hf_capture`).
+One job per module: `loading` (`load_hf_model`, `HFModel`, tokenizers), `families` (one record
+per known family: decoder or not, where its queries and keys are; adding a family is one entry
+there), `windows` (text to token windows), `qk` (the query/key hooks), `residual` (block stack
+and final norm hooks), `stacks` (the two stacks of T5/ByT5), `capture` (`hf_capture`).
 
 
 `hf_capture` fills the same `Capture` as our own `GPT.capture()`, so every probe reads one format:
@@ -89,7 +89,6 @@ cross-attending to the encoder (`repgeom.models.hf.stacks` says how and why).
 from __future__ import annotations
 
 from repgeom.models.hf.capture import hf_capture
-from repgeom.models.hf.families import DECODER_FAMILIES, ENCODER_FAMILIES
 from repgeom.models.hf.loading import (
     HFModel,
     TokenizerMissingError,
@@ -97,20 +96,13 @@ from repgeom.models.hf.loading import (
     load_tokenizer_or_explain,
     model_stacks,
 )
-from repgeom.models.hf.qk import QK_FAMILIES
-from repgeom.models.hf.residual import block_stack, final_norm_module
 from repgeom.models.hf.stacks import STACKS
 from repgeom.models.hf.windows import special_token_ids, tokenize_windows
 
 __all__ = [
-    "DECODER_FAMILIES",
-    "ENCODER_FAMILIES",
-    "QK_FAMILIES",
     "STACKS",
     "HFModel",
     "TokenizerMissingError",
-    "block_stack",
-    "final_norm_module",
     "hf_capture",
     "load_hf_model",
     "load_tokenizer_or_explain",

@@ -13,9 +13,9 @@ import warnings
 import torch
 
 from repgeom.models.capture import Capture
-from repgeom.models.hf.families import DECODER_FAMILIES, ENCODER_FAMILIES
+from repgeom.models.hf.families import FAMILIES
 from repgeom.models.hf.loading import HFModel
-from repgeom.models.hf.qk import QK_FAMILIES, QKRecorder
+from repgeom.models.hf.qk import QKRecorder
 from repgeom.models.hf.residual import ResidualRecorder
 from repgeom.models.hf.stacks import forward_stack
 from repgeom.models.hf.windows import special_token_ids
@@ -75,9 +75,10 @@ def hf_capture(
 
     recorder = QKRecorder(hf.blocks_owner, hf.family) if hf.has_qk else None
     if recorder is None and not hf._warned_qk:
+        supported = ", ".join(sorted(f.name for f in FAMILIES.values() if f.qk))
         warnings.warn(
             f"{hf.name}: model family {hf.family!r} has no query/key hooks in repgeom "
-            f"(supported: {', '.join(sorted(QK_FAMILIES))}); hidden-state and attention "
+            f"(supported: {supported}); hidden-state and attention "
             "metrics run, query/key metrics are skipped",
             stacklevel=2,
         )
@@ -128,7 +129,7 @@ def _residual_recorder(hf: HFModel) -> ResidualRecorder | None:
     try:
         return ResidualRecorder(hf.blocks_owner)
     except RuntimeError as error:
-        if hf.family in DECODER_FAMILIES | ENCODER_FAMILIES | set(QK_FAMILIES):
+        if hf.family in FAMILIES:
             raise
         if not hf._warned_layout:
             warnings.warn(

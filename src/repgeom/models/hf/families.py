@@ -1,30 +1,142 @@
-"""Encoder or decoder: read from a Hugging Face config, or found by one tiny forward pass.
+"""The model families repgeom knows, one record each, and encoder or decoder from a config.
 
-The config decides first (``is_decoder``, the family name, then the architecture names such as
-``*ForCausalLM`` / ``*ForMaskedLM``); when it says nothing, one tiny forward pass decides: a
-decoder's early positions do not change when a later token does.
+A family (``config.model_type``) is one `Family` entry in `FAMILIES`: whether it is a decoder,
+and where its queries and keys are (the attention modules, the projections hooked on them, how
+their outputs split into heads, whether a rotary embedding turns them). Its blocks and final
+norm are found by one rule for every family (`repgeom.models.hf.residual`), an encoder-decoder
+model's two stacks by another (`repgeom.models.hf.stacks`); the families our checkpoints are
+exported as are named in `repgeom.models.export_hf`. Adding a family is one entry here.
+
+Encoder or decoder: the config decides first (``is_decoder``, the family's record, then the
+architecture names such as ``*ForCausalLM`` / ``*ForMaskedLM``); when it says nothing, one tiny
+forward pass decides: a decoder's early positions do not change when a later token does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-# Families known by name. Others are told apart by their architecture names or by experiment.
-DECODER_FAMILIES = frozenset({"gpt2", "gpt_neox", "bloom", "opt", "llama", "mistral"})
-ENCODER_FAMILIES = frozenset({"bert", "roberta", "xlm-roberta-xl"})
+# --------------------------------------------------------------------------------------------
+# How each family's projection outputs split into per-head queries and keys (B, H, T, D)
+
+
+def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)."""
+    B, T, _ = x.shape
+    return x.view(B, T, -1, head_dim).transpose(1, 2)
+
+
+def _qk_gpt2(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, _ = out["c_attn"].split(attn.split_size, dim=2)  # (B, T, C) each
+    return _heads(q, attn.head_dim), _heads(k, attn.head_dim)
+
+
+def _qk_bert(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    D = attn.attention_head_size
+    return _heads(out["query"], D), _heads(out["key"], D)
+
+
+def _per_head_fused(qkv: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k of a fused (B, T, 3C) output laid out per head as [q_h | k_h | v_h] (not as
+    [q | k | v]): GPT-NeoX's ``view(B, T, H, 3D)``, BLOOM's ``view(B, T, H, 3, D)``."""
+    B, T, _ = qkv.shape
+    qkv = qkv.view(B, T, -1, 3 * head_dim).transpose(1, 2)  # (B, H, T, 3D)
+    q, k, _ = qkv.chunk(3, dim=-1)
+    return q, k
+
+
+def _qk_neox(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    return _per_head_fused(out["query_key_value"], attn.head_size)
+
+
+def _qk_bloom(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    # No position in q or k: BLOOM adds its ALiBi bias to the scores (repgeom.models.hf).
+    return _per_head_fused(out["query_key_value"], attn.head_dim)
+
+
+def _qk_proj(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    # Llama/Mistral give k fewer heads than q under grouped-query attention: (B, Hkv, T, D).
+    return _heads(out["q_proj"], attn.head_dim), _heads(out["k_proj"], attn.head_dim)
+
+
+def _qk_t5(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    D = attn.key_value_proj_dim
+    return _heads(out["q"], D), _heads(out["k"], D)
+
+
+# --------------------------------------------------------------------------------------------
+# The records
+
+
+@dataclass(frozen=True)
+class QKHooks:
+    """Where a family's queries and keys are read (`repgeom.models.hf.qk.QKRecorder`)."""
+
+    attention: tuple[str, ...]  # class names of the self-attention modules, one per layer
+    projections: tuple[str, ...]  # their submodules whose outputs are hooked
+    split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
+    rotary: bool = False
+    cross: tuple[str, ...] = ()  # attribute names of same-class cross-attention modules, skipped
+
+
+@dataclass(frozen=True)
+class Family:
+    """What repgeom knows of one Hugging Face model family.
+
+    name : ``config.model_type``.
+    is_decoder : True (causal), False (bidirectional encoder), or None when the config's other
+        fields decide (an encoder-decoder family: each stack says, `repgeom.models.hf.stacks`).
+    qk : where its queries and keys are; None for a family read without them.
+    """
+
+    name: str
+    is_decoder: bool | None
+    qk: QKHooks | None = None
+
+
+def _family(name: str, is_decoder: bool | None, attention: str, projections: tuple[str, ...],
+            split: Callable, **qk: Any) -> Family:
+    return Family(name, is_decoder, QKHooks((attention,), projections, split, **qk))
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        _family("gpt2", True, "GPT2Attention", ("c_attn",), _qk_gpt2),
+        _family("bert", False, "BertSelfAttention", ("query", "key"), _qk_bert),
+        _family("roberta", False, "RobertaSelfAttention", ("query", "key"), _qk_bert),
+        _family("xlm-roberta-xl", False, "XLMRobertaXLSelfAttention", ("query", "key"),
+                _qk_bert),
+        _family("gpt_neox", True, "GPTNeoXAttention", ("query_key_value",), _qk_neox,
+                rotary=True),
+        _family("bloom", True, "BloomAttention", ("query_key_value",), _qk_bloom),
+        _family("opt", True, "OPTAttention", ("q_proj", "k_proj"), _qk_proj),
+        _family("llama", True, "LlamaAttention", ("q_proj", "k_proj"), _qk_proj, rotary=True),
+        _family("mistral", True, "MistralAttention", ("q_proj", "k_proj"), _qk_proj,
+                rotary=True),
+        _family("t5", None, "T5Attention", ("q", "k"), _qk_t5, cross=("EncDecAttention",)),
+    )
+}
+"""Every known family by ``config.model_type``. A family not here still gets hidden states and
+attention, with a warning (`repgeom.models.hf.capture`)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder or decoder
 
 
 def is_decoder_from_config(config: Any) -> bool | None:
     """Decoder (True), encoder (False), or None when the config does not say."""
     if getattr(config, "is_decoder", False):  # e.g. BERT configured as a causal decoder
         return True
-    if config.model_type in DECODER_FAMILIES:
-        return True
-    if config.model_type in ENCODER_FAMILIES:
-        return False
+    family = FAMILIES.get(config.model_type)
+    if family is not None and family.is_decoder is not None:
+        return family.is_decoder
     architectures = getattr(config, "architectures", None) or []
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
         return True

@@ -9,8 +9,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from repgeom.models.hf.families import is_decoder_by_experiment, is_decoder_from_config
-from repgeom.models.hf.qk import QK_FAMILIES
+from repgeom.models.hf.families import (
+    FAMILIES,
+    is_decoder_by_experiment,
+    is_decoder_from_config,
+)
 from repgeom.models.hf.stacks import STACKS
 
 
@@ -50,7 +53,8 @@ class HFModel:
     @property
     def has_qk(self) -> bool:
         """Whether queries and keys can be read for this family."""
-        return self.family in QK_FAMILIES
+        family = FAMILIES.get(self.family)
+        return family is not None and family.qk is not None
 
     @property
     def kind(self) -> str:

@@ -1,6 +1,7 @@
-"""Queries and keys of Hugging Face attention layers, per family: hooks on the projections.
+"""Queries and keys of Hugging Face attention layers: hooks on the projections.
 
-Forward hooks on the attention projections of the families below, split into heads, rotated by
+Forward hooks on the attention projections that each family's record names
+(`repgeom.models.hf.families.FAMILIES`), split into heads, rotated by
 the model's own rotary function where the family uses one, and with grouped-query key heads
 repeated to the number of query heads. A "query" is defined so that
 ``softmax(Q @ K.T / sqrt(D) + mask)`` is exactly the model's attention, with the family's
@@ -15,85 +16,19 @@ import inspect
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-
-def _heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """(B, T, H*D) -> (B, H, T, D)."""
-    B, T, _ = x.shape
-    return x.view(B, T, -1, head_dim).transpose(1, 2)
-
-
-def _qk_gpt2(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    q, k, _ = out["c_attn"].split(attn.split_size, dim=2)  # (B, T, C) each
-    return _heads(q, attn.head_dim), _heads(k, attn.head_dim)
-
-
-def _qk_bert(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    D = attn.attention_head_size
-    return _heads(out["query"], D), _heads(out["key"], D)
-
-
-def _per_head_fused(qkv: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k of a fused (B, T, 3C) output laid out per head as [q_h | k_h | v_h] (not as
-    [q | k | v]): GPT-NeoX's ``view(B, T, H, 3D)``, BLOOM's ``view(B, T, H, 3, D)``."""
-    B, T, _ = qkv.shape
-    qkv = qkv.view(B, T, -1, 3 * head_dim).transpose(1, 2)  # (B, H, T, 3D)
-    q, k, _ = qkv.chunk(3, dim=-1)
-    return q, k
-
-
-def _qk_neox(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    return _per_head_fused(out["query_key_value"], attn.head_size)
-
-
-def _qk_bloom(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    # No position in q or k: BLOOM adds its ALiBi bias to the scores (module docstring).
-    return _per_head_fused(out["query_key_value"], attn.head_dim)
-
-
-def _qk_proj(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    # Llama/Mistral give k fewer heads than q under grouped-query attention: (B, Hkv, T, D).
-    return _heads(out["q_proj"], attn.head_dim), _heads(out["k_proj"], attn.head_dim)
-
-
-def _qk_t5(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    D = attn.key_value_proj_dim
-    return _heads(out["q"], D), _heads(out["k"], D)
-
-
-@dataclass(frozen=True)
-class _QKFamily:
-    attention: tuple[str, ...]  # class names of the self-attention modules, one per layer
-    projections: tuple[str, ...]  # their submodules whose outputs are hooked
-    split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
-    rotary: bool = False
-    cross: tuple[str, ...] = ()  # attribute names of same-class cross-attention modules, skipped
-
-
-QK_FAMILIES: dict[str, _QKFamily] = {
-    "gpt2": _QKFamily(("GPT2Attention",), ("c_attn",), _qk_gpt2),
-    "bert": _QKFamily(("BertSelfAttention",), ("query", "key"), _qk_bert),
-    "roberta": _QKFamily(("RobertaSelfAttention",), ("query", "key"), _qk_bert),
-    "xlm-roberta-xl": _QKFamily(("XLMRobertaXLSelfAttention",), ("query", "key"), _qk_bert),
-    "gpt_neox": _QKFamily(("GPTNeoXAttention",), ("query_key_value",), _qk_neox, rotary=True),
-    "bloom": _QKFamily(("BloomAttention",), ("query_key_value",), _qk_bloom),
-    "opt": _QKFamily(("OPTAttention",), ("q_proj", "k_proj"), _qk_proj),
-    "llama": _QKFamily(("LlamaAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
-    "mistral": _QKFamily(("MistralAttention",), ("q_proj", "k_proj"), _qk_proj, rotary=True),
-    "t5": _QKFamily(("T5Attention",), ("q", "k"), _qk_t5, cross=("EncDecAttention",)),
-}
+from repgeom.models.hf.families import FAMILIES
 
 
 class QKRecorder:
     """Hooks on every layer's attention projections; `collect()` turns what they saw into Q, K."""
 
     def __init__(self, model: nn.Module, family: str) -> None:
-        self.spec = QK_FAMILIES[family]
+        self.spec = FAMILIES[family].qk
         self.layers = [
             m
             for name, m in model.named_modules()

@@ -1,4 +1,4 @@
-"""Text to fixed windows of a Hugging Face tokenizer's ids, and which ids are special."""
+"""Text to windows of a Hugging Face tokenizer's ids, and which ids are special."""
 
 from __future__ import annotations
 
@@ -7,6 +7,16 @@ from typing import Any
 import torch
 
 from repgeom.models.hf.loading import HFModel
+
+DEFAULT_WINDOW = 256
+"""Tokens per window of a Hugging Face model (at most its positions) unless a caller says:
+the probe's windows (``window=``) and one text's (`repgeom.models.text_states`)."""
+
+
+def default_window(hf: HFModel, default: int = DEFAULT_WINDOW) -> int:
+    """`default`, or the model's positions (``max_position_embeddings``) where fewer."""
+    positions = getattr(hf.model.config, "max_position_embeddings", None)
+    return min(default, positions) if positions else default
 
 
 def tokenize_windows(
@@ -72,6 +82,29 @@ def tokenize_windows(
     rows = [prefix + ids[i * content : (i + 1) * content] + suffix for i in range(n)]
     input_ids = torch.tensor(rows, dtype=torch.long)  # (N, window)
     return input_ids, torch.ones_like(input_ids)
+
+
+def text_windows(hf: HFModel, text: str, *, window: int) -> list[list[int]]:
+    """All of `text` as consecutive windows of at most `window` ids, special tokens included.
+
+    A text that fits is one window, encoded as the tokenizer encodes it alone. A longer one is
+    tokenized once without special tokens and cut into chunks of ``window - n_special`` tokens,
+    each wrapped in the special tokens of a single sequence (as `tokenize_windows`); the last
+    window is shorter. No token is dropped.
+    """
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    tok = hf.tokenizer
+    whole = tok(text)["input_ids"]
+    if len(whole) <= window:
+        return [whole]
+    prefix, suffix = _special_template(tok, text)
+    content = window - len(prefix) - len(suffix)
+    if content < 1:
+        raise ValueError(f"window={window} leaves no room for text after the special tokens "
+                         f"{tok.convert_ids_to_tokens(prefix + suffix)} that {hf.name} adds")
+    ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+    return [prefix + ids[i : i + content] + suffix for i in range(0, len(ids), content)]
 
 
 def _special_template(tok: Any, text: str) -> tuple[list[int], list[int]]:
