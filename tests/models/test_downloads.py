@@ -540,3 +540,31 @@ def test_probe_py_rides_out_the_hubs_faults_in_a_users_work_dir(tiny_hf_folder, 
     kept = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
     assert kept == [".git", ".git/HEAD", "mydata", "mydata/table.csv", "step20",
                     "step20/notes.txt"]
+
+
+def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> None:
+    """``hf_hub_download`` raises a 503 of its HEAD request as ``LocalEntryNotFoundError`` (from
+    the HTTP error) and transformers wraps that in an OSError: the retry policy reads the HTTP
+    error underneath, so the model's config read rides out the hub's faults too."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from repgeom.models.hf import hub_calls
+    from repgeom.models.hf.loading import model_stacks
+
+    # huggingface_hub tries a HEAD 6 times itself: 6 faults for the first call, 6 + 1 for the
+    # config read, whose retry policy then waits once and reads it. No real sleeping.
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    faults = [Fault(on="head", filename="config.json", status=503, times=13)]
+    with use(FakeHub(REPO, repo, faults=faults)) as hub:
+        try:
+            from huggingface_hub import hf_hub_download
+
+            hf_hub_download(REPO, "config.json", revision="step10")
+        except LocalEntryNotFoundError as wrapped:
+            error = wrapped
+        assert hub_calls.status_of(error) == 503 and hub_calls.transient(error)
+        assert hub_calls.status_of(OSError("no cause")) is None
+        assert list(model_stacks(REPO, revision="step10")) == [None]
+        heads = [status for r, status, _ in hub.served if r.kind == "head"]
+    # 6 + 6 tries of huggingface_hub's own, then ours: one more 503 and the config.
+    assert heads == [503] * 13 + [200]

@@ -66,14 +66,27 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
+def cause_of(error: BaseException) -> BaseException:
+    """The error a wrapper was raised from: huggingface_hub's ``hf_hub_download`` raises a 5xx,
+    a 429 or a dropped connection of its HEAD request as ``LocalEntryNotFoundError`` (``from``
+    the HTTP error), and transformers wraps that in an ``OSError``; the HTTP error decides."""
+    seen = {id(error)}
+    while getattr(error, "response", None) is None and error.__cause__ is not None \
+            and id(error.__cause__) not in seen:
+        error = error.__cause__
+        seen.add(id(error))
+    return error
+
+
 def status_of(error: BaseException) -> int | None:
     """The HTTP status of an ``HfHubHTTPError`` (or httpx status error), else None."""
-    response = getattr(error, "response", None)
+    response = getattr(cause_of(error), "response", None)
     return getattr(response, "status_code", None)
 
 
 def url_of(error: BaseException) -> str:
     """The URL a failed request asked for, or ``"the hub"``."""
+    error = cause_of(error)
     for holder in (getattr(error, "response", None), error):
         try:
             request = getattr(holder, "request", None)
@@ -120,7 +133,7 @@ def transient(error: BaseException) -> bool:
     status = status_of(error)
     if status is not None:
         return status in RETRY_STATUS or status >= 500
-    return isinstance(error, (*_network_errors(), ConnectionError, TimeoutError))
+    return isinstance(cause_of(error), (*_network_errors(), ConnectionError, TimeoutError))
 
 
 @functools.cache
@@ -222,7 +235,7 @@ class Retrier:
             self.spent_s += seconds
         status = status_of(error)
         reason = f"HTTP {status}" if status is not None else describe(error)
-        asked = retry_after(getattr(getattr(error, "response", None), "headers", None))
+        asked = retry_after(getattr(getattr(cause_of(error), "response", None), "headers", None))
         if asked is not None and status in (429, 503):
             wait = max(asked, self.first_wait_s)  # never 0 s: the tries stay bounded
         else:
