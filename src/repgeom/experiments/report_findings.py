@@ -57,10 +57,6 @@ class Finding:
         )
 
 
-def fmt_values(values: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{v:.3f}" for v in values) + "]"
-
-
 def fmt_intervals(index: Sequence, intervals: Sequence[Interval], name: str = "block") -> str:
     return "; ".join(f"{name} {int(i)} {ci}" for i, ci in zip(index, intervals, strict=True))
 
