@@ -268,6 +268,7 @@ class ProbeCallback(L.Callback):
         """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
         self.writer = offload.SnapshotWriter(
             self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
+        self.writer.rank = trainer.global_rank
         self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
         if self.offload == "worker":
             self.worker = follow.start_worker(self.run_dir, self.worker_options)

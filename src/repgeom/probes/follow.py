@@ -82,11 +82,11 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> 
         return False, "no training process has started in this run folder yet"
     if beat.get("state") != "running":
         return False, f"the training process {beat.get('state')}"
+    if beat.get("host") == socket.gethostname() and not _alive(int(beat.get("pid", -1))):
+        return False, f"the training process (pid {beat.get('pid')}) is gone"
     age = (time.time() if now is None else now) - float(beat.get("time", 0))
     if age > timeout_s:
         return False, f"no heartbeat from the training process for {age:.0f} s"
-    if beat.get("host") == socket.gethostname() and not _alive(int(beat.get("pid", -1))):
-        return False, f"the training process (pid {beat.get('pid')}) is gone"
     return True, ""
 
 

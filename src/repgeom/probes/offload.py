@@ -143,6 +143,7 @@ class SnapshotWriter:
         self.folder = snapshot_dir(run_dir)
         self.heartbeat_s = heartbeat_s
         self.step = 0  # the training step, for the heartbeat (set by the callback)
+        self.rank = 0  # the writing process's global rank, in each completion marker
         self.waited = 0.0  # seconds training waited for a previous snapshot's write
         self.copy_seconds = 0.0  # seconds in the copies themselves (on the training thread)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
@@ -288,5 +289,6 @@ class SnapshotWriter:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
         _fsync_dir(folder)
-        write_json(folder / COMPLETE, {"step": int(step), "time": time.time(), "rank": 0,
-                                       "pid": os.getpid(), "bytes": path.stat().st_size})
+        write_json(folder / COMPLETE, {"step": int(step), "time": time.time(),
+                                       "rank": int(self.rank), "pid": os.getpid(),
+                                       "bytes": path.stat().st_size})
