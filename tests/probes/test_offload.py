@@ -261,3 +261,22 @@ def test_a_gpu_snapshot_is_copied_on_a_side_stream_before_the_next_update(
     got = _snapshot_weights(run_dir, 5)
     for key, value in result.module.model.state_dict().items():
         torch.testing.assert_close(got[key], value.cpu(), rtol=0, atol=0, msg=key)
+
+
+def test_the_worker_logs_to_w_and_b_in_the_training_runs_group(tmp_path: Path) -> None:
+    from cli_runs import wandb_runs
+    from wandb_records import wandb_history, wandb_records
+
+    run_dir = tmp_path / "run"
+    run_train([*tiny_overrides(), "logger=wandb", "probe.offload=worker",
+               f"hydra.run.dir={run_dir}"])
+    runs = wandb_runs(run_dir)
+    worker = [r for r in runs if r.name.endswith("-probes")]
+    training = [r for r in runs if not r.name.endswith("-probes")]
+    assert len(worker) == 1 and len(training) == 1, runs
+    groups = [wandb_records(r, "run")[0].get("run_group") for r in (*training, *worker)]
+    assert groups[0] and groups[0] == groups[1], groups
+    # The probe curves on the training steps, next to the loss.
+    steps = {row["probe/step"] for row in wandb_history(worker[0]) if "probe/anisotropy/mean"
+             in row}
+    assert steps == {0, 20}
