@@ -71,6 +71,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _written(path: Path) -> float:
+    """When the snapshot in `path` was completed (its marker's ``time``)."""
+    return float((offload.read_json(path / offload.COMPLETE) or {}).get("time", 0.0))
+
+
 def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> tuple[bool, str]:
     """Whether the training process of `folder` (``training.json``) lives, and why not.
 
@@ -110,7 +115,10 @@ class Follower:
         self.keep = keep_snapshots
         self.use_wandb = wandb
         state = offload.read_json(self.folder / offload.WORKER) or {}
-        self.done: set[int] = {int(s) for s in state.get("done", [])}
+        # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
+        # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
+        self.done: dict[int, float] = {int(k): float(v) for k, v in
+                                       (state.get("done") or {}).items()}
         self.seconds = float(state.get("seconds", 0.0))
         self._phase_state = state.get("phase_alerts", [])
         self.recorder: ProbeRecorder | None = None
@@ -125,11 +133,15 @@ class Follower:
         last_news = time.monotonic()
         print(f"Following {self.run_dir}: probing its snapshots as they appear "
               f"({len(self.done)} probed before)", flush=True)
+        self._lock()
         while True:
+            finished = (self.folder / offload.DONE).is_file()  # before the scan: no race
             complete, incomplete = offload.snapshots(self.folder)
-            todo = [(s, p) for s, p in complete if s not in self.done]
-            for step, path in complete:  # probed before a kill, not yet deleted
-                if step in self.done and not self.keep:
+            todo = []
+            for step, path in complete:
+                if self.done.get(step) != _written(path):
+                    todo.append((step, path))
+                elif not self.keep:  # probed before a kill, not yet deleted
                     offload.remove_snapshot(path)
             if todo:
                 step, path = todo[0]
@@ -137,21 +149,47 @@ class Follower:
                 probed.append(step)
                 last_news = time.monotonic()
                 continue
-            if (self.folder / offload.DONE).is_file():
-                skipped = [s for s, _ in incomplete]
-                return self._finish(probed, skipped)
+            if finished:
+                return self._finish(probed, [s for s, _ in incomplete])
             alive, why = training_alive(self.folder, self.timeout_s)
+            beat = offload.read_json(self.folder / offload.TRAINING) or {}
+            # A failed run or a vanished process on this host is gone for sure: stop now, once
+            # a last look has found nothing new (the done marker is written before "finished").
+            certain = not alive and (beat.get("state") == "failed" or why.endswith("is gone"))
             if alive:
                 last_news = time.monotonic()
-            elif time.monotonic() - last_news > self.timeout_s:
+            elif certain and (self.folder / offload.DONE).is_file():
+                continue
+            elif certain or time.monotonic() - last_news > self.timeout_s:
                 self._finish_wandb()
                 raise TrainingDiedError(
-                    f"{self.run_dir} stopped without finishing: {why}, and no new snapshot for "
-                    f"{self.timeout_s:.0f} s (follow_timeout_s). Probed steps "
+                    f"{self.run_dir} stopped without finishing: {why}"
+                    + ("" if certain else f", and no new snapshot for {self.timeout_s:.0f} s "
+                       "(follow_timeout_s)") + ". Probed steps "
                     f"{sorted(self.done) or 'none'}; resume training with its own command, then "
                     f"run this worker again (it goes on from there)"
                 )
             time.sleep(POLL_S)
+
+    def _lock(self) -> None:
+        """One worker per run: an exclusive lock on ``snapshots/worker.lock`` while it runs (the
+        kernel drops it when the process dies, kill -9 included)."""
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.folder / "worker.lock", "a+")  # noqa: SIM115 - held open
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock_file.seek(0)
+            other = self._lock_file.read().strip() or "?"
+            raise RuntimeError(
+                f"another probe worker (pid {other}) follows {self.run_dir}; two would probe "
+                "each snapshot twice. Stop it first, or let it finish"
+            ) from None
+        self._lock_file.truncate(0)
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
 
     # -- one snapshot ---------------------------------------------------------------------------
 
@@ -188,7 +226,7 @@ class Follower:
         self.seconds += time.perf_counter() - started
         self.recorder.record(step, output, self.runs, n_done=len(self.done) + 1,
                              seconds=self.seconds)
-        self.done.add(step)
+        self.done[step] = _written(path)
         self._save()
         if not self.keep:
             offload.remove_snapshot(path)
@@ -202,7 +240,7 @@ class Follower:
 
     def _save(self) -> None:
         offload.write_json(self.folder / offload.WORKER, {
-            "done": sorted(self.done), "seconds": self.seconds,
+            "done": {str(k): v for k, v in sorted(self.done.items())}, "seconds": self.seconds,
             "phase_alerts": self.recorder.state_dict() if self.recorder else self._phase_state})
 
     def _finish(self, probed: list[int], skipped: list[int]) -> FollowResult:

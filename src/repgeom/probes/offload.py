@@ -204,9 +204,9 @@ class SnapshotWriter:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             if final_step is None or failed:
                 self._beat("failed")
-            else:
-                self._beat("finished")
+            else:  # the done marker first: a worker that sees "finished" finds it
                 write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
+                self._beat("finished")
 
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
