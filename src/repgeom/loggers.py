@@ -71,7 +71,7 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
 
 def _offload_group(cfg: DictConfig, run_id: str) -> str | None:
     """A group for a single run whose probes are offloaded (``probe.offload``): the probe
-    worker's W&B run joins the training run there (`repgeom.probes.follow`)."""
+    worker's W&B run joins the training run there (`repgeom.probes.offload.follow`)."""
     probe = cfg.get("probe") or {}
     if not probe.get("offload") or probe.get("enabled", True) is False:
         return None

@@ -1,7 +1,6 @@
-"""Probes off the training clock (`repgeom.probes.offload`, `repgeom.probes.follow`): the
-snapshot holds exactly its step's weights, incomplete snapshots are never read, the worker's
-table equals the in-process one, it resumes after kill -9 and stops when training dies, and
-under DDP only rank 0 writes."""
+"""Probes off the training clock (`repgeom.probes.offload`): the snapshot holds exactly its
+step's weights, incomplete snapshots are never read, the worker's table equals the in-process
+one, it resumes after kill -9 and stops when training dies, and under DDP only rank 0 writes."""
 
 from __future__ import annotations
 
@@ -20,9 +19,10 @@ import torch
 from cli_runs import PYTHON, ROOT, run_train, subprocess_env, tiny_overrides
 from hydra_configs import compose_train
 
-from repgeom.probes import offload, table
+from repgeom.probes import table
 from repgeom.probes.callback import ProbeCallback
-from repgeom.probes.follow import TrainingDiedError, follow, training_alive
+from repgeom.probes.offload import snapshots
+from repgeom.probes.offload.follow import TrainingDiedError, follow, training_alive
 from repgeom.train import train
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def snapshot_run(tmp_path_factory):
     after that many optimizer steps)."""
     run_dir = tmp_path_factory.mktemp("offload") / "run"
     before_step: dict[int, dict[str, torch.Tensor]] = {}
-    original_write = offload.SnapshotWriter._write
+    original_write = snapshots.SnapshotWriter._write
     original_hook = ProbeCallback.on_before_optimizer_step
 
     def slow_write(self, *args, **kwargs):
@@ -58,7 +58,7 @@ def snapshot_run(tmp_path_factory):
         return original_hook(self, trainer, pl_module, optimizer)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(offload.SnapshotWriter, "_write", slow_write)
+        patch.setattr(snapshots.SnapshotWriter, "_write", slow_write)
         patch.setattr(ProbeCallback, "on_before_optimizer_step", record)
         result = train(compose_train(run_dir, ["logger=csv", *PROBE,
                                                "probe.offload=snapshots"]))
@@ -72,25 +72,25 @@ def _copy_run(run_dir: Path, to: Path) -> Path:
 
 
 def _snapshot_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    path = offload.step_dir(offload.snapshot_dir(run_dir), step) / offload.WEIGHTS
+    path = snapshots.step_dir(snapshots.snapshot_dir(run_dir), step) / snapshots.WEIGHTS
     state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
     return {k.removeprefix("model."): v for k, v in state.items()}
 
 
 def _pretend_training_runs(run_dir: Path, *, pid: int | None = None) -> None:
     """The run folder as a live training run leaves it: no done marker, a fresh heartbeat."""
-    folder = offload.snapshot_dir(run_dir)
-    (folder / offload.DONE).unlink(missing_ok=True)
-    beat = offload.read_json(folder / offload.TRAINING)
-    offload.write_json(folder / offload.TRAINING, {
+    folder = snapshots.snapshot_dir(run_dir)
+    (folder / snapshots.DONE).unlink(missing_ok=True)
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {
         **beat, "state": "running", "time": time.time(), "pid": pid or os.getpid()})
 
 
 def test_each_snapshot_holds_the_weights_of_exactly_its_step(snapshot_run) -> None:
     run_dir, before_step, final = snapshot_run
-    complete, incomplete = offload.snapshots(offload.snapshot_dir(run_dir))
+    complete, incomplete = snapshots.snapshots(snapshots.snapshot_dir(run_dir))
     assert [step for step, _ in complete] == STEPS and not incomplete
-    assert (offload.snapshot_dir(run_dir) / offload.DONE).is_file()
+    assert (snapshots.snapshot_dir(run_dir) / snapshots.DONE).is_file()
     assert not (table.probe_dir(run_dir) / "probes.csv").exists()  # nothing probed in-process
     for step in STEPS:
         # After `step` optimizer steps: recorded just before the next step's update (the
@@ -121,17 +121,17 @@ def test_worker_table_equals_the_in_process_table(snapshot_run, tmp_path: Path) 
     # The same files: phases, figures; the snapshots are deleted once probed.
     assert (table.probe_dir(run_dir) / "phases.csv").is_file()
     assert (table.plot_dir(run_dir) / "profile_anisotropy.png").is_file()
-    assert offload.snapshots(offload.snapshot_dir(run_dir)) == ([], [])
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
 
 
 def test_an_incomplete_snapshot_is_never_read(snapshot_run, tmp_path: Path) -> None:
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
-    folder = offload.snapshot_dir(run_dir)
+    folder = snapshots.snapshot_dir(run_dir)
     # Training killed while writing step 10: half a weights file and no completion marker.
-    cut = offload.step_dir(folder, 10)
-    (cut / offload.COMPLETE).unlink()
-    data = (cut / offload.WEIGHTS).read_bytes()
-    (cut / offload.WEIGHTS).write_bytes(data[: len(data) // 2])
+    cut = snapshots.step_dir(folder, 10)
+    (cut / snapshots.COMPLETE).unlink()
+    data = (cut / snapshots.WEIGHTS).read_bytes()
+    (cut / snapshots.WEIGHTS).write_bytes(data[: len(data) // 2])
     result = follow(run_dir, timeout_s=30, keep_snapshots=True)
     assert result.skipped == [10]
     assert sorted(table.read_table(run_dir)["step"].unique()) == [s for s in STEPS if s != 10]
@@ -141,14 +141,14 @@ def test_an_incomplete_snapshot_is_never_read(snapshot_run, tmp_path: Path) -> N
 def test_the_training_callback_clears_an_incomplete_snapshot_when_it_starts(
     snapshot_run, tmp_path: Path
 ) -> None:
-    folder = offload.snapshot_dir(_copy_run(snapshot_run[0], tmp_path / "run"))
-    (offload.step_dir(folder, 10) / offload.COMPLETE).unlink()
+    folder = snapshots.snapshot_dir(_copy_run(snapshot_run[0], tmp_path / "run"))
+    (snapshots.step_dir(folder, 10) / snapshots.COMPLETE).unlink()
     user_file = folder / "notes.txt"
     user_file.write_text("mine")
-    writer = offload.SnapshotWriter(folder.parent.parent, heartbeat_s=60)
+    writer = snapshots.SnapshotWriter(folder.parent.parent, heartbeat_s=60)
     writer.start({"wandb": None})
     writer.close(final_step=20)
-    complete, incomplete = offload.snapshots(folder)
+    complete, incomplete = snapshots.snapshots(folder)
     assert not incomplete and 10 not in [s for s, _ in complete]
     assert user_file.read_text() == "mine"  # not ours: left alone
 
@@ -162,24 +162,24 @@ def test_the_worker_resumes_after_kill_9(snapshot_run, tmp_path: Path) -> None:
     process = subprocess.Popen([PYTHON, "probe.py", *args], cwd=ROOT, env=subprocess_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    worker_state = offload.snapshot_dir(run_dir) / offload.WORKER
+    worker_state = snapshots.snapshot_dir(run_dir) / snapshots.WORKER
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if len((offload.read_json(worker_state) or {}).get("done", [])) >= 2:
+        if len((snapshots.read_json(worker_state) or {}).get("done", [])) >= 2:
             break
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    probed = [int(s) for s in (offload.read_json(worker_state) or {}).get("done", {})]
+    probed = [int(s) for s in (snapshots.read_json(worker_state) or {}).get("done", {})]
     assert 2 <= len(probed) < len(STEPS), probed
     # Training ends; the same command goes on where the killed worker stopped.
-    offload.write_json(offload.snapshot_dir(run_dir) / offload.DONE, {"step": 20})
+    snapshots.write_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE, {"step": 20})
     result = follow(run_dir, timeout_s=30)
     assert set(result.probed) == set(STEPS) - set(probed)
     resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
     pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
     np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
-    assert offload.snapshots(offload.snapshot_dir(run_dir)) == ([], [])
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
 
 
 def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> None:
@@ -187,7 +187,7 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs: training was killed, its heartbeat still fresh
     _pretend_training_runs(run_dir, pid=gone.pid)
-    folder = offload.snapshot_dir(run_dir)
+    folder = snapshots.snapshot_dir(run_dir)
     assert training_alive(folder, 60)[0] is False
     started = time.monotonic()
     # A vanished pid on this host is certain: it stops once the complete snapshots are probed,
@@ -198,8 +198,8 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
     # What was complete was probed before it stopped.
     assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
     # A stale heartbeat (another host, or no process) counts as dead after the timeout too.
-    beat = offload.read_json(folder / offload.TRAINING)
-    offload.write_json(folder / offload.TRAINING, {**beat, "host": "elsewhere",
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "host": "elsewhere",
                                                    "time": time.time() - 30})
     assert training_alive(folder, 10) == (False, "no heartbeat from the training process "
                                                  "for 30 s")
@@ -207,7 +207,7 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
 
 
 def test_a_second_worker_on_the_same_run_is_refused(snapshot_run, tmp_path: Path) -> None:
-    from repgeom.probes.follow import Follower
+    from repgeom.probes.offload.follow import Follower
 
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
@@ -224,19 +224,19 @@ def test_a_snapshot_rewritten_by_a_resumed_training_start_is_probed_again(
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     follow(run_dir, timeout_s=30, keep_snapshots=True)
     # Training resumed from an earlier checkpoint and wrote step 10's snapshot again.
-    marker = offload.step_dir(offload.snapshot_dir(run_dir), 10) / offload.COMPLETE
-    offload.write_json(marker, {**offload.read_json(marker), "time": time.time()})
+    marker = snapshots.step_dir(snapshots.snapshot_dir(run_dir), 10) / snapshots.COMPLETE
+    snapshots.write_json(marker, {**snapshots.read_json(marker), "time": time.time()})
     assert follow(run_dir, timeout_s=30, keep_snapshots=True).probed == [10]
 
 
 def test_a_training_exception_marks_the_run_failed(tmp_path: Path) -> None:
-    writer = offload.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
     writer.start({"wandb": None})
-    assert training_alive(offload.snapshot_dir(tmp_path), 60)[0] is True
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60)[0] is True
     writer.close(final_step=None)
-    assert training_alive(offload.snapshot_dir(tmp_path), 60) == (
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60) == (
         False, "the training process failed")
-    assert not (offload.snapshot_dir(tmp_path) / offload.DONE).exists()
+    assert not (snapshots.snapshot_dir(tmp_path) / snapshots.DONE).exists()
 
 
 def test_a_bad_offload_option_is_named(tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ def test_train_py_starts_its_own_worker(tmp_path: Path) -> None:
     assert sorted(table.read_table(run_dir)["step"].unique()) == [0, 20]
     log = (table.probe_dir(run_dir) / "worker.log").read_text()
     assert "probed step 20" in log and "is done" in log
-    assert offload.snapshots(offload.snapshot_dir(run_dir)) == ([], [])
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
 
 
 def test_under_ddp_only_rank_0_writes_snapshots(tmp_path: Path) -> None:
@@ -263,16 +263,16 @@ def test_under_ddp_only_rank_0_writes_snapshots(tmp_path: Path) -> None:
     run_train([*tiny_overrides(trainer="ddp"), "trainer.devices=2", "trainer.accelerator=cpu",
                "trainer.precision=32-true", "data.batch_size=4", "logger=csv",
                "probe.offload=snapshots", f"hydra.run.dir={run_dir}"])
-    folder = offload.snapshot_dir(run_dir)
-    complete, incomplete = offload.snapshots(folder)
+    folder = snapshots.snapshot_dir(run_dir)
+    complete, incomplete = snapshots.snapshots(folder)
     assert [s for s, _ in complete] == [0, 20] and not incomplete
-    markers = [offload.read_json(p / offload.COMPLETE) for _, p in complete]
-    training = offload.read_json(folder / offload.TRAINING)
+    markers = [snapshots.read_json(p / snapshots.COMPLETE) for _, p in complete]
+    training = snapshots.read_json(folder / snapshots.TRAINING)
     # One writer, in rank 0's process (the process that ran the heartbeat too).
     assert {m["rank"] for m in markers} == {0}
     assert {m["pid"] for m in markers} == {training["pid"]}
     assert not list(folder.rglob("*.tmp"))
-    assert training["state"] == "finished" and (folder / offload.DONE).is_file()
+    assert training["state"] == "finished" and (folder / snapshots.DONE).is_file()
 
 
 @pytest.mark.gpu

@@ -19,7 +19,8 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from repgeom.probes import catalogue, follow, offload, sink, table
+from repgeom.probes import catalogue, sink, table
+from repgeom.probes.offload import follow, snapshots
 from repgeom.probes.recorder import ProbeRecorder
 from repgeom.probes.sampling import ProbeSet, probe_set
 from repgeom.probes.schedule import thin_steps
@@ -72,9 +73,10 @@ class ProbeCallback(L.Callback):
     offload : {None, "snapshots", "worker"}
         None probes in the training process. ``snapshots``: at each probe step the weights are
         copied and written to ``<run>/probes/snapshots/`` in the background
-        (`repgeom.probes.offload`) for a worker, ``probe.py follow=<run>``
-        (`repgeom.probes.follow`), and training goes on; ``worker``: the same, and this process
-        starts that worker itself on this node (``probe.worker``: threads, device, cpus).
+        (`repgeom.probes.offload.snapshots`) for a worker, ``probe.py follow=<run>``
+        (`repgeom.probes.offload.follow`), and training goes on; ``worker``: the same, and
+        this process starts that worker itself on this node (``probe.worker``: threads,
+        device, cpus).
     worker : dict
         The worker's options (`repgeom.probes.spec.WorkerConf`).
     **spec
@@ -133,7 +135,7 @@ class ProbeCallback(L.Callback):
         self._wandb_ready = False
         self.recorder: ProbeRecorder | None = None
         self._phase_state: list = []
-        self.writer: offload.SnapshotWriter | None = None  # probe.offload, rank 0
+        self.writer: snapshots.SnapshotWriter | None = None  # probe.offload, rank 0
         self.worker: subprocess.Popen | None = None  # probe.offload=worker, rank 0
 
     # -- set-up -------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ class ProbeCallback(L.Callback):
 
     def _start_offload(self, trainer: L.Trainer) -> None:
         """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
-        self.writer = offload.SnapshotWriter(
+        self.writer = snapshots.SnapshotWriter(
             self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
         self.writer.rank = trainer.global_rank
         self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
@@ -329,7 +331,7 @@ class ProbeCallback(L.Callback):
 
 
 def offload_modes() -> tuple[str, ...]:
-    return offload.OFFLOAD_MODES
+    return snapshots.OFFLOAD_MODES
 
 
 def _plain(value: Any) -> Any:

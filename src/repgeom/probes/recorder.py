@@ -1,12 +1,12 @@
 """`ProbeRecorder`: where a training probe's steps go, in the training process or beside it.
 
 The in-process callback (`repgeom.probes.callback.ProbeCallback`) and the worker that follows a
-run's snapshots (`repgeom.probes.follow`) record each probed step the same way, into the same
-files of the run folder: the table (``probes/probes.{parquet,csv}``, `sink.write_step`), the W&B
-scalars on the ``probe/step`` axis, the phases of every layer and their alerts
+run's snapshots (`repgeom.probes.offload.follow`) record each probed step the same way, into the
+same files of the run folder: the table (``probes/probes.{parquet,csv}``, `sink.write_step`),
+the W&B scalars on the ``probe/step`` axis, the phases of every layer and their alerts
 (`phase_report.PhaseWatch`), the figures every few probes, and with pairwise metrics each step's
-states (compared with the final step's at the end, `finish`). Neither knows about Lightning here.
-"""
+states (compared with the final step's at the end, `finish`). Neither knows about Lightning
+here."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ from repgeom.probes import (
 )
 from repgeom.probes.compare import compare
 from repgeom.probes.drift_cosine import save_drift_cosine
-from repgeom.probes.follow import follow
+from repgeom.probes.offload.follow import follow
 from repgeom.probes.schedule import revision_steps  # noqa: F401 - public name, moved there
 from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
@@ -242,8 +242,8 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
 
 def _follow(cfg: DictConfig) -> ProbeRunResult:
     """``follow=<run folder>``: the worker of a run trained with ``probe.offload``
-    (`repgeom.probes.follow`); the table, phases and figures go into that run folder, with the
-    training probe's spec (probe.py's own probe options do not apply)."""
+    (`repgeom.probes.offload.follow`); the table, phases and figures go into that run folder,
+    with the training probe's spec (probe.py's own probe options do not apply)."""
     given = [m for m in _MODES if cfg.get(m) not in (None, "")]
     if given:
         raise ValueError(

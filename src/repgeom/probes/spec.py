@@ -205,8 +205,8 @@ def training_probe(ckpt: dict, run_dir: Path) -> tuple[ProbeSpec | None, str]:
 
 @dataclass
 class WorkerConf:
-    """The probe worker of ``probe.offload`` (`repgeom.probes.follow`): how ``train.py`` starts
-    it (``probe.offload=worker``) and how it follows the run."""
+    """The probe worker of ``probe.offload`` (`repgeom.probes.offload.follow`): how
+    ``train.py`` starts it (``probe.offload=worker``) and how it follows the run."""
 
     threads: int = 1  # its torch threads (OMP_NUM_THREADS): spare cores, not training's
     device: str = "cpu"  # cpu | cuda | cuda:1 ...: the same GPU as training works too
@@ -221,7 +221,7 @@ class WorkerConf:
 class ProbeCallbackConf(ProbeSpec):
     """The training probe: a `ProbeSpec` and its schedule and figures (`ProbeCallback`), and
     where it runs: in the training process (``offload: null``) or in a worker
-    (``snapshots``/``worker``, `repgeom.probes.offload`)."""
+    (``snapshots``/``worker``, `repgeom.probes.offload.snapshots`)."""
 
     _target_: str = "repgeom.probes.callback.ProbeCallback"
     every_n_steps: int = 1000

@@ -1,12 +1,12 @@
 """The probe worker that follows a training run: ``python probe.py follow=<run folder>``.
 
 It probes each complete snapshot the training callback writes (``probe.offload``,
-`repgeom.probes.offload`), in step order, as it appears, with the training probe's own spec and
-probe set (read from the snapshot, as ``probe.py ckpt=`` reads a checkpoint: `probe_gpt` on
-`checkpoint_probe_set`), and records it with the callback's own `ProbeRecorder`: the same table
-``<run>/probes/probes.{parquet,csv}``, phases, figures, and W&B scalars on the ``probe/step``
-axis in a run of the training run's W&B group. So its table equals the one the in-process probe
-writes on the same weights.
+`repgeom.probes.offload.snapshots`), in step order, as it appears, with the training probe's own
+spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint: `probe_gpt`
+on `probe_set` of `validation_windows_for`), and records it with the callback's own `ProbeRecorder`:
+the same table ``<run>/probes/probes.{parquet,csv}``, phases, figures, and W&B scalars on the
+``probe/step`` axis in a run of the training run's W&B group. So its table equals the one the
+in-process probe writes on the same weights.
 
 - Never an incomplete snapshot (no ``complete.json``): it is skipped, and named when the run
   ends.
@@ -15,7 +15,9 @@ writes on the same weights.
   where it stopped and ends with the table an uninterrupted worker writes.
 - It stops when the run writes ``done.json`` (then it draws the figures, the summary and
   ``phases.csv``), or when the run died: no new snapshot and no live training process (the
-  heartbeat in ``training.json``; on the same host, its pid) for ``follow_timeout_s`` seconds.
+  heartbeat in ``training.json``) for ``follow_timeout_s`` seconds; at once when the run is
+  certainly gone (its state ``failed``, or its pid gone on this host).
+- One worker per run (a lock file); a second one is refused by name.
 - Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
   the training step of the heartbeat. Nothing is dropped.
 """
@@ -35,7 +37,8 @@ import pandas as pd
 import torch
 
 from repgeom.models.checkpoints import load_gpt, read_checkpoint, validation_windows_for
-from repgeom.probes import offload, sink, table
+from repgeom.probes import sink, table
+from repgeom.probes.offload import snapshots
 from repgeom.probes.recorder import ProbeRecorder
 from repgeom.probes.sampling import ProbeSet, probe_set
 from repgeom.probes.spec import ProbeSpec, training_probe
@@ -73,7 +76,7 @@ def _alive(pid: int) -> bool:
 
 def _written(path: Path) -> float:
     """When the snapshot in `path` was completed (its marker's ``time``)."""
-    return float((offload.read_json(path / offload.COMPLETE) or {}).get("time", 0.0))
+    return float((snapshots.read_json(path / snapshots.COMPLETE) or {}).get("time", 0.0))
 
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> tuple[bool, str]:
@@ -82,7 +85,7 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> 
     Alive: its state is ``running``, its heartbeat is less than `timeout_s` old, and, on this
     host, its pid exists.
     """
-    beat = offload.read_json(folder / offload.TRAINING)
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
     if beat is None:
         return False, "no training process has started in this run folder yet"
     if beat.get("state") != "running":
@@ -109,12 +112,12 @@ class Follower:
                 "with probe.offload=snapshots (it may not exist yet: start the worker after "
                 "training has created its folder)"
             )
-        self.folder = offload.snapshot_dir(self.run_dir)
+        self.folder = snapshots.snapshot_dir(self.run_dir)
         self.device = device
         self.timeout_s = float(timeout_s)
         self.keep = keep_snapshots
         self.use_wandb = wandb
-        state = offload.read_json(self.folder / offload.WORKER) or {}
+        state = snapshots.read_json(self.folder / snapshots.WORKER) or {}
         # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
         # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
         self.done: dict[int, float] = {int(k): float(v) for k, v in
@@ -135,14 +138,14 @@ class Follower:
               f"({len(self.done)} probed before)", flush=True)
         self._lock()
         while True:
-            finished = (self.folder / offload.DONE).is_file()  # before the scan: no race
-            complete, incomplete = offload.snapshots(self.folder)
+            finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
+            complete, incomplete = snapshots.snapshots(self.folder)
             todo = []
             for step, path in complete:
                 if self.done.get(step) != _written(path):
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
-                    offload.remove_snapshot(path)
+                    snapshots.remove_snapshot(path)
             if todo:
                 step, path = todo[0]
                 self._probe(step, path, waiting=len(todo) - 1)
@@ -152,13 +155,13 @@ class Follower:
             if finished:
                 return self._finish(probed, [s for s, _ in incomplete])
             alive, why = training_alive(self.folder, self.timeout_s)
-            beat = offload.read_json(self.folder / offload.TRAINING) or {}
+            beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
             # A failed run or a vanished process on this host is gone for sure: stop now, once
             # a last look has found nothing new (the done marker is written before "finished").
             certain = not alive and (beat.get("state") == "failed" or why.endswith("is gone"))
             if alive:
                 last_news = time.monotonic()
-            elif certain and (self.folder / offload.DONE).is_file():
+            elif certain and (self.folder / snapshots.DONE).is_file():
                 continue
             elif certain or time.monotonic() - last_news > self.timeout_s:
                 self._finish_wandb()
@@ -212,7 +215,7 @@ class Follower:
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> None:
         started = time.perf_counter()
-        weights = path / offload.WEIGHTS
+        weights = path / snapshots.WEIGHTS
         ckpt = read_checkpoint(weights)
         if self.recorder is None:
             self._prepare(path, ckpt)
@@ -229,8 +232,8 @@ class Follower:
         self.done[step] = _written(path)
         self._save()
         if not self.keep:
-            offload.remove_snapshot(path)
-        beat = offload.read_json(self.folder / offload.TRAINING) or {}
+            snapshots.remove_snapshot(path)
+        beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         lag = max(0, int(beat.get("step", step)) - step)
         print(f"probed step {step} in {time.perf_counter() - started:.1f} s; "
               f"{waiting} snapshot(s) waiting, {lag} steps behind training", flush=True)
@@ -239,13 +242,13 @@ class Follower:
                      "probe/worker/lag_steps": lag})
 
     def _save(self) -> None:
-        offload.write_json(self.folder / offload.WORKER, {
+        snapshots.write_json(self.folder / snapshots.WORKER, {
             "done": {str(k): v for k, v in sorted(self.done.items())}, "seconds": self.seconds,
             "phase_alerts": self.recorder.state_dict() if self.recorder else self._phase_state})
 
     def _finish(self, probed: list[int], skipped: list[int]) -> FollowResult:
         if skipped:
-            print(f"warning: incomplete snapshots of steps {skipped} (no {offload.COMPLETE}: "
+            print(f"warning: incomplete snapshots of steps {skipped} (no {snapshots.COMPLETE}: "
                   "training was killed while writing them) were not probed", flush=True)
         try:
             frame = table.read_table(self.run_dir)
@@ -270,7 +273,7 @@ class Follower:
 def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
     """A W&B run in the training run's group (``run.json``), named ``<its name>-probes``; none
     when training logged to no W&B run."""
-    info = (offload.read_json(folder / offload.RUN) or {}).get("wandb")
+    info = (snapshots.read_json(folder / snapshots.RUN) or {}).get("wandb")
     if not info:
         return []
     import wandb

@@ -2,10 +2,10 @@
 
 With ``probe.offload=snapshots`` (or ``worker``) the training callback does not probe; at each
 probe step it copies the weights (`SnapshotWriter.snapshot`, before the next optimizer step can
-change them) and a background thread writes them into the run folder, while training goes on.
-A worker (``probe.py follow=<run>``, `repgeom.probes.follow`) probes each snapshot as it appears,
-into the same table. The files, all under ``<run>/probes/snapshots/`` (a folder repgeom creates
-and marks with `MARKER`; nothing else in the run folder is touched):
+change them) and a background thread writes them into the run folder, while training goes on. A
+worker (``probe.py follow=<run>``, `repgeom.probes.offload.follow`) probes each snapshot as it
+appears, into the same table. The files, all under ``<run>/probes/snapshots/`` (a folder repgeom
+creates and marks with `MARKER`; nothing else in the run folder is touched):
 
 - ``step_<N>/weights.ckpt``: the model after N optimizer steps, as a checkpoint
   `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
