@@ -206,14 +206,15 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
     assert training_alive(folder, 60)[0] is True
 
 
-def test_a_second_worker_on_the_same_run_is_refused(snapshot_run, tmp_path: Path) -> None:
+def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
     from repgeom.probes.offload.follow import Follower
 
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
     first._lock()
+    # The second waits for the first (follow_timeout_s), then says which one holds the run.
     with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
-        follow(run_dir, timeout_s=30)
+        follow(run_dir, timeout_s=1)
     first._lock_file.close()  # released: the next worker may follow
     assert follow(run_dir, timeout_s=30).stopped == "done"
 

@@ -17,7 +17,8 @@ in-process probe writes on the same weights.
   ``phases.csv``), or when the run died: no new snapshot and no live training process (the
   heartbeat in ``training.json``) for ``follow_timeout_s`` seconds; at once when the run is
   certainly gone (its state ``failed``, or its pid gone on this host).
-- One worker per run (a lock file); a second one is refused by name.
+- One worker per run (a lock file): a second one waits for the first to finish (at most
+  ``follow_timeout_s``, then it says which one holds the run).
 - Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
   the training step of the heartbeat. Nothing is dropped.
 """
@@ -176,20 +177,31 @@ class Follower:
 
     def _lock(self) -> None:
         """One worker per run: an exclusive lock on ``snapshots/worker.lock`` while it runs (the
-        kernel drops it when the process dies, kill -9 included)."""
+        kernel drops it when the process dies, kill -9 included); wait for another's."""
         import fcntl
 
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock_file = open(self.folder / "worker.lock", "a+")  # noqa: SIM115 - held open
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._lock_file.seek(0)
-            other = self._lock_file.read().strip() or "?"
-            raise RuntimeError(
-                f"another probe worker (pid {other}) follows {self.run_dir}; two would probe "
-                "each snapshot twice. Stop it first, or let it finish"
-            ) from None
+        deadline = time.monotonic() + self.timeout_s
+        said = False
+        while True:
+            try:
+                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                self._lock_file.seek(0)
+                other = self._lock_file.read().strip() or "?"
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"another probe worker (pid {other}) follows {self.run_dir} and did not "
+                    f"finish within {self.timeout_s:.0f} s (follow_timeout_s); two would probe "
+                    "each snapshot twice. Stop it first, or let it finish"
+                )
+            if not said:  # e.g. a resumed train.py's worker while the last start's finishes
+                print(f"Another probe worker (pid {other}) follows {self.run_dir}; waiting for "
+                      "it to finish", flush=True)
+                said = True
+            time.sleep(POLL_S)
         self._lock_file.truncate(0)
         self._lock_file.write(str(os.getpid()))
         self._lock_file.flush()
