@@ -245,6 +245,10 @@ def test_a_bad_offload_option_is_named(tmp_path: Path) -> None:
         ProbeCallback(offload="background")
     with pytest.raises(ValueError, match=r"probe.worker: unknown option\(s\) \['thread'\]"):
         ProbeCallback(offload="worker", worker={"thread": 2})
+    # train() refuses it before any data is read or any folder written
+    with pytest.raises(ValueError, match="probe.offload must be null.*got 'later'"):
+        train(compose_train(tmp_path / "run", ["probe.offload=later"]))
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_py_starts_its_own_worker(tmp_path: Path) -> None:

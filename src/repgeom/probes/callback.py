@@ -100,12 +100,7 @@ class ProbeCallback(L.Callback):
         **spec: Any,
     ) -> None:
         super().__init__()
-        if offload is not None and offload not in offload_modes():
-            raise ValueError(
-                f"probe.offload must be null (probe in the training process) or one of "
-                f"{', '.join(offload_modes())}, got {offload!r}"
-            )
-        self.offload = offload
+        self.offload = snapshots.check_offload(offload)
         given = {str(k): v for k, v in dict(worker or {}).items()}
         unknown = set(given) - set(WorkerConf().__dict__)
         self.worker_options = {**WorkerConf().__dict__, **given}
@@ -328,10 +323,6 @@ class ProbeCallback(L.Callback):
             rank_zero_warn(f"the probe worker exited with {code}; its log: "
                            f"{table.probe_dir(self.run_dir) / 'worker.log'}. Rerun it with "
                            f"python probe.py follow={self.run_dir}")
-
-
-def offload_modes() -> tuple[str, ...]:
-    return snapshots.OFFLOAD_MODES
 
 
 def _plain(value: Any) -> Any:

@@ -57,6 +57,16 @@ OFFLOAD_MODES = ("snapshots", "worker")
 """``probe.offload``'s values besides null (in-process): write snapshots; also start a worker."""
 
 
+def check_offload(value: str | None) -> str | None:
+    """``probe.offload`` checked: null, ``snapshots`` or ``worker``; a ValueError names it."""
+    if value is not None and value not in OFFLOAD_MODES:
+        raise ValueError(
+            f"probe.offload must be null (probe in the training process) or one of "
+            f"{', '.join(OFFLOAD_MODES)}, got {value!r}"
+        )
+    return value
+
+
 def snapshot_dir(run_dir: str | os.PathLike) -> Path:
     """``<run_dir>/probes/snapshots``."""
     return table.probe_dir(run_dir) / SNAPSHOT_DIR
