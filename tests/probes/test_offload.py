@@ -310,3 +310,35 @@ def test_the_worker_logs_to_w_and_b_in_the_training_runs_group(tmp_path: Path) -
     steps = {row["probe/step"] for row in wandb_history(worker[0]) if "probe/anisotropy/mean"
              in row}
     assert steps == {0, 20}
+
+
+def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_table(
+    tmp_path: Path,
+) -> None:
+    # kill -9 of the whole job (train.py and the worker it started, one process group) once a
+    # checkpoint and some probed steps exist; the same command then ends with the table of a
+    # run that was never interrupted.
+    args = [*tiny_overrides(), "logger=csv", *PROBE, "trainer.max_steps=40",
+            "probe.offload=worker"]
+    reference = tmp_path / "reference"
+    run_train([*args, f"hydra.run.dir={reference}"])
+    run_dir = tmp_path / "run"
+    command = [PYTHON, "train.py", *args, f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    worker_state = snapshots.snapshot_dir(run_dir) / snapshots.WORKER
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        probed = (snapshots.read_json(worker_state) or {}).get("done", {})
+        if (run_dir / "checkpoints" / "last.ckpt").is_file() and len(probed) >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (snapshots.snapshot_dir(run_dir) / snapshots.DONE).exists()  # killed mid-run
+    run_train([*args, f"hydra.run.dir={run_dir}"])
+    resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
+    pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
