@@ -319,7 +319,7 @@ def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_ta
     # checkpoint and some probed steps exist; the same command then ends with the table of a
     # run that was never interrupted.
     args = [*tiny_overrides(), "logger=csv", *PROBE, "trainer.max_steps=40",
-            "probe.offload=worker"]
+            "probe.offload=worker", "probe.worker.heartbeat_s=0.2"]
     reference = tmp_path / "reference"
     run_train([*args, f"hydra.run.dir={reference}"])
     run_dir = tmp_path / "run"
@@ -327,16 +327,20 @@ def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_ta
     process = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
-    worker_state = snapshots.snapshot_dir(run_dir) / snapshots.WORKER
+    folder = snapshots.snapshot_dir(run_dir)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        probed = (snapshots.read_json(worker_state) or {}).get("done", {})
-        if (run_dir / "checkpoints" / "last.ckpt").is_file() and len(probed) >= 3:
+        # After a checkpoint and, if the worker keeps up, a few probed steps; in any case well
+        # before the end (the heartbeat says the training step every 0.2 s).
+        probed = (snapshots.read_json(folder / snapshots.WORKER) or {}).get("done", {})
+        step = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("step", 0)
+        if (run_dir / "checkpoints" / "last.ckpt").is_file() and (
+                (len(probed) >= 2 and step >= 12) or step >= 25):
             break
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    assert not (snapshots.snapshot_dir(run_dir) / snapshots.DONE).exists()  # killed mid-run
+    assert not (folder / snapshots.DONE).exists()  # killed mid-run
     run_train([*args, f"hydra.run.dir={run_dir}"])
     resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
     pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
