@@ -252,3 +252,23 @@ def test_probe_shards_on_slurm_merge_to_the_single_job_table(
     pd.testing.assert_frame_equal(merged[keys], whole[keys], check_dtype=False)
     # Other processes on the same CPU: float32 kernels only.
     assert (merged["value"] - whole["value"]).abs().max() <= 1e-6 * whole["value"].abs().max()
+
+
+def test_a_probe_worker_job_follows_the_training_job(slurm: LocalSlurm, tmp_path: Path) -> None:
+    # The companion job of README "Probes off the training clock": training writes snapshots,
+    # a second job (started once training has) probes them into the training run's table.
+    run_dir, log, worker_log = tmp_path / "run", tmp_path / "job.out", tmp_path / "worker.out"
+    job = sbatch(
+        slurm, ["--ntasks-per-node=1"], "slurm/train.sbatch",
+        [*tiny_overrides(trainer="ddp"), *CPU_TRAINER, "probe.offload=snapshots"], run_dir, log,
+    )
+    worker = slurm.run(
+        ["sbatch", "--parsable", *CPU_JOB, f"--output={worker_log}", f"--dependency=after:{job}",
+         "slurm/probe_worker.sbatch", str(run_dir), "device=cpu"],
+        cwd=ROOT, env=subprocess_env(),
+    ).stdout.strip().split(";")[0]
+    assert slurm.wait(job, timeout=240)["JobState"] == "COMPLETED", job_output(log)
+    record = slurm.wait(worker, timeout=240)
+    assert record["JobState"] == "COMPLETED", job_output(worker_log)
+    assert sorted(probe_table(run_dir)["step"].unique()) == [0, 20]
+    assert "is done" in job_output(worker_log)

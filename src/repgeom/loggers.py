@@ -62,11 +62,20 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
                 if conf.get("id") is None:
                     conf.id = run_id(output_dir)
                 if conf.get("group") is None:
-                    conf.group = sweep_group()
+                    conf.group = sweep_group() or _offload_group(cfg, conf.id)
                 conf.resume = "allow"
         log.debug("logger %s: %s", name, conf.get("_target_"))
         loggers.append(drop_unset_wandb_anonymous(instantiate(conf)))
     return loggers
+
+
+def _offload_group(cfg: DictConfig, run_id: str) -> str | None:
+    """A group for a single run whose probes are offloaded (``probe.offload``): the probe
+    worker's W&B run joins the training run there (`repgeom.probes.offload.follow`)."""
+    probe = cfg.get("probe") or {}
+    if not probe.get("offload") or probe.get("enabled", True) is False:
+        return None
+    return f"{cfg.get('run_name') or 'run'}-{run_id}"
 
 
 def sweep_group() -> str | None:

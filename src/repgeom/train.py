@@ -24,6 +24,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
 )
 from repgeom.models.lightning_module import CharLM
 from repgeom.options import check_options
+from repgeom.probes.offload.snapshots import check_offload
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ def _probe_conf(conf: DictConfig | None) -> DictConfig | None:
             f"probe config with probe=<option>, one of {options} (probe=none switches the "
             "probe off), or give probe._target_ a callback class"
         )
+    check_offload(conf.get("offload"))  # before any data is read
     return conf
 
 

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
-import pandas as pd
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from repgeom.probes import aggregate, catalogue, phase_report, similarity, sink, table, wandb_charts
+from repgeom.probes import catalogue, sink, table
+from repgeom.probes.offload import follow, snapshots
+from repgeom.probes.recorder import ProbeRecorder
 from repgeom.probes.sampling import ProbeSet, probe_set
 from repgeom.probes.schedule import thin_steps
-from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
+from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec, WorkerConf
 from repgeom.probes.targets import probe_gpt
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,15 @@ class ProbeCallback(L.Callback):
     plot_metrics : list of str or None
         The metrics to draw (each figure costs a fraction of a second); None draws every metric.
         The user's metrics and the pairwise maps are always drawn.
+    offload : {None, "snapshots", "worker"}
+        None probes in the training process. ``snapshots``: at each probe step the weights are
+        copied and written to ``<run>/probes/snapshots/`` in the background
+        (`repgeom.probes.offload.snapshots`) for a worker, ``probe.py follow=<run>``
+        (`repgeom.probes.offload.follow`), and training goes on; ``worker``: the same, and
+        this process starts that worker itself on this node (``probe.worker``: threads,
+        device, cpus).
+    worker : dict
+        The worker's options (`repgeom.probes.spec.WorkerConf`).
     **spec
         The fields of `repgeom.probes.spec.ProbeSpec` (probe set, ``metrics``, ``settings``,
         ``seed``), whose defaults are the only ones. With a pairwise metric (``linear_cka``,
@@ -84,9 +95,18 @@ class ProbeCallback(L.Callback):
         max_probes: int | None = ProbeCallbackConf.max_probes,
         plot_every_n_probes: int = ProbeCallbackConf.plot_every_n_probes,
         plot_metrics: list[str] | None = None,
+        offload: str | None = ProbeCallbackConf.offload,
+        worker: dict[str, Any] | None = None,
         **spec: Any,
     ) -> None:
         super().__init__()
+        self.offload = snapshots.check_offload(offload)
+        given = {str(k): v for k, v in dict(worker or {}).items()}
+        unknown = set(given) - set(WorkerConf().__dict__)
+        self.worker_options = {**WorkerConf().__dict__, **given}
+        if unknown:
+            raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
+                             f"{sorted(WorkerConf().__dict__)}")
         self.spec = ProbeSpec(**spec)
         self.schedule_options = dict(
             every_n_steps=every_n_steps,
@@ -108,7 +128,10 @@ class ProbeCallback(L.Callback):
         self.probes: ProbeSet | None = None
         self.run_dir: Path | None = None
         self._wandb_ready = False
-        self.phase_watch = phase_report.PhaseWatch()  # phases per probe, one alert per turn
+        self.recorder: ProbeRecorder | None = None
+        self._phase_state: list = []
+        self.writer: snapshots.SnapshotWriter | None = None  # probe.offload, rank 0
+        self.worker: subprocess.Popen | None = None  # probe.offload=worker, rank 0
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -118,6 +141,12 @@ class ProbeCallback(L.Callback):
         self.probes = probe_set(trainer.datamodule.validation_windows(), self.spec)
         self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
         self.run_dir = Path(trainer.default_root_dir)
+        self.recorder = ProbeRecorder(self.run_dir, self.spec,
+                                      plot_every_n_probes=self.plot_every_n_probes,
+                                      plot_metrics=self.plot_metrics)
+        self.recorder.load_state_dict(self._phase_state)
+        if self.offload and trainer.is_global_zero:
+            self._start_offload(trainer)
         if trainer.is_global_zero:
             table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
@@ -127,8 +156,11 @@ class ProbeCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        if self.writer is not None:  # "done" in a checkpoint means the snapshot is on disk
+            self.writer.wait()
+        phases = self.recorder.state_dict() if self.recorder is not None else self._phase_state
         return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config(),
-                "phase_alerts": self.phase_watch.state_dict()}
+                "phase_alerts": phases}
 
     def probe_config(self) -> dict[str, Any]:
         """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
@@ -137,7 +169,9 @@ class ProbeCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
         self.seconds = float(state_dict.get("seconds", 0.0))
-        self.phase_watch.load_state_dict(state_dict.get("phase_alerts", []))
+        self._phase_state = list(state_dict.get("phase_alerts", []))
+        if self.recorder is not None:
+            self.recorder.load_state_dict(self._phase_state)
 
     # -- scheduling ---------------------------------------------------------------------------
 
@@ -147,14 +181,30 @@ class ProbeCallback(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
     ) -> None:
+        # After optimizer step N (global_step == N) and before step N + 1: a snapshot taken
+        # here holds exactly the weights of step N.
+        if self.writer is not None:
+            self.writer.step = trainer.global_step  # for the heartbeat: the worker's lag
         self._maybe_probe(trainer, pl_module)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: Any) -> None:
+        if self.writer is not None:  # a GPU copy still in flight finishes before the update
+            self.writer.before_optimizer_step()
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
         if step not in self.done:
             self._probe(trainer, pl_module, step)
-        if trainer.is_global_zero and self.run_dir is not None:
+        if self.writer is not None:
+            self._end_offload(trainer, final_step=step)
+        elif trainer.is_global_zero and self.run_dir is not None:
             self._finish(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if self.writer is not None:  # the worker sees "failed" and stops at once
+            self._end_offload(trainer, final_step=None)
 
     def _maybe_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -169,20 +219,15 @@ class ProbeCallback(L.Callback):
         if not trainer.is_global_zero:
             return
         start = time.perf_counter()
+        if self.writer is not None:
+            self._snapshot(trainer, pl_module, step)
+            self.seconds += time.perf_counter() - start
+            return
         output = self.run(pl_module.model)
         for message in output.warnings:
             rank_zero_warn(message)
-        if self.pairs:  # kept for the comparison with the final step (`_finish`)
-            similarity.save_states(
-                table.probe_dir(self.run_dir), step, output.states, output.layer_names
-            )
-        rows = [{"step": step, **row} for row in output.rows]
-        frame = sink.write_step(self.run_dir, rows)
-        self._log_scalars(trainer, step, table.rows_to_frame(rows))
-        self.phase_watch.update(self._wandb(trainer), frame, step)
-        n_done = len(self.done)
-        if self.plot_every_n_probes and n_done % self.plot_every_n_probes == 0:
-            self._plot(trainer, frame, step)
+        self.recorder.record(step, output, self._wandb(trainer), n_done=len(self.done),
+                             seconds=self.seconds)
         self.seconds += time.perf_counter() - start
 
     def run(self, model: torch.nn.Module):
@@ -209,49 +254,92 @@ class ProbeCallback(L.Callback):
         """`probe_config()` plus the schedule, for the W&B run's config."""
         return {**self.probe_config(), "schedule": self.schedule, **self.schedule_options}
 
-    def _log_scalars(self, trainer: L.Trainer, step: int, frame: pd.DataFrame) -> None:
-        runs = self._wandb(trainer)
-        if not runs:
-            return
-        sink.log_scalars(runs, step, frame, {"probe/seconds_total": self.seconds})
-
-    def _plot(self, trainer: L.Trainer, frame: pd.DataFrame, step: int) -> list[Path]:
-        return sink.figures(
-            self._wandb(trainer), frame, self.run_dir, step, metrics=self.plot_metrics
-        )
-
     def _finish(self, trainer: L.Trainer) -> None:
-        start = time.perf_counter()
-        if self.pairs:
-            self._vs_final(trainer)
-        frame = table.read_table(self.run_dir)
-        self._plot(trainer, frame, int(frame["step"].max()))
-        end = time.perf_counter() - start  # counted in the total: the run waits for it too
-        self.seconds += end
-        result = aggregate.summary(frame)
-        text = aggregate.format_summary(result)
-        print(f"Probe summary ({len(self.done)} probes, {self.seconds:.1f} s in total, "
-              f"{end:.1f} s of it the end-of-run figures):\n{text}")
-        for run in self._wandb(trainer):
-            run.summary.update(
-                {f"probe_summary/{k}": v for k, v in result.items() if v is not None}
-            )
-            run.summary["probe_summary/seconds_total"] = self.seconds
-            run.summary.update(wandb_charts.summary(aggregate.single_set(frame)))
-        phase_report.report(frame, self.run_dir, self._wandb(trainer))
+        # the end-of-run figures count in the total: the run waits for them too
+        self.seconds += self.recorder.finish(self._wandb(trainer), n_done=len(self.done),
+                                             seconds=self.seconds)
 
-    def _vs_final(self, trainer: L.Trainer) -> None:
-        """Each probe step's layers against the final step's (`similarity.vs_final_rows`)."""
-        rows = similarity.vs_final_rows(
-            table.probe_dir(self.run_dir),
-            self.pairs,
-            batch_size=self.settings.state_batch_size,
-            seed=self.settings.seed,
-        )
-        if not rows:
+    # -- off the clock (probe.offload) --------------------------------------------------------
+
+    def _start_offload(self, trainer: L.Trainer) -> None:
+        """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
+        self.writer = snapshots.SnapshotWriter(
+            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
+        self.writer.rank = trainer.global_rank
+        self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
+        if self.offload == "worker":
+            self.worker = follow.start_worker(self.run_dir, self.worker_options)
+            print(f"Probe worker started (pid {self.worker.pid}, device "
+                  f"{self.worker_options['device']}, {self.worker_options['threads']} "
+                  f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
+
+    def _wandb_info(self, trainer: L.Trainer) -> dict[str, Any] | None:
+        """The training run's W&B run (project, group, id, name), for the worker's own run."""
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                run = logger.experiment
+                return {"project": run.project, "group": run.group or None, "id": run.id,
+                        "name": run.name, "offline": bool(logger._offline)}
+        return None
+
+    def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        """Hand the weights of `step` to the writer; report a worker that falls behind."""
+        meta = {
+            "hyper_parameters": _plain(dict(pl_module.hparams)),
+            "callbacks": {type(self).__name__: {"spec": self.probe_config()}},
+            "offload": {"plot_every_n_probes": self.plot_every_n_probes,
+                        "plot_metrics": self.plot_metrics},
+        }
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "state_dict"):
+            meta[type(datamodule).__name__] = _plain(datamodule.state_dict())
+        waiting = self.writer.waiting()
+        waited = self.writer.snapshot(step, pl_module.model, meta)
+        lag = step - waiting[0] if waiting else 0
+        if len(waiting) >= 2:
+            log.warning(
+                "probe worker is behind: %d snapshots waiting (steps %s), %d steps behind "
+                "training; they are kept, not dropped (give the worker more cores or a device: "
+                "probe.worker.threads, probe.worker.device)", len(waiting), waiting, lag)
+        metrics = {"probe/offload/waiting": len(waiting), "probe/offload/lag_steps": lag,
+                   "probe/offload/wait_seconds": waited}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None) -> None:
+        """Write the done marker (or mark the run failed) and, for a worker of our own with
+        ``probe.worker.wait``, wait for it to probe what is left."""
+        writer, self.writer = self.writer, None
+        writer.close(final_step=final_step)
+        worker, self.worker = self.worker, None
+        if worker is None:
             return
-        sink.write_step(self.run_dir, rows)
-        frame = table.rows_to_frame(rows)
-        runs = self._wandb(trainer)
-        for step, part in frame.groupby("step"):
-            sink.log_scalars(runs, int(step), part, {})
+        if final_step is None or not self.worker_options["wait"]:
+            return  # it stops by itself: on the failed state, or after the done marker
+        left = len(writer.waiting())
+        print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left")
+        code = worker.wait()
+        if code != 0:
+            rank_zero_warn(f"the probe worker exited with {code}; its log: "
+                           f"{table.probe_dir(self.run_dir) / 'worker.log'}. Rerun it with "
+                           f"python probe.py follow={self.run_dir}")
+
+
+def _plain(value: Any) -> Any:
+    """Containers of plain values only (a snapshot is read with ``weights_only=True``)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return _plain(OmegaConf.to_container(value, resolve=True))
+    except ImportError:
+        pass
+    return str(value)

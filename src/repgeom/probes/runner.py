@@ -65,6 +65,7 @@ from repgeom.probes import (
 )
 from repgeom.probes.compare import compare
 from repgeom.probes.drift_cosine import save_drift_cosine
+from repgeom.probes.offload.follow import follow
 from repgeom.probes.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.targets import CheckpointTarget, HFTarget
 from repgeom.probes.texts import default_text  # noqa: F401
@@ -111,7 +112,8 @@ def check_config(cfg: DictConfig) -> str:
         got = ", ".join(f"{m}={cfg.get(m)}" for m in given) or "none"
         raise ValueError(
             f"give exactly one of run=<train run folder>, ckpt=<file.ckpt> or hf=<hub name or "
-            f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt"
+            f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt "
+            "(or follow=<run folder> for the worker of a run trained with probe.offload)"
         )
     mode = given[0]
     for key in ("hf_revisions", "tokenizer"):
@@ -187,6 +189,8 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     ``probe.py`` passes; the pipeline does not import the analyses).
     """
     quiet_console()
+    if cfg.get("follow") not in (None, ""):
+        return _follow(cfg)
     mode = check_config(cfg)
     output_dir = Path(cfg.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -246,6 +250,24 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         run.finish()
     print(f"Probe outputs: {output_dir}")
     return result
+
+
+def _follow(cfg: DictConfig) -> ProbeRunResult:
+    """``follow=<run folder>``: the worker of a run trained with ``probe.offload``
+    (`repgeom.probes.offload.follow`); the table, phases and figures go into that run folder,
+    with the training probe's spec (probe.py's own probe options do not apply)."""
+    given = [m for m in _MODES if cfg.get(m) not in (None, "")]
+    if given:
+        raise ValueError(
+            f"follow= probes a training run's snapshots as they appear and takes none of "
+            f"run=/ckpt=/hf= (got {', '.join(given)}); run them as separate probe.py commands"
+        )
+    result = follow(
+        str(cfg.follow), device=resolve_device(cfg.get("device")),
+        timeout_s=float(cfg.get("follow_timeout_s") or 600.0),
+        keep_snapshots=bool(cfg.get("keep_snapshots")),
+    )
+    return ProbeRunResult(result.run_dir, result.frame, [], result.plots)
 
 
 def save_figures(frame: pd.DataFrame, stacks: dict[str | None, str], output_dir: Path,

@@ -204,8 +204,24 @@ def training_probe(ckpt: dict, run_dir: Path) -> tuple[ProbeSpec | None, str]:
 
 
 @dataclass
+class WorkerConf:
+    """The probe worker of ``probe.offload`` (`repgeom.probes.offload.follow`): how
+    ``train.py`` starts it (``probe.offload=worker``) and how it follows the run."""
+
+    threads: int = 1  # its torch threads (OMP_NUM_THREADS): spare cores, not training's
+    device: str = "cpu"  # cpu | cuda | cuda:1 ...: the same GPU as training works too
+    cpus: Optional[list[int]] = None  # noqa: UP045 - the cores it may use (Linux); null: any
+    timeout_s: float = 600.0  # stop after this long without a heartbeat or a new snapshot
+    keep_snapshots: bool = False  # keep each snapshot once probed (else deleted)
+    heartbeat_s: float = 10.0  # how often training says it is alive (training.json)
+    wait: bool = True  # train.py waits at the end for its worker to probe the last snapshots
+
+
+@dataclass
 class ProbeCallbackConf(ProbeSpec):
-    """The training probe: a `ProbeSpec` and its schedule and figures (`ProbeCallback`)."""
+    """The training probe: a `ProbeSpec` and its schedule and figures (`ProbeCallback`), and
+    where it runs: in the training process (``offload: null``) or in a worker
+    (``snapshots``/``worker``, `repgeom.probes.offload.snapshots`)."""
 
     _target_: str = "repgeom.probes.callback.ProbeCallback"
     every_n_steps: int = 1000
@@ -214,6 +230,8 @@ class ProbeCallbackConf(ProbeSpec):
     max_probes: Optional[int] = 40  # noqa: UP045
     plot_every_n_probes: int = 5
     plot_metrics: Optional[list[str]] = None  # noqa: UP045
+    offload: Optional[str] = None  # noqa: UP045 - null | snapshots | worker
+    worker: WorkerConf = field(default_factory=WorkerConf)
 
 
 ConfigStore.instance().store(group="probe", name="base", node=ProbeCallbackConf)

@@ -1,0 +1,219 @@
+"""The numbers of `gpu_check.sh` (run that script, not this file): four checks, one line each.
+
+1. ``training:`` gpt_small bf16 training tokens/s and MFU (`bench_train_throughput.py`'s
+   Lightning loop);
+2. ``probe share:`` the training probe's share of the wall time at gpt_small's default schedule
+   (trainer.max_steps of conf/trainer/default.yaml, the probe schedule of conf/probe/default.yaml),
+   in-process and offloaded (``probe.offload=worker``, the worker on the same GPU): three short
+   runs of the same length and the same probe steps (none, in-process, offloaded) give each
+   probe's extra wall seconds, which the default schedule's probe count and step time turn
+   into a share;
+3. ``knn exact:`` FAISS exact k nearest neighbours on 100k x 768 on the GPU against the CPU;
+4. ``hub trajectory:`` one revision of a tiny Pythia (GPT-NeoX) from the tests' hub stand-in
+   through ``probe.py hf=... hf_revisions=[...]``, and its seconds.
+
+``--cpu-smoke`` runs the same code at toy sizes on the CPU (a test runs it, so the script is
+known to run before a GPU is lent); its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "src"))
+
+FULL = {
+    "model": "gpt_small", "batch": 16, "throughput": ["--steps", "20", "--rounds", "3"],
+    "share_steps": 300, "share_probe_every": 100,
+    "share_overrides": ["model=gpt_small", "data=sample", "data.batch_size=16",
+                        "trainer.limit_val_batches=0", "trainer.val_check_interval=100000"],
+    "share_probe": [],
+    "knn": (100_000, 768), "device": "cuda",
+}
+SMOKE = {
+    "model": "gpt_tiny", "batch": 2, "throughput": ["--steps", "2", "--rounds", "1"],
+    "share_steps": 6, "share_probe_every": 3,
+    "share_overrides": ["model=gpt_tiny", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
+                        "model.block_size=32", "data=sample", "data.batch_size=4",
+                        "data.val_windows=16", "trainer=cpu", "trainer.limit_val_batches=0",
+                        "trainer.val_check_interval=100000"],
+    "share_probe": ["probe.n_states=256", "probe.settings.state_batch_size=128",
+                    "probe.settings.max_order=16"],
+    "knn": (2_000, 64), "device": "cpu",
+}
+
+
+def training(opts: dict) -> str:
+    command = [sys.executable, str(ROOT / "benchmarks" / "bench_train_throughput.py"),
+               "--model", opts["model"], "--batch-size", str(opts["batch"]),
+               "--device", opts["device"], *opts["throughput"]]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tps = re.search(r"Lightning loop:\s+([\d,]+) tokens/s", out)
+    mfu = re.search(r"MFU \(Lightning loop\): ([\d.]+)", out)
+    precision = "bf16-mixed" if opts["device"] == "cuda" else "32-true"
+    return (f"training: {opts['model']} {precision}, batch {opts['batch']}: "
+            f"{tps.group(1) if tps else '?'} tokens/s, MFU "
+            f"{mfu.group(1) if mfu else 'n/a (no GPU peak known)'}")
+
+
+def _train_seconds(overrides: list[str], run_dir: Path) -> float:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from repgeom.train import train
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"output_dir={run_dir}", "logger=csv",
+                                          "~callbacks.progress_bar"])
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):  # its console; only the check's lines
+        train(cfg)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+def _wait_for_worker(run_dir: Path, limit_s: float = 300) -> None:
+    log = run_dir / "probes" / "worker.log"
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if log.is_file() and ("is done" in log.read_text() or "Error" in log.read_text()):
+            return
+        time.sleep(0.2)
+
+
+def probe_share(opts: dict, tmp: Path) -> str:
+    from omegaconf import OmegaConf
+
+    from repgeom.probes.callback import probe_schedule
+    from repgeom.probes.spec import ProbeCallbackConf
+
+    steps, every = opts["share_steps"], opts["share_probe_every"]
+    probes = probe_schedule(steps, every_n_steps=every, log_spaced_until=0, n_log_spaced=0)
+    length = [f"trainer.max_steps={steps}"]
+    schedule = [f"probe.every_n_steps={every}", "probe.n_log_spaced=0",
+                "probe.plot_every_n_probes=0", *opts["share_probe"]]
+    device = [] if opts["device"] == "cpu" else ["probe.worker.device=cuda"]
+    base = [*opts["share_overrides"], *length]
+    _train_seconds([*base, "probe=none"], tmp / "warm")  # kernels, caches, data
+    none = _train_seconds([*base, "probe=none"], tmp / "none")
+    inproc = _train_seconds([*base, *schedule], tmp / "inproc")
+    offloaded = _train_seconds([*base, *schedule, *device, "probe.offload=worker",
+                                "probe.worker.wait=false"], tmp / "offload")
+    _wait_for_worker(tmp / "offload")
+    n = len(probes)
+    step_s = none / steps
+    per_in, per_off = max(0.0, (inproc - none) / n), max(0.0, (offloaded - none) / n)
+    trainer = OmegaConf.load(ROOT / "conf" / "trainer" / "default.yaml")
+    default_steps = int(trainer.max_steps)
+    conf = ProbeCallbackConf()
+    n_default = len(probe_schedule(default_steps, every_n_steps=conf.every_n_steps,
+                                   log_spaced_until=conf.log_spaced_until,
+                                   n_log_spaced=conf.n_log_spaced, max_probes=conf.max_probes))
+
+    def share(per_probe: float) -> float:
+        spent = n_default * per_probe
+        return 100 * spent / (default_steps * step_s + spent)
+
+    return (f"probe share ({opts['model']}, default schedule: {n_default} probes in "
+            f"{default_steps} steps): in-process {share(per_in):.1f}% ({per_in:.2f} s per probe), "
+            f"offloaded {share(per_off):.1f}% ({per_off:.2f} s per probe), step "
+            f"{step_s * 1000:.1f} ms")
+
+
+def knn(opts: dict) -> str:
+    import faiss
+
+    from repgeom.metrics.neighbors import faiss_has_gpu
+
+    n, d = opts["knn"]
+    k = 10
+    X = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
+    started = time.perf_counter()
+    faiss.knn(X.numpy(), X.numpy(), k)
+    cpu_s = time.perf_counter() - started
+    if faiss_has_gpu() and torch.cuda.is_available():
+        import faiss.contrib.torch_utils  # noqa: F401 - knn_gpu on torch tensors
+
+        res = faiss.StandardGpuResources()
+        Xg = X.cuda()
+        faiss.knn_gpu(res, Xg[:1000], Xg[:1000], k)  # warm-up
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        faiss.knn_gpu(res, Xg, Xg, k)
+        torch.cuda.synchronize()
+        gpu_s = time.perf_counter() - started
+        gpu = f"FAISS GPU {gpu_s:.2f} s, CPU {cpu_s:.2f} s ({cpu_s / gpu_s:.0f}x)"
+    else:
+        gpu = f"FAISS GPU n/a (no GPU build or no GPU), CPU {cpu_s:.2f} s"
+    return f"knn exact {n} x {d}, k={k}: {gpu} ({torch.get_num_threads()} CPU threads)"
+
+
+def hub_trajectory(opts: dict, tmp: Path) -> str:
+    import pandas as pd
+    from hub_server import FakeHub
+    from tiny_hf_models import build_tiny_hf
+
+    folder = tmp / "pythia"
+    build_tiny_hf("gpt_neox", folder)
+    text = tmp / "text.txt"
+    text.write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    out = tmp / "trajectory"
+    with FakeHub("check/pythia-tiny", {"step1000": folder}) as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp / "hf_home"),
+               "WANDB_MODE": "offline"}
+        env.pop("HF_HUB_OFFLINE", None)
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "probe.py", "hf=check/pythia-tiny", "hf_revisions=[step1000]",
+             f"text_file={text}", "window=64", "n_states=512", "settings.state_batch_size=256",
+             "plot_metrics=[]", f"device={opts['device']}", f"hydra.run.dir={out}"],
+            cwd=ROOT, env=env, check=True, capture_output=True)
+        wall = time.perf_counter() - started
+    costs = pd.read_csv(out / "probes" / "timings.csv").iloc[0]
+    parts = ", ".join(f"{c.removesuffix('_s')} {costs[c]:.2f}"
+                      for c in ("download_s", "load_s", "forward_s", "metrics_s"))
+    per = sum(costs[c] for c in ("download_s", "load_s", "forward_s", "metrics_s"))
+    return (f"hub trajectory (tiny Pythia, 1 revision): {per:.2f} s per revision ({parts}); "
+            f"the probe.py process {wall:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU")
+    args = parser.parse_args()
+    opts = SMOKE if args.cpu_smoke else FULL
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        raise SystemExit("gpu_check.sh: no CUDA device here; run it on a GPU node, or with "
+                         "--cpu-smoke for a run at toy sizes on the CPU")
+    import faiss
+
+    started = time.perf_counter()
+    where = torch.cuda.get_device_name() if opts["device"] == "cuda" else "cpu (smoke)"
+    print(f"repgeom GPU check: device {where}, torch {torch.__version__}, faiss "
+          f"{faiss.__version__}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        tmp = Path(tmp)
+        for check in (lambda: training(opts), lambda: probe_share(opts, tmp),
+                      lambda: knn(opts), lambda: hub_trajectory(opts, tmp)):
+            print(check(), flush=True)
+    print(f"total: {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Probes off the training clock (`repgeom.probes.offload`): the snapshot holds exactly its
+step's weights, incomplete snapshots are never read, the worker's table equals the in-process
+one, it resumes after kill -9 and stops when training dies, and under DDP only rank 0 writes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from cli_runs import PYTHON, ROOT, run_train, subprocess_env, tiny_overrides
+from hydra_configs import compose_train
+
+from repgeom.probes import table
+from repgeom.probes.callback import ProbeCallback
+from repgeom.probes.offload import snapshots
+from repgeom.probes.offload.follow import TrainingDiedError, follow, training_alive
+from repgeom.train import train
+
+pytestmark = pytest.mark.slow
+
+PROBE = ["probe.every_n_steps=10", "probe.log_spaced_until=4", "probe.n_log_spaced=3"]
+STEPS = [0, 1, 2, 4, 10, 20]  # the schedule of PROBE over 20 steps (test_callback)
+KEYS = ["step", "layer", "head", "metric"]
+
+
+def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.sort_values(KEYS).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def snapshot_run(tmp_path_factory):
+    """A 20-step run with ``probe.offload=snapshots`` and no worker (the snapshots stay), whose
+    writer is slowed down so that training runs several steps ahead of each write, and the
+    model's weights just before each optimizer step that follows a probe step (the weights
+    after that many optimizer steps)."""
+    run_dir = tmp_path_factory.mktemp("offload") / "run"
+    before_step: dict[int, dict[str, torch.Tensor]] = {}
+    original_write = snapshots.SnapshotWriter._write
+    original_hook = ProbeCallback.on_before_optimizer_step
+
+    def slow_write(self, *args, **kwargs):
+        time.sleep(0.3)  # ~several training steps of the tiny model: the next steps run now
+        return original_write(self, *args, **kwargs)
+
+    def record(self, trainer, pl_module, optimizer):
+        if trainer.global_step in STEPS:
+            before_step[trainer.global_step] = {
+                k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+        return original_hook(self, trainer, pl_module, optimizer)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(snapshots.SnapshotWriter, "_write", slow_write)
+        patch.setattr(ProbeCallback, "on_before_optimizer_step", record)
+        result = train(compose_train(run_dir, ["logger=csv", *PROBE,
+                                               "probe.offload=snapshots"]))
+    final = {k: v.detach().clone() for k, v in result.module.model.state_dict().items()}
+    return run_dir, before_step, final
+
+
+def _copy_run(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+def _snapshot_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    path = snapshots.step_dir(snapshots.snapshot_dir(run_dir), step) / snapshots.WEIGHTS
+    state = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def _pretend_training_runs(run_dir: Path, *, pid: int | None = None) -> None:
+    """The run folder as a live training run leaves it: no done marker, a fresh heartbeat."""
+    folder = snapshots.snapshot_dir(run_dir)
+    (folder / snapshots.DONE).unlink(missing_ok=True)
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {
+        **beat, "state": "running", "time": time.time(), "pid": pid or os.getpid()})
+
+
+def test_each_snapshot_holds_the_weights_of_exactly_its_step(snapshot_run) -> None:
+    run_dir, before_step, final = snapshot_run
+    complete, incomplete = snapshots.snapshots(snapshots.snapshot_dir(run_dir))
+    assert [step for step, _ in complete] == STEPS and not incomplete
+    assert (snapshots.snapshot_dir(run_dir) / snapshots.DONE).is_file()
+    assert not (table.probe_dir(run_dir) / "probes.csv").exists()  # nothing probed in-process
+    for step in STEPS:
+        # After `step` optimizer steps: recorded just before the next step's update (the
+        # writer wrote 0.3 s later, several updates on); the final step is the final model.
+        expected = final if step == STEPS[-1] else before_step[step]
+        got = _snapshot_weights(run_dir, step)
+        assert got.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=key)
+    # The weights did move between probe steps, so a copy of the wrong step would be caught.
+    first, last = _snapshot_weights(run_dir, 4), _snapshot_weights(run_dir, 10)
+    assert any(not torch.equal(first[k], last[k]) for k in first)
+
+
+def test_worker_table_equals_the_in_process_table(snapshot_run, tmp_path: Path) -> None:
+    # The in-process probe on the same 20 steps of the same seed (CPU training is
+    # deterministic, so its weights at each step are the snapshots' weights).
+    in_process = tmp_path / "in_process"
+    train(compose_train(in_process, ["logger=csv", *PROBE]))
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "followed")
+    result = follow(run_dir, timeout_s=30)
+    assert result.stopped == "done" and result.probed == STEPS
+    worker, reference = _sorted(table.read_table(run_dir)), _sorted(table.read_table(in_process))
+    pd.testing.assert_frame_equal(worker[KEYS], reference[KEYS])
+    # rtol 1e-6: the same weights, probe set and code; only float summation order may differ.
+    np.testing.assert_allclose(worker["value"], reference["value"], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(worker["std"], reference["std"], rtol=1e-6, atol=1e-9)
+    # The same files: phases, figures; the snapshots are deleted once probed.
+    assert (table.probe_dir(run_dir) / "phases.csv").is_file()
+    assert (table.plot_dir(run_dir) / "profile_anisotropy.png").is_file()
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
+
+
+def test_an_incomplete_snapshot_is_never_read(snapshot_run, tmp_path: Path) -> None:
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    # Training killed while writing step 10: half a weights file and no completion marker.
+    cut = snapshots.step_dir(folder, 10)
+    (cut / snapshots.COMPLETE).unlink()
+    data = (cut / snapshots.WEIGHTS).read_bytes()
+    (cut / snapshots.WEIGHTS).write_bytes(data[: len(data) // 2])
+    result = follow(run_dir, timeout_s=30, keep_snapshots=True)
+    assert result.skipped == [10]
+    assert sorted(table.read_table(run_dir)["step"].unique()) == [s for s in STEPS if s != 10]
+    assert cut.is_dir()  # named, not deleted by the worker (the next training start removes it)
+
+
+def test_the_training_callback_clears_an_incomplete_snapshot_when_it_starts(
+    snapshot_run, tmp_path: Path
+) -> None:
+    folder = snapshots.snapshot_dir(_copy_run(snapshot_run[0], tmp_path / "run"))
+    (snapshots.step_dir(folder, 10) / snapshots.COMPLETE).unlink()
+    user_file = folder / "notes.txt"
+    user_file.write_text("mine")
+    writer = snapshots.SnapshotWriter(folder.parent.parent, heartbeat_s=60)
+    writer.start({"wandb": None})
+    writer.close(final_step=20)
+    complete, incomplete = snapshots.snapshots(folder)
+    assert not incomplete and 10 not in [s for s, _ in complete]
+    assert user_file.read_text() == "mine"  # not ours: left alone
+
+
+def test_the_worker_resumes_after_kill_9(snapshot_run, tmp_path: Path) -> None:
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    _pretend_training_runs(run_dir)
+    args = [f"follow={run_dir}", "follow_timeout_s=120", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    process = subprocess.Popen([PYTHON, "probe.py", *args], cwd=ROOT, env=subprocess_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    worker_state = snapshots.snapshot_dir(run_dir) / snapshots.WORKER
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        if len((snapshots.read_json(worker_state) or {}).get("done", [])) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    probed = [int(s) for s in (snapshots.read_json(worker_state) or {}).get("done", {})]
+    assert 2 <= len(probed) < len(STEPS), probed
+    # Training ends; the same command goes on where the killed worker stopped.
+    snapshots.write_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE, {"step": 20})
+    result = follow(run_dir, timeout_s=30)
+    assert set(result.probed) == set(STEPS) - set(probed)
+    resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
+    pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
+
+
+def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> None:
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs: training was killed, its heartbeat still fresh
+    _pretend_training_runs(run_dir, pid=gone.pid)
+    folder = snapshots.snapshot_dir(run_dir)
+    assert training_alive(folder, 60)[0] is False
+    started = time.monotonic()
+    # A vanished pid on this host is certain: it stops once the complete snapshots are probed,
+    # without waiting out the timeout (a stale heartbeat from another host waits for it).
+    with pytest.raises(TrainingDiedError, match=r"pid \d+\) is gone\. Probed steps .*resume"):
+        follow(run_dir, timeout_s=600)
+    assert time.monotonic() - started < 300
+    # What was complete was probed before it stopped.
+    assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
+    # A stale heartbeat (another host, or no process) counts as dead after the timeout too.
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "host": "elsewhere",
+                                                   "time": time.time() - 30})
+    assert training_alive(folder, 10) == (False, "no heartbeat from the training process "
+                                                 "for 30 s")
+    assert training_alive(folder, 60)[0] is True
+
+
+def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
+    from repgeom.probes.offload.follow import Follower
+
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
+    first._lock()
+    # The second waits for the first (follow_timeout_s), then says which one holds the run.
+    with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
+        follow(run_dir, timeout_s=1)
+    first._lock_file.close()  # released: the next worker may follow
+    assert follow(run_dir, timeout_s=30).stopped == "done"
+
+
+def test_a_snapshot_rewritten_by_a_resumed_training_start_is_probed_again(
+    snapshot_run, tmp_path: Path
+) -> None:
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    follow(run_dir, timeout_s=30, keep_snapshots=True)
+    # Training resumed from an earlier checkpoint and wrote step 10's snapshot again.
+    marker = snapshots.step_dir(snapshots.snapshot_dir(run_dir), 10) / snapshots.COMPLETE
+    snapshots.write_json(marker, {**snapshots.read_json(marker), "time": time.time()})
+    assert follow(run_dir, timeout_s=30, keep_snapshots=True).probed == [10]
+
+
+def test_a_training_exception_marks_the_run_failed(tmp_path: Path) -> None:
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60)[0] is True
+    writer.close(final_step=None)
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60) == (
+        False, "the training process failed")
+    assert not (snapshots.snapshot_dir(tmp_path) / snapshots.DONE).exists()
+
+
+def test_a_bad_offload_option_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="probe.offload must be null.*snapshots, worker"):
+        ProbeCallback(offload="background")
+    with pytest.raises(ValueError, match=r"probe.worker: unknown option\(s\) \['thread'\]"):
+        ProbeCallback(offload="worker", worker={"thread": 2})
+    # train() refuses it before any data is read or any folder written
+    with pytest.raises(ValueError, match="probe.offload must be null.*got 'later'"):
+        train(compose_train(tmp_path / "run", ["probe.offload=later"]))
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_py_starts_its_own_worker(tmp_path: Path) -> None:
+    # probe.offload=worker: one switch; train.py waits for its worker at the end.
+    run_dir = tmp_path / "run"
+    proc = run_train([*tiny_overrides(), "logger=csv", "probe.offload=worker",
+                      "probe.worker.threads=1", f"hydra.run.dir={run_dir}"])
+    assert "Probe worker started" in proc.stdout
+    assert sorted(table.read_table(run_dir)["step"].unique()) == [0, 20]
+    log = (table.probe_dir(run_dir) / "worker.log").read_text()
+    assert "probed step 20" in log and "is done" in log
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
+
+
+def test_under_ddp_only_rank_0_writes_snapshots(tmp_path: Path) -> None:
+    run_dir = tmp_path / "ddp"
+    run_train([*tiny_overrides(trainer="ddp"), "trainer.devices=2", "trainer.accelerator=cpu",
+               "trainer.precision=32-true", "data.batch_size=4", "logger=csv",
+               "probe.offload=snapshots", f"hydra.run.dir={run_dir}"])
+    folder = snapshots.snapshot_dir(run_dir)
+    complete, incomplete = snapshots.snapshots(folder)
+    assert [s for s, _ in complete] == [0, 20] and not incomplete
+    markers = [snapshots.read_json(p / snapshots.COMPLETE) for _, p in complete]
+    training = snapshots.read_json(folder / snapshots.TRAINING)
+    # One writer, in rank 0's process (the process that ran the heartbeat too).
+    assert {m["rank"] for m in markers} == {0}
+    assert {m["pid"] for m in markers} == {training["pid"]}
+    assert not list(folder.rglob("*.tmp"))
+    assert training["state"] == "finished" and (folder / snapshots.DONE).is_file()
+
+
+@pytest.mark.gpu
+def test_a_gpu_snapshot_is_copied_on_a_side_stream_before_the_next_update(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    result = train(compose_train(run_dir, [
+        "logger=csv", "probe.offload=snapshots", "trainer.accelerator=gpu", "trainer.devices=1",
+        "trainer.max_steps=5"]))
+    got = _snapshot_weights(run_dir, 5)
+    for key, value in result.module.model.state_dict().items():
+        torch.testing.assert_close(got[key], value.cpu(), rtol=0, atol=0, msg=key)
+
+
+def test_the_worker_logs_to_w_and_b_in_the_training_runs_group(tmp_path: Path) -> None:
+    from cli_runs import wandb_runs
+    from wandb_records import wandb_history, wandb_records
+
+    run_dir = tmp_path / "run"
+    run_train([*tiny_overrides(), "logger=wandb", "probe.offload=worker",
+               f"hydra.run.dir={run_dir}"])
+    runs = wandb_runs(run_dir)
+    worker = [r for r in runs if r.name.endswith("-probes")]
+    training = [r for r in runs if not r.name.endswith("-probes")]
+    assert len(worker) == 1 and len(training) == 1, runs
+    groups = [wandb_records(r, "run")[0].get("run_group") for r in (*training, *worker)]
+    assert groups[0] and groups[0] == groups[1], groups
+    # The probe curves on the training steps, next to the loss.
+    steps = {row["probe/step"] for row in wandb_history(worker[0]) if "probe/anisotropy/mean"
+             in row}
+    assert steps == {0, 20}
+
+
+def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_table(
+    tmp_path: Path,
+) -> None:
+    # kill -9 of the whole job (train.py and the worker it started, one process group) once a
+    # checkpoint and some probed steps exist; the same command then ends with the table of a
+    # run that was never interrupted.
+    args = [*tiny_overrides(), "logger=csv", *PROBE, "trainer.max_steps=40",
+            "probe.offload=worker", "probe.worker.heartbeat_s=0.2"]
+    reference = tmp_path / "reference"
+    run_train([*args, f"hydra.run.dir={reference}"])
+    run_dir = tmp_path / "run"
+    command = [PYTHON, "train.py", *args, f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    folder = snapshots.snapshot_dir(run_dir)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:
+        # After a checkpoint and, if the worker keeps up, a few probed steps; in any case well
+        # before the end (the heartbeat says the training step every 0.2 s).
+        probed = (snapshots.read_json(folder / snapshots.WORKER) or {}).get("done", {})
+        step = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("step", 0)
+        if (run_dir / "checkpoints" / "last.ckpt").is_file() and (
+                (len(probed) >= 2 and step >= 12) or step >= 25):
+            break
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (folder / snapshots.DONE).exists()  # killed mid-run
+    run_train([*args, f"hydra.run.dir={run_dir}"])
+    resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
+    pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])

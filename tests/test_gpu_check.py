@@ -1,0 +1,45 @@
+"""`benchmarks/gpu_check.sh --cpu-smoke`: the prepared GPU check runs end to end at toy sizes on
+the CPU and prints its four lines in the format benchmarks/README.md's GPU section holds."""
+
+import re
+import subprocess
+
+import pytest
+from cli_runs import PYTHON, ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+LINES = [
+    r"repgeom GPU check: device .+, torch \S+, faiss \S+",
+    r"training: gpt_\w+ (bf16-mixed|32-true), batch \d+: [\d,]+ tokens/s, MFU ([\d.]+|n/a .*)",
+    r"probe share \(gpt_\w+, default schedule: \d+ probes in \d+ steps\): in-process "
+    r"[\d.]+% \([\d.]+ s per probe\), offloaded [\d.]+% \([\d.]+ s per probe\), step "
+    r"[\d.]+ ms",
+    r"knn exact \d+ x \d+, k=10: FAISS GPU (n/a .*|[\d.]+ s), CPU [\d.]+ s.*",
+    r"hub trajectory \(tiny Pythia, 1 revision\): [\d.]+ s per revision \(download [\d.]+, "
+    r"load [\d.]+, forward [\d.]+, metrics [\d.]+\); the probe.py process [\d.]+ s",
+    r"total: \d+ s",
+]
+
+
+def test_gpu_check_runs_at_toy_sizes_on_the_cpu() -> None:
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu-smoke"], cwd=ROOT,
+                          env=subprocess_env(PYTHON=PYTHON), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == len(LINES), proc.stdout
+    for line, pattern in zip(lines, LINES, strict=True):
+        assert re.fullmatch(pattern, line), (line, pattern)
+
+
+def test_gpu_check_refuses_a_machine_without_a_gpu_by_name() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the full check would run")
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT,
+                          env=subprocess_env(PYTHON=PYTHON), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "no CUDA device here" in proc.stderr and "--cpu-smoke" in proc.stderr
