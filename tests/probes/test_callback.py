@@ -11,7 +11,7 @@ from hydra_configs import compose_train
 from wandb_records import wandb_history
 
 from repgeom import metrics
-from repgeom.experiments.compare_runs import main as compare_runs
+from repgeom.cli.compare_runs import main as compare_runs
 from repgeom.models.capture import Capture
 from repgeom.probes import table
 from repgeom.probes.callback import ProbeCallback, probe_schedule

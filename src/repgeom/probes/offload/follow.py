@@ -318,8 +318,9 @@ def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
 def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
                    ) -> list[str]:
     """The command of a worker for `run_dir`: ``repgeom-probe follow=<run_dir> ...`` (probe.py
-    as the installed command), its Hydra files in ``<run_dir>/probes/worker/``."""
-    return [sys.executable, "-c", "from repgeom.commands import probe; probe()",
+    as the installed command, `repgeom.cli.probe`), its Hydra files in
+    ``<run_dir>/probes/worker/``."""
+    return [sys.executable, "-m", "repgeom.cli.probe",
             f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
             f"keep_snapshots={str(keep_snapshots).lower()}",
             f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
