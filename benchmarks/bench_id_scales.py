@@ -30,8 +30,8 @@ import time
 import numpy as np
 import torch
 
-from repgeom.probes import catalogue
-from repgeom.probes.measure import ProbeSettings
+from repgeom.probes.core import catalogue
+from repgeom.probes.core.measure import ProbeSettings
 
 N = 8192
 

@@ -83,7 +83,7 @@ def snapshot_bytes(run_dir: Path) -> int:
 
 
 def compare_tables(in_process: Path, worker: Path) -> str:
-    from repgeom.probes import table
+    from repgeom.probes.core import table
 
     keys = ["step", "layer", "head", "metric"]
     a = table.read_table(in_process).sort_values(keys).reset_index(drop=True)

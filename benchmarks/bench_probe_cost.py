@@ -21,8 +21,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from repgeom.models.gpt import GPT
-from repgeom.probes.callback import ProbeCallback, probe_schedule
-from repgeom.probes.sampling import ProbeSet, choose_positions, windows_needed
+from repgeom.probes.core.sampling import ProbeSet, choose_positions, windows_needed
+from repgeom.probes.run.callback import ProbeCallback, probe_schedule
 from repgeom.train import train
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")

@@ -29,10 +29,10 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from repgeom.models.gpt import GPT, GPTConfig
-from repgeom.probes.measure import measure_states
-from repgeom.probes.sampling import probe_set
-from repgeom.probes.spec import ProbeSpec
-from repgeom.probes.targets import gpt_captures
+from repgeom.probes.core.measure import measure_states
+from repgeom.probes.core.sampling import probe_set
+from repgeom.probes.core.spec import ProbeSpec
+from repgeom.probes.core.targets import gpt_captures
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -24,9 +24,9 @@ import torch
 from repgeom.data.datamodule import Enwik8DataModule
 from repgeom.data.tokens import choose_windows
 from repgeom.models.lightning_module import CharLM
-from repgeom.probes.measure import ProbeSettings, measure_states
-from repgeom.probes.sampling import choose_positions, windows_needed
-from repgeom.probes.targets import gpt_captures
+from repgeom.probes.core.measure import ProbeSettings, measure_states
+from repgeom.probes.core.sampling import choose_positions, windows_needed
+from repgeom.probes.core.targets import gpt_captures
 
 METRICS = ("twonn", "gride_k16", "anisotropy", "mean_cosine", "drift_ratio")
 

@@ -154,7 +154,7 @@ def faults_run(args) -> None:
     """The trajectory on a polite hub and on a faulty one with a kill -9 (module docstring)."""
     import numpy as np
 
-    from repgeom.probes import table
+    from repgeom.probes.core import table
 
     steps = PYTHIA_STEPS[:: max(1, len(PYTHIA_STEPS) // args.revisions)][: args.revisions]
     steps[-1] = PYTHIA_STEPS[-1]

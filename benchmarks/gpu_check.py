@@ -99,8 +99,8 @@ def _wait_for_worker(run_dir: Path, limit_s: float = 300) -> None:
 def probe_share(opts: dict, tmp: Path) -> str:
     from omegaconf import OmegaConf
 
-    from repgeom.probes.callback import probe_schedule
-    from repgeom.probes.spec import ProbeCallbackConf
+    from repgeom.probes.core.spec import ProbeCallbackConf
+    from repgeom.probes.run.callback import probe_schedule
 
     steps, every = opts["share_steps"], opts["share_probe_every"]
     probes = probe_schedule(steps, every_n_steps=every, log_spaced_until=0, n_log_spaced=0)

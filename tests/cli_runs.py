@@ -85,7 +85,7 @@ def probe_table(run_dir: Path) -> pd.DataFrame | None:
     """The run's probe table, or None where this checkout has no probe callback (conf/probe)."""
     if not (ROOT / "conf" / "probe").is_dir():
         return None
-    from repgeom.probes.table import read_table
+    from repgeom.probes.core.table import read_table
 
     return read_table(run_dir)
 

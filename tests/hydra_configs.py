@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-import repgeom.probes.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
+import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"

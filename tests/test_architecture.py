@@ -3,6 +3,9 @@
     console, resources  <  metrics  <  data, models, loggers, options, progress_bar,
     model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard  <  cli (commands)
 
+and inside probes: core (what one probe is)  <  report (what a table says)  <  run (running
+probes: probe.py, trajectories, the training callback).
+
 A lower floor never imports a higher one (not even inside a function), and no two modules import
 each other, directly or round a cycle. `probe.py` runs without the training stack.
 """
@@ -62,10 +65,19 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def _floor(module: str) -> int:
-    top = module.split(".")[1]
+PROBE_FLOORS = {"core": 0.0, "report": 0.1, "run": 0.2}
+"""The sub-floors of `repgeom.probes`, added to its floor."""
+
+
+def _floor(module: str) -> float:
+    parts = module.split(".")
+    top = parts[1]
     if top not in FLOORS:
         raise AssertionError(f"{module}: no floor; add repgeom.{top} to FLOORS in this test")
+    if top == "probes" and len(parts) > 2:
+        if parts[2] not in PROBE_FLOORS:
+            raise AssertionError(f"{module}: repgeom.probes holds only {sorted(PROBE_FLOORS)}")
+        return FLOORS[top] + PROBE_FLOORS[parts[2]]
     return FLOORS[top]
 
 
@@ -109,13 +121,16 @@ def test_no_import_cycle() -> None:
 def test_the_layer_check_sees_a_planted_upward_import(tmp_path) -> None:
     """The checker itself: a metrics module importing the probes is caught."""
     path = tmp_path / "bad.py"
-    path.write_text("from repgeom.probes import table\n")
+    path.write_text("from repgeom.probes.core import table\n")
     targets = _imports("repgeom.metrics.bad", path, {*_modules(), "repgeom.metrics.bad"})
-    assert "repgeom.probes.table" in targets
-    assert _floor("repgeom.probes.table") > _floor("repgeom.metrics.bad")
+    assert "repgeom.probes.core.table" in targets
+    assert _floor("repgeom.probes.core.table") > _floor("repgeom.metrics.bad")
+    # and inside probes: core never reads report or run
+    assert _floor("repgeom.probes.run.runner") > _floor("repgeom.probes.report.sink") > \
+        _floor("repgeom.probes.core.table")
 
 
-@pytest.mark.parametrize("module", ["repgeom.probes.runner", "repgeom.analyses.probe_extras"])
+@pytest.mark.parametrize("module", ["repgeom.probes.run.runner", "repgeom.analyses.probe_extras"])
 def test_probe_pipeline_loads_no_training_code(module) -> None:
     # Our checkpoints are read by models.checkpoints.load_gpt and their validation windows by
     # data.tokens: neither the training code nor Lightning's Trainer is imported.

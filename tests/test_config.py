@@ -12,7 +12,7 @@ from hydra_configs import CONF_DIR, ROOT, compose_train
 from omegaconf import OmegaConf
 
 from repgeom.models.gpt import GPTConfig
-from repgeom.probes.callback import ProbeCallback
+from repgeom.probes.run.callback import ProbeCallback
 from repgeom.train import build_callbacks, build_loggers, train
 
 

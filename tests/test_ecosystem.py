@@ -16,7 +16,8 @@ from hydra_configs import compose_train
 from wandb_records import logged_keys, wandb_config, wandb_history, wandb_records
 
 from repgeom.dashboard import missing_keys
-from repgeom.probes import table, wandb_charts
+from repgeom.probes.core import table
+from repgeom.probes.report import wandb_charts
 from repgeom.train import train
 
 SHORT = ["trainer.max_steps=6", "trainer.val_check_interval=3", "probe.every_n_steps=3",
@@ -199,7 +200,7 @@ def test_our_warnings_are_one_line_without_source(tmp_path: Path) -> None:
     """The probe's sample-size warning as a user sees it (Python's own display, not pytest's):
     one line, ``UserWarning: <message>``, without the line of code under it."""
     code = ("from repgeom.console import quiet_console; quiet_console()\n"
-            "from repgeom.probes.sampling import fit_to_text\n"
+            "from repgeom.probes.core.sampling import fit_to_text\n"
             "fit_to_text(8192, 4, 811, 256)\n")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=subprocess_env(), cwd=tmp_path)  # fmt: skip

@@ -169,7 +169,7 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     probes = probe_table(run_dir)
     if probes is not None:
         # Probes continue on the run's schedule: each scheduled step up to the end once.
-        from repgeom.probes.callback import probe_schedule
+        from repgeom.probes.run.callback import probe_schedule
 
         schedule = probe_schedule(
             max_steps, every_n_steps=every, log_spaced_until=every, n_log_spaced=8, max_probes=40
@@ -218,8 +218,8 @@ def test_probe_shards_on_slurm_merge_to_the_single_job_table(
     merges them into the table a single job writes."""
     from hub_server import FakeHub
 
-    from repgeom.probes import table
-    from repgeom.probes.shards import KEYS
+    from repgeom.probes.core import table
+    from repgeom.probes.run.shards import KEYS
 
     text = tmp_path / "text.txt"
     text.write_text(tiny_text * 3)

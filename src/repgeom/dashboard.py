@@ -5,7 +5,7 @@
 Builds a W&B workspace (saved view) with the `wandb-workspaces` package: one section per family
 of numbers a run logs (loss and bpc; anisotropy per layer; TwoNN and GRIDE per layer with the
 phase peak; attention entropy; Q/K alignment; the interactive profile and layer x step tables of
-`repgeom.probes.wandb_charts`), runs grouped by masking and seed. Saving needs a W&B login;
+`repgeom.probes.report.wandb_charts`), runs grouped by masking and seed. Saving needs a W&B login;
 ``--dry-run FILE`` writes the full specification offline instead: the readable list of sections,
 panels and the keys each one plots (`describe`), and W&B's own serialised view spec.
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repgeom.probes import wandb_charts
+from repgeom.probes.report import wandb_charts
 
 STEP = "trainer/global_step"
 PROBE_STEP = "probe/step"

@@ -1,7 +1,7 @@
 """The run's loggers from ``cfg.logger``: W&B (offline unless logged in) and CSV.
 
 One module for ``train.py``, ``probe.py`` and the dashboard, below all of them: building a
-logger needs neither the Trainer nor the training stack (`repgeom.probes.runner` imports this,
+logger needs neither the Trainer nor the training stack (`repgeom.probes.run.runner` imports this,
 never `repgeom.train`).
 """
 
@@ -71,7 +71,7 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
 
 def _offload_group(cfg: DictConfig, run_id: str) -> str | None:
     """A group for a single run whose probes are offloaded (``probe.offload``): the probe
-    worker's W&B run joins the training run there (`repgeom.probes.offload.follow`)."""
+    worker's W&B run joins the training run there (`repgeom.probes.run.offload.follow`)."""
     probe = cfg.get("probe") or {}
     if not probe.get("offload") or probe.get("enabled", True) is False:
         return None

@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-import repgeom.probes.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
+import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
 from repgeom.console import quiet_console
 from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     build_loggers,
@@ -24,7 +24,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
 )
 from repgeom.models.lightning_module import CharLM
 from repgeom.options import check_options
-from repgeom.probes.offload.snapshots import check_offload
+from repgeom.probes.run.offload.snapshots import check_offload
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from hydra_configs import CONF_DIR, compose_train
 from repgeom.analyses import probe_extras
 from repgeom.analyses.qk_projection import common_svd, project, qk_trajectory, svd_basis
 from repgeom.cli import qk_projection
-from repgeom.probes import runner, table
+from repgeom.probes.core import table
+from repgeom.probes.run import runner
 from repgeom.train import train
 
 

@@ -83,7 +83,8 @@ def test_pool():
         pool(h, "max")
 
 
-@pytest.mark.parametrize("module", ["repgeom.analyses.example_data", "repgeom.probes.drift_cosine"])
+@pytest.mark.parametrize(
+    "module", ["repgeom.analyses.example_data", "repgeom.probes.report.drift_cosine"])
 def test_docstring_examples(module):
     module = importlib.import_module(module)
     assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0

@@ -9,7 +9,7 @@ import pytest
 
 from repgeom.cli import compare_runs as compare_command
 from repgeom.experiments import compare_runs
-from repgeom.probes.table import append_rows, probe_dir
+from repgeom.probes.core.table import append_rows, probe_dir
 
 
 def write_run(run_dir, *, steps=(0, 100), top_layer=2, n_layer=4):

@@ -16,7 +16,7 @@ from repgeom.cli.report import main as report
 from repgeom.experiments import report as report_module
 from repgeom.experiments import seeds
 from repgeom.experiments.report import find_runs, shape_of_learning
-from repgeom.probes.table import append_rows, probe_dir, read_table
+from repgeom.probes.core.table import append_rows, probe_dir, read_table
 
 T_975_2 = 4.302652729911275
 """t_{0.975, 2}: the 95% two-sided Student-t quantile for 3 seeds (tables: 4.303)."""

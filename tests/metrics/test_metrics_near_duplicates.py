@@ -33,7 +33,7 @@ def test_probe_threshold_reads_clean_manifolds_as_free_of_near_duplicates(kind, 
     # The probe's default threshold (ProbeSettings) with its reference order 64 on 4096 points,
     # one batch: a clean manifold of dimension 2-10 must read under 1%. The bound
     # P(r1 < tau * median r64) ~ 64 tau^d gives 0.16% at d = 2 for tau = 0.005.
-    from repgeom.probes.measure import ProbeSettings
+    from repgeom.probes.core.measure import ProbeSettings
 
     threshold = ProbeSettings().near_duplicate_threshold
     X = _manifold(kind, d, 4096, np.random.default_rng(d))
@@ -50,7 +50,7 @@ def test_old_threshold_flagged_clean_low_dimensional_data():
 def test_probe_threshold_still_catches_planted_near_duplicates(d):
     # 5% of the points get a near-copy at 1e-4 of the bulk's scale: both members of each pair
     # have r1 far below the bulk spacing, so the share reads about 10%.
-    from repgeom.probes.measure import ProbeSettings
+    from repgeom.probes.core.measure import ProbeSettings
 
     rng = np.random.default_rng(100 + d)
     X = _manifold("gaussian", d, 3900, rng)

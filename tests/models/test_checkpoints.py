@@ -77,8 +77,8 @@ def test_probing_a_checkpoint_never_loads_the_trainer(tmp_path) -> None:
         import os, sys
         from pathlib import Path
         os.environ["REPGEOM_DATA"] = {str(tmp_path / "cache")!r}
-        from repgeom.probes.spec import ProbeRequest
-        from repgeom.probes.targets import CheckpointTarget
+        from repgeom.probes.core.spec import ProbeRequest
+        from repgeom.probes.core.targets import CheckpointTarget
         target = CheckpointTarget(Path({str(path)!r}), 3)
         loaded = target.load("cpu")
         out = target.probe(ProbeRequest(n_states=256, metrics=("anisotropy",)), loaded)

@@ -36,7 +36,7 @@ from repgeom.models.hf.downloads import (
     release,
 )
 from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
-from repgeom.probes.trajectory import Step, Trajectory
+from repgeom.probes.run.trajectory import Step, Trajectory
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
@@ -469,7 +469,7 @@ def test_ctrl_c_during_a_download_exits_within_5_s(repo, tmp_path) -> None:
     code = textwrap.dedent(f"""
         from types import SimpleNamespace
         from pathlib import Path
-        from repgeom.probes.trajectory import Trajectory
+        from repgeom.probes.run.trajectory import Trajectory
         subject = SimpleNamespace(name={REPO!r}, revision="step10", step=10, source="hf",
                                   reference=False, model={REPO!r}, stack=None, path="")
         Trajectory(request=None, device=None, output_dir=Path({str(out)!r})).run([subject])
@@ -509,7 +509,7 @@ def test_probe_py_rides_out_the_hubs_faults_in_a_users_work_dir(tiny_hf_folder, 
     and the user's files (and a folder named like a revision) are still there."""
     from cli_runs import run_probe_py
 
-    from repgeom.probes import table
+    from repgeom.probes.core import table
 
     folders = {f"step{s}": tiny_hf_folder("gpt2") for s in (10, 20, 30)}
     user = tmp_path / "mine"

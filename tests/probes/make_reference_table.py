@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 
 from repgeom.models.gpt import GPT, GPTConfig
-from repgeom.probes.measure import ProbeSettings, measure
-from repgeom.probes.sampling import choose_positions
+from repgeom.probes.core.measure import ProbeSettings, measure
+from repgeom.probes.core.sampling import choose_positions
 
 OUT = Path(__file__).parent / "data" / "reference_table.csv"
 SETTINGS = dict(max_order=8, state_batch_size=128, distributions=True, distribution_samples=300)

@@ -19,9 +19,9 @@ from wandb_records import logged_keys
 
 from repgeom import metrics
 from repgeom.models.capture import Capture
-from repgeom.probes import catalogue, table
-from repgeom.probes.measure import ProbeSettings, measure
-from repgeom.probes.runner import probe
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.measure import ProbeSettings, measure
+from repgeom.probes.run.runner import probe
 from repgeom.train import train
 
 REFERENCE = Path(__file__).parent / "data" / "reference_table.csv"
@@ -254,7 +254,7 @@ def test_similarity_maps_in_probe_py_over_a_run(tmp_path) -> None:
 def test_probe_spec_has_each_default_once_and_reads_old_checkpoints() -> None:
     from dataclasses import asdict
 
-    from repgeom.probes.spec import ProbeCallbackConf, ProbeSpec
+    from repgeom.probes.core.spec import ProbeCallbackConf, ProbeSpec
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -285,7 +285,7 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
     through compare_runs, equal to linear_cka on the two runs' saved states."""
     from repgeom.experiments import compare_runs
-    from repgeom.probes import similarity
+    from repgeom.probes.core import similarity
 
     runs = {}
     for masking, logger in (("causal", "wandb"), ("bidirectional", "csv")):
@@ -330,8 +330,8 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
 def test_the_offline_path_does_not_import_the_training_callback() -> None:
     import subprocess
 
-    code = ("import sys, repgeom.probes.runner, repgeom.experiments.compare_runs; "
-            "print('repgeom.probes.callback' in sys.modules, 'lightning' in sys.modules)")
+    code = ("import sys, repgeom.probes.run.runner, repgeom.experiments.compare_runs; "
+            "print('repgeom.probes.run.callback' in sys.modules, 'lightning' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[0] == "False"
 
@@ -341,7 +341,7 @@ def test_qk_cosine_concat_reaches_the_table_console_wandb_and_figures(
 ) -> None:
     """Godey et al.'s Fig. 23 cosine: one row per block beside the per-head rows, equal to the
     heads-concatenated cosine of the captured means, and read by every consumer of the table."""
-    from repgeom.probes import console, plots, sink
+    from repgeom.probes.report import console, plots, sink
 
     g = torch.Generator().manual_seed(0)
     B, H, T, D = 3, 2, 8, 4

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repgeom.probes.console import print_drift_cosine
-from repgeom.probes.drift_cosine import CSV_NAME, drift_cosine_correlation, save_drift_cosine
+from repgeom.probes.report.console import print_drift_cosine
+from repgeom.probes.report.drift_cosine import CSV_NAME, drift_cosine_correlation, save_drift_cosine
 
 
 def table(drift, cosine, step=0, **extra):
@@ -56,7 +56,7 @@ def test_spearman_p_is_exact_for_few_layers():
 
     from scipy import stats
 
-    from repgeom.probes.drift_cosine import spearman_p
+    from repgeom.probes.report.drift_cosine import spearman_p
 
     rng = np.random.default_rng(0)
     for n in (3, 5, 7):

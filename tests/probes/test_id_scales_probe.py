@@ -9,8 +9,8 @@ import torch
 
 from repgeom import metrics
 from repgeom.models.capture import Capture
-from repgeom.probes import catalogue, table
-from repgeom.probes.measure import ProbeSettings, measure
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.measure import ProbeSettings, measure
 
 
 def _capture(clumped: bool = False, n: int = 3000) -> Capture:
@@ -98,7 +98,7 @@ def test_max_copy_share_is_checked() -> None:
 
 
 def test_the_note_is_not_a_grouping_column() -> None:
-    from repgeom.probes import aggregate
+    from repgeom.probes.report import aggregate
 
     rows = [dict(step=0, layer=layer, metric="twonn", value=value, note=note)
             for layer, value, note in [(1, 2.0, ""), (2, np.nan, "copies: 60%"), (3, 4.0, "")]]
@@ -108,7 +108,7 @@ def test_the_note_is_not_a_grouping_column() -> None:
 
 def test_every_run_with_the_profile_writes_the_scale_figures_and_phases_follow_the_plateau(
         tmp_path) -> None:
-    from repgeom.probes import phases, plots
+    from repgeom.probes.report import phases, plots
 
     frames = []
     g = torch.Generator().manual_seed(1)
@@ -133,7 +133,7 @@ def test_every_run_with_the_profile_writes_the_scale_figures_and_phases_follow_t
 
 
 def test_a_layer_guarded_at_every_step_has_no_peak_in_the_wandb_summary() -> None:
-    from repgeom.probes import wandb_charts
+    from repgeom.probes.report import wandb_charts
 
     rows = [dict(step=step, layer=layer, metric="twonn", value=value)
             for step in (0, 10) for layer, value in ((0, math.nan), (1, 2.0 + step))]

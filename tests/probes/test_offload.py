@@ -1,4 +1,4 @@
-"""Probes off the training clock (`repgeom.probes.offload`): the snapshot holds exactly its
+"""Probes off the training clock (`repgeom.probes.run.offload`): the snapshot holds exactly its
 step's weights, incomplete snapshots are never read, the worker's table equals the in-process
 one, it resumes after kill -9 and stops when training dies, and under DDP only rank 0 writes."""
 
@@ -19,10 +19,10 @@ import torch
 from cli_runs import PYTHON, ROOT, run_train, subprocess_env, tiny_overrides
 from hydra_configs import compose_train
 
-from repgeom.probes import table
-from repgeom.probes.callback import ProbeCallback
-from repgeom.probes.offload import snapshots
-from repgeom.probes.offload.follow import TrainingDiedError, follow, training_alive
+from repgeom.probes.core import table
+from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload.follow import TrainingDiedError, follow, training_alive
 from repgeom.train import train
 
 pytestmark = pytest.mark.slow
@@ -207,7 +207,7 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
 
 
 def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
-    from repgeom.probes.offload.follow import Follower
+    from repgeom.probes.run.offload.follow import Follower
 
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)

@@ -12,8 +12,9 @@ import pytest
 import wandb
 from wandb_records import wandb_history, wandb_records
 
-from repgeom.probes import phase_report, plots, table
-from repgeom.probes.phases import (
+from repgeom.probes.core import table
+from repgeom.probes.report import phase_report, plots
+from repgeom.probes.report.phases import (
     COMPRESSING,
     EXPANDING,
     MEAN_LAYER,
@@ -24,7 +25,7 @@ from repgeom.probes.phases import (
     phase_by_step,
     phases_and_events,
 )
-from repgeom.probes.plots import phase_markers
+from repgeom.probes.report.plots import phase_markers
 
 STEPS = [0, 10, 20, 40, 80, 160, 320]
 

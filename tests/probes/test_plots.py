@@ -10,9 +10,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from repgeom.experiments import figures
-from repgeom.probes import plots
-from repgeom.probes.plots.phase_markers import MARKERS
-from repgeom.probes.table import rows_to_frame
+from repgeom.probes.core.table import rows_to_frame
+from repgeom.probes.report import plots
+from repgeom.probes.report.plots.phase_markers import MARKERS
 
 STEPS = (0, 1, 2, 4, 8, 100, 200, 300)
 N_LAYER = 3  # blocks; layers 0..3

@@ -21,12 +21,14 @@ from omegaconf import DictConfig
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.models.checkpoints import CheckpointFormatError, find_checkpoints, read_checkpoint
-from repgeom.probes import phase_report, phases, runner, table
-from repgeom.probes.measure import PER_HEAD_METRICS
-from repgeom.probes.runner import probe
-from repgeom.probes.spec import training_probe
-from repgeom.probes.texts import default_text
-from repgeom.probes.trajectory import timings
+from repgeom.probes.core import table
+from repgeom.probes.core.measure import PER_HEAD_METRICS
+from repgeom.probes.core.spec import training_probe
+from repgeom.probes.core.texts import default_text
+from repgeom.probes.report import phase_report, phases
+from repgeom.probes.run import runner
+from repgeom.probes.run.runner import probe
+from repgeom.probes.run.trajectory import timings
 from repgeom.train import train
 
 # The training probe's metrics on a tiny model (max_order=16) plus the distribution fits that

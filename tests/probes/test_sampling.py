@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from repgeom.probes.sampling import choose_positions, fit_to_text, windows_needed
+from repgeom.probes.core.sampling import choose_positions, fit_to_text, windows_needed
 
 
 def test_positions_are_k_random_candidates_per_window_and_fixed_by_the_seed():

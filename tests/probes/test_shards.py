@@ -1,5 +1,5 @@
 """A trajectory spread over jobs (`shard=`/`shards=`) and merged back into one table that equals
-a single job's (`repgeom.probes.shards`)."""
+a single job's (`repgeom.probes.run.shards`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from cli_runs import run_probe_py
 from hub_server import FakeHub
 
-from repgeom.probes import schedule, table
-from repgeom.probes.shards import KEYS, merge_shards, shard_groups
+from repgeom.probes.core import table
+from repgeom.probes.run import schedule
+from repgeom.probes.run.shards import KEYS, merge_shards, shard_groups
 
 STEPS = (100, 200, 300, 400, 500)
 

@@ -1,4 +1,4 @@
-"""The one resolved probe spec (`repgeom.probes.spec.resolve`): the command line's values, then
+"""The one resolved probe spec (`repgeom.probes.core.spec.resolve`): the command line's values, then
 the training probe's, then the defaults; and probe.py's options read once (`ProbeRequest`)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
-from repgeom.probes.measure import ProbeSettings
-from repgeom.probes.sampling import DEFAULT_N_STATES, DEFAULT_POSITIONS_PER_WINDOW
-from repgeom.probes.spec import EstimatorOptions, ProbeRequest, ProbeSpec, resolve
+from repgeom.probes.core.measure import ProbeSettings
+from repgeom.probes.core.sampling import DEFAULT_N_STATES, DEFAULT_POSITIONS_PER_WINDOW
+from repgeom.probes.core.spec import EstimatorOptions, ProbeRequest, ProbeSpec, resolve
 
 TRAINED = ProbeSpec(n_states=512, positions_per_window=None, attention_windows=3, batch_size=4,
                     seed=9, metrics=["anisotropy"], settings={"state_batch_size": 64},

@@ -1,5 +1,5 @@
 """Survey across models: `probe.py -m hf=a,b` probes each model and, when the sweep ends, draws
-all of them on relative depth (`repgeom.probes.survey`); the CLI redraws from the folders."""
+all of them on relative depth (`repgeom.probes.report.survey`); the CLI redraws from the folders."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import pytest
 from test_probe_run import SMALL, run_probe_py
 
 from repgeom.cli import survey as survey_command
-from repgeom.probes import plots, survey, table
-from repgeom.probes.drift_cosine import CSV_NAME, drift_cosine_correlation
+from repgeom.probes.core import table
+from repgeom.probes.report import plots, survey
+from repgeom.probes.report.drift_cosine import CSV_NAME, drift_cosine_correlation
 
 KIND = {"gpt2": "decoder", "bert": "encoder"}
 

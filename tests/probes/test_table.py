@@ -9,9 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repgeom.probes import table
-from repgeom.probes.aggregate import format_summary, head_means, layer_means, summary
-from repgeom.probes.table import (
+from repgeom.probes.core import table
+from repgeom.probes.core.table import (
     COLUMNS,
     append_rows,
     probe_dir,
@@ -19,6 +18,7 @@ from repgeom.probes.table import (
     rows_to_frame,
     write_table,
 )
+from repgeom.probes.report.aggregate import format_summary, head_means, layer_means, summary
 
 STEPS = (0, 10, 100, 1000)
 N_LAYER = 4  # blocks; layers 0..4

@@ -1,4 +1,5 @@
-"""probe.py over a hub model's revisions, streamed (`repgeom.probes.trajectory`): downloaded into a
+"""probe.py over a hub model's revisions, streamed (`repgeom.probes.run.trajectory`): downloaded
+into a
 working folder and deleted, the user's cache left alone, resumable after kill -9, retried
 downloads, flat memory, per-revision costs."""
 
@@ -20,8 +21,8 @@ from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
 from hydra_configs import ROOT
 
-from repgeom.probes import table
-from repgeom.probes.trajectory import timings
+from repgeom.probes.core import table
+from repgeom.probes.run.trajectory import timings
 
 pytestmark = pytest.mark.slow  # probe.py processes against the hub stand-in
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from repgeom.models.gpt import GPT, GPTConfig
-from repgeom.probes.measure import ProbeSettings, measure_states
-from repgeom.probes.sampling import choose_positions
-from repgeom.probes.targets import gpt_captures
+from repgeom.probes.core.measure import ProbeSettings, measure_states
+from repgeom.probes.core.sampling import choose_positions
+from repgeom.probes.core.targets import gpt_captures
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repgeom.probes import wandb_charts
+from repgeom.probes.report import wandb_charts
 
 
 def _frame(with_names: bool = False) -> pd.DataFrame:

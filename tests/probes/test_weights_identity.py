@@ -1,4 +1,4 @@
-"""Revisions that serve the same weights (`repgeom.probes.trajectory.copies`, `mark_copies`):
+"""Revisions that serve the same weights (`repgeom.probes.run.trajectory.copies`, `mark_copies`):
 found from the weights' sha256, marked in the table and left out of phase detection."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from repgeom.probes import phases, table
-from repgeom.probes.spec import ProbeRequest
-from repgeom.probes.trajectory import TIMINGS, Trajectory, copies
+from repgeom.probes.core import table
+from repgeom.probes.core.spec import ProbeRequest
+from repgeom.probes.report import phases
+from repgeom.probes.run.trajectory import TIMINGS, Trajectory, copies
 
 
 def test_copies_keep_the_latest_of_identical_weights_and_name_shared_shards() -> None:

@@ -15,5 +15,6 @@ They sit above the probe pipeline: they read models through `repgeom.models.hf` 
 (``qk_projection``: a run's checkpoints and the training probe's windows) and use only the
 pipeline's public names; the pipeline never imports them (``probe.py``'s ``qk_projection=`` and
 ``labels.csv=`` are dispatched by `repgeom.analyses.probe_extras` from the entry point). Godey et
-al.'s drift/cosine correlation, which every probe run writes, is `repgeom.probes.drift_cosine`.
+al.'s drift/cosine correlation, which every probe run writes, is
+`repgeom.probes.report.drift_cosine`.
 """

@@ -1,6 +1,6 @@
 """The analyses a ``probe.py`` run can ask for, dispatched from the entry point.
 
-The probe pipeline (`repgeom.probes.runner`) sits below the analyses and never imports them; it
+The probe pipeline (`repgeom.probes.run.runner`) sits below the analyses and never imports them; it
 takes *extras*, functions ``(cfg, output_dir, device) -> list of figure paths`` run after its
 own figures (so W&B logs theirs too). `probe` is ``probe.py``'s function: the pipeline with:
 
@@ -19,10 +19,10 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig
 
-from repgeom.probes import console
-from repgeom.probes.measure import ProbeSettings
-from repgeom.probes.runner import ProbeRunResult
-from repgeom.probes.runner import probe as run_probes
+from repgeom.probes.core.measure import ProbeSettings
+from repgeom.probes.report import console
+from repgeom.probes.run.runner import ProbeRunResult
+from repgeom.probes.run.runner import probe as run_probes
 
 
 def qk_projection_figures(cfg: DictConfig, output_dir: Path, device: torch.device) -> list[Path]:

@@ -240,8 +240,9 @@ def project(trajectory: QKTrajectory, *, basis: str = "union"
 def plot_projection(points: pd.DataFrame, means: pd.DataFrame, *, title: str = ""):
     """One head: left, the drawn queries (dots) and keys (crosses) of every step (Fig. 11);
     right, the mean query and mean key of each step joined by arrows (Fig. 12). Colour = step,
-    by checkpoint order as in the probe figures (`repgeom.probes.plots`); + marks the origin."""
-    from repgeom.probes.plots import new_figure, step_colorbar, step_colours
+    by checkpoint order as in the probe figures (`repgeom.probes.report.plots`); + marks the
+    origin."""
+    from repgeom.probes.report.plots import new_figure, step_colorbar, step_colours
 
     steps = sorted(means["step"].unique().tolist())
     colours, _ = step_colours(steps)

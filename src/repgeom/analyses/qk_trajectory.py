@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from repgeom.probes.spec import ProbeSpec
+from repgeom.probes.core.spec import ProbeSpec
 
 BATCH_SIZE = ProbeSpec.batch_size
 """Windows per forward pass."""
@@ -82,7 +82,7 @@ def qk_trajectory(
         A layer or head the model does not have; windows or points below 1.
     """
     from repgeom.models.checkpoints import find_checkpoints, load_gpt, resolve_device
-    from repgeom.probes.targets import gpt_captures
+    from repgeom.probes.core.targets import gpt_captures
 
     for name, value in (("windows", windows), ("points", points)):
         if value is not None and (isinstance(value, bool) or int(value) < 1):
@@ -149,8 +149,8 @@ def _probe_windows(path: Path, vocab, block_size: int, windows: int | None) -> t
     """The first `windows` windows (default: the training probe's ``attention_windows``) of the
     training probe's probe set, rebuilt as ``probe.py ckpt=`` does (`CheckpointTarget`)."""
     from repgeom.models.checkpoints import read_checkpoint
-    from repgeom.probes.spec import ProbeRequest
-    from repgeom.probes.targets import checkpoint_probe_set, checkpoint_spec
+    from repgeom.probes.core.spec import ProbeRequest
+    from repgeom.probes.core.targets import checkpoint_probe_set, checkpoint_spec
 
     ckpt = read_checkpoint(path)
     spec, _ = checkpoint_spec(ProbeRequest(attention_windows=windows), path, ckpt)

@@ -41,7 +41,7 @@ from matplotlib.figure import Figure
 
 from repgeom.metrics import attention_scores
 from repgeom.metrics._validation import check_int
-from repgeom.probes.plots import DPI
+from repgeom.probes.report.plots import DPI
 
 from .subjects import Subject
 

@@ -4,7 +4,7 @@ An analysis needs, for one text, the states of every layer at the text's own tok
 kinds of model give them in the probe's layer convention (`repgeom.models.capture.Capture`):
 layer 0 is the embedding output, layer i the residual stream after block i (before any final
 norm), and, for models that have one, a last layer ``final_norm``. Layer names follow
-`repgeom.probes.table`: ``embedding``, ``block_<i>``, ``final_norm``.
+`repgeom.probes.core.table`: ``embedding``, ``block_<i>``, ``final_norm``.
 
 Special tokens (CLS, SEP, BOS, ...) are left out, as in the probes (`hf_capture`'s ``valid``).
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from repgeom.cli.command import console, run_command
-from repgeom.probes.measure import ProbeSettings
-from repgeom.probes.plots import DPI
+from repgeom.probes.core.measure import ProbeSettings
+from repgeom.probes.report.plots import DPI
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""``repgeom-shards``: merge a sweep's shard jobs by hand (`repgeom.probes.shards`); a sweep
+"""``repgeom-shards``: merge a sweep's shard jobs by hand (`repgeom.probes.run.shards`); a sweep
 merges itself when its last job ends, this is for one that was cut short.
 
     repgeom-shards <sweep dir> [--out DIR]
@@ -24,7 +24,7 @@ class ShardsConfig:
 
 
 def task(cfg: ShardsConfig):
-    from repgeom.probes.shards import merge_sweep
+    from repgeom.probes.run.shards import merge_sweep
 
     return merge_sweep(cfg.sweep, cfg.out)
 

@@ -1,5 +1,5 @@
 """``repgeom-survey``: one table and one figure per metric over many probe folders
-(`repgeom.probes.survey`).
+(`repgeom.probes.report.survey`).
 
     repgeom-survey outputs/probe/a outputs/probe/b --out survey/ --metrics anisotropy
     repgeom-survey folders=[outputs/probe/a,outputs/probe/b] out=survey/ metrics=[anisotropy]
@@ -25,7 +25,7 @@ class SurveyConfig:
 
 
 def task(cfg: SurveyConfig) -> list[Path]:
-    from repgeom.probes.survey import survey
+    from repgeom.probes.report.survey import survey
 
     if not cfg.folders:
         raise ValueError("give the folders: repgeom-survey FOLDER [FOLDER ...]")

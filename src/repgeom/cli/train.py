@@ -19,7 +19,7 @@ def task(cfg):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import repgeom.probes.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
+    import repgeom.probes.core.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
 
     run_yaml("train", task, argv)
 

@@ -323,7 +323,8 @@ class Enwik8DataModule(L.LightningDataModule):
         }
 
     def validation_windows(self) -> ValidationWindows:
-        """The validation split as aligned probe windows (`repgeom.probes.sampling.probe_set`)."""
+        """The validation split as aligned probe windows
+        (`repgeom.probes.core.sampling.probe_set`)."""
         self._need_setup()
         return ValidationWindows(self.tokens["valid"], self.block_size, self.vocab)
 

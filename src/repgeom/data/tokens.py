@@ -3,7 +3,7 @@
 `TokenCache` fetches and checks the raw data (`repgeom.data.enwik8`), tokenizes it once into
 ``<cache_dir>/tokens/<key>/{train,valid,test}.npy`` and opens the splits as memmaps. The
 Lightning `Enwik8DataModule` serves training windows from it; the probes read the validation
-split's aligned windows through `ValidationWindows` (`repgeom.probes.sampling.probe_set`), so
+split's aligned windows through `ValidationWindows` (`repgeom.probes.core.sampling.probe_set`), so
 probing a checkpoint does not load Lightning.
 """
 
@@ -209,7 +209,7 @@ def check_validation_length(valid: np.ndarray, block_size: int) -> None:
 @dataclass(frozen=True)
 class ValidationWindows:
     """The validation split cut into aligned probe windows ``[j * block_size, (j + 1) *
-    block_size)``: what a probe set is drawn from (`repgeom.probes.sampling.probe_set`)."""
+    block_size)``: what a probe set is drawn from (`repgeom.probes.core.sampling.probe_set`)."""
 
     tokens: np.ndarray
     block_size: int

@@ -14,7 +14,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from repgeom.experiments import seeds
-from repgeom.probes.plots.style import (
+from repgeom.probes.core.table import (
+    FINAL_NORM,
+)
+from repgeom.probes.report.plots.style import (
     auto_xscale,
     layer_axis,
     metric_label,
@@ -23,9 +26,6 @@ from repgeom.probes.plots.style import (
     plot_profile,
     select_metric,
     single_axes,
-)
-from repgeom.probes.table import (
-    FINAL_NORM,
 )
 
 

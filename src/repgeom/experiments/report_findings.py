@@ -13,7 +13,7 @@ import pandas as pd
 from repgeom.experiments import seeds
 from repgeom.experiments.report_runs import MASKINGS
 from repgeom.experiments.seeds import Effect, Interval, t_interval
-from repgeom.probes.table import FINAL_NORM
+from repgeom.probes.core.table import FINAL_NORM
 
 NEAR_DUPLICATE_FLAG = 0.01
 """A layer is flagged when more than this share of its states have a near-duplicate. At the

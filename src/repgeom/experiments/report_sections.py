@@ -21,9 +21,9 @@ from repgeom.experiments.report_findings import (
     scale_lines,
 )
 from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
-from repgeom.probes import plots
-from repgeom.probes.drift_cosine import drift_cosine_correlation
-from repgeom.probes.table import FINAL_NORM, read_table
+from repgeom.probes.core.table import FINAL_NORM, read_table
+from repgeom.probes.report import plots
+from repgeom.probes.report.drift_cosine import drift_cosine_correlation
 
 
 def save_figure(fig: Figure, path: Path) -> str:
@@ -102,7 +102,7 @@ def drift_cosine_lines(sweep: Path) -> list[str]:
         "(Godey et al. 2024, §3.3, Fig. 5: Spearman; appendix A, Fig. 16: Pearson), the mean "
         "over seeds and how many seeds reach p < 0.05. One point per block: Spearman's p is "
         "exact over all orderings of up to 8 blocks "
-        "(`repgeom.probes.drift_cosine.spearman_p`), and "
+        "(`repgeom.probes.report.drift_cosine.spearman_p`), and "
         "with 4 blocks it is at least 2/24 = 0.083 even at rho = 1, so only Pearson's test can "
         "reach p < 0.05 here.",
         "",

@@ -14,7 +14,7 @@ differ only in their seed. This module holds the arithmetic, free of files and f
   height) with its interval and its noise, and the verdict "it is there" decided with a
   tolerance.
 
-Noise: the rule and its arithmetic live in `repgeom.probes.noise` (one copy, also used by the
+Noise: the rule and its arithmetic live in `repgeom.probes.report.noise` (one copy, also used by the
 phases of a single trajectory); this module re-exports its names.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from repgeom.probes.noise import (  # noqa: F401 - re-exported: the report's public names
+from repgeom.probes.report.noise import (  # noqa: F401 - re-exported: the report's public names
     LEVEL,
     SEED,
     Effect,

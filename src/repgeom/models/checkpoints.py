@@ -3,7 +3,7 @@ data they carry, loading the model, and the device to load it on; all without Li
 checkpoint is a dict: ``hyper_parameters`` rebuild the `GPT`, ``state_dict`` holds its weights
 under ``model.``).
 
-The training probe's options saved in a checkpoint are read by `repgeom.probes.spec`.
+The training probe's options saved in a checkpoint are read by `repgeom.probes.core.spec`.
 """
 
 from __future__ import annotations

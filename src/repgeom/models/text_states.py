@@ -1,5 +1,5 @@
 """One text's states at every layer, for either kind of model: the one reader of compare mode
-(`repgeom.probes.compare`) and the analyses (`repgeom.analyses.subjects`).
+(`repgeom.probes.run.compare`) and the analyses (`repgeom.analyses.subjects`).
 
 Layers follow the probe's rule (`repgeom.models.capture.Capture.layers`): the embedding, each
 block, the final norm where the model has one. A text longer than one window is cut into

@@ -133,7 +133,17 @@ def transient(error: BaseException) -> bool:
     status = status_of(error)
     if status is not None:
         return status in RETRY_STATUS or status >= 500
-    return isinstance(cause_of(error), (*_network_errors(), ConnectionError, TimeoutError))
+    network = (*_network_errors(), ConnectionError, TimeoutError)
+    return any(isinstance(e, network) for e in _chain(error))
+
+
+def _chain(error: BaseException):
+    """`error` and the errors it was raised from, outermost first."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__
 
 
 @functools.cache

@@ -1,0 +1,277 @@
+"""Phases of a trajectory: when the intrinsic dimension expands, peaks and compresses.
+
+Razzhigaev et al. 2023 (Figs. 2-4) and Godey et al. 2024 (section 5) read the same story off
+every training trajectory: the intrinsic dimension of the hidden states rises early in training
+(expansion), peaks, then falls (compression). This module finds those phases in any probe table
+with several steps (the training probe's, or ``probe.py``'s over checkpoints or hub revisions),
+per layer and for the layer mean (blocks 1..L, as `repgeom.probes.report.aggregate.layer_means`;
+the final
+norm and the embedding are left out of the mean, and kept as layers of their own).
+
+A turn is decided with the report's noise rule (`repgeom.probes.report.noise`): a change from step
+a to
+step b counts when ``v(b) − v(a)`` beats the noise, i.e. `noise.change(...).holds`: the batch std
+of the two points in quadrature, and, with several seeds, the 95% interval over seeds. With one
+seed and no batch std (a single estimator batch) nothing is ever decided.
+
+The curve is followed step by step, as one watching a run would (a zigzag with that tolerance):
+
+- *undecided* (phase 0) until it has risen from its lowest point so far, or fallen from its
+  highest, by more than the noise; then *expanding* (+1) or *compressing* (−1);
+- while expanding, the highest point since the rise is tracked; when the curve has fallen from it
+  by more than the noise, that point is an ``expansion_to_compression`` turn (confirmed at the
+  step where the fall was seen) and the phase becomes −1; the same the other way round
+  (``compression_to_expansion``, at the lowest point).
+
+So a turn's step is that of the extreme point, and the online phase at a step uses only the
+steps up to it (the training callback logs it at each probe): it stays +1 past a peak until the
+fall is beyond the noise. Every curve also has one ``peak`` row: the step of the largest mean
+over seeds (the earliest on ties), whether or not it is a turn.
+
+`find_phases` returns the events, `phase_by_step` the online phase at every step; both take one
+table, or a list of tables of the same trajectory in several seeds (the mean over seeds is
+followed, with the seed interval in the noise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.report import aggregate, noise
+
+EXPANDING, COMPRESSING, UNDECIDED = 1, -1, 0
+"""The phase values: rising beyond the noise, falling beyond the noise, not decided yet."""
+PEAK = "peak"
+TO_COMPRESSION = "expansion_to_compression"
+TO_EXPANSION = "compression_to_expansion"
+MEAN_LAYER = -1
+MEAN_NAME = "mean"
+"""`layer` and `layer_name` of the layer mean (blocks 1..L) in the phase tables."""
+PHASE_METRICS = catalogue.wandb_metrics("peak")
+"""The intrinsic dimensions followed (twonn, the catalogue's GRIDE member and, where the table has
+the scale profile, the plateau's ID ``id_plateau``), where present."""
+GROUP_COLUMNS = ("model", "run")
+"""Columns that name one trajectory in a table (``revision`` changes along it: not one)."""
+
+EVENT_COLUMNS = ("metric", "layer", "layer_name", "event", "step", "value", "confirmed_step",
+                 "n_seeds")
+STEP_COLUMNS = ("metric", "layer", "layer_name", "step", "value", "phase")
+
+
+@dataclass
+class Followed:
+    """One curve followed step by step (`follow`)."""
+
+    steps: list[int]
+    mean: np.ndarray  # (n_steps,) the mean over seeds
+    phase: np.ndarray  # (n_steps,) the online phase after each step
+    turns: list[tuple[str, int, int]] = field(default_factory=list)
+    """(event, position of the extreme point, position where the turn was confirmed)."""
+    peak: int = 0
+    n_seeds: int = 1
+
+
+def follow(values: pd.DataFrame, stds: pd.DataFrame, *, level: float = noise.LEVEL) -> Followed:
+    """Follow one curve (index: the steps, sorted; one column per seed) as the module doc says.
+
+    Parameters
+    ----------
+    values, stds : DataFrame, shape (n_steps, n_seeds)
+        As `noise.grid` returns; a NaN std counts as 0 (unknown), a step with a NaN value in any
+        seed is left out.
+    """
+    keep = values.notna().all(axis=1).to_numpy()
+    v = values.to_numpy(dtype=float)[keep]
+    s = np.nan_to_num(stds.reindex_like(values).to_numpy(dtype=float))[keep]
+    steps = [int(x) for x in values.index[keep]]
+    mean = v.mean(axis=1) if len(v) else np.zeros(0)
+    out = Followed(steps, mean, np.zeros(len(v), dtype=int), n_seeds=int(v.shape[1]))
+    if not len(v):
+        return out
+    out.peak = int(np.argmax(mean))
+
+    def beats(start: int, end: int) -> bool:  # v(end) − v(start) beats the noise
+        return noise.change("", v, s, start, end, level=level).holds
+
+    state, low, high, extreme = UNDECIDED, 0, 0, 0
+    for j in range(1, len(v)):
+        if state == UNDECIDED:
+            rose, fell = beats(low, j), beats(j, high)
+            if rose and fell:  # both at once: the earlier extreme came first
+                turn = (TO_COMPRESSION, high) if low < high else (TO_EXPANSION, low)
+                out.turns.append((turn[0], turn[1], j))
+                state, extreme = (COMPRESSING if turn[0] == TO_COMPRESSION else EXPANDING), j
+            elif rose:
+                state, extreme = EXPANDING, low + int(np.argmax(mean[low:j + 1]))
+            elif fell:
+                state, extreme = COMPRESSING, high + int(np.argmin(mean[high:j + 1]))
+            else:
+                low = j if mean[j] < mean[low] else low
+                high = j if mean[j] > mean[high] else high
+        elif state == EXPANDING:
+            if mean[j] >= mean[extreme]:
+                extreme = j
+            elif beats(j, extreme):
+                out.turns.append((TO_COMPRESSION, extreme, j))
+                state, extreme = COMPRESSING, extreme + int(np.argmin(mean[extreme:j + 1]))
+        else:
+            if mean[j] <= mean[extreme]:
+                extreme = j
+            elif beats(extreme, j):
+                out.turns.append((TO_EXPANSION, extreme, j))
+                state, extreme = EXPANDING, extreme + int(np.argmax(mean[extreme:j + 1]))
+        out.phase[j] = state
+    return out
+
+
+def _as_tables(frame: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.DataFrame]:
+    tables = [frame] if isinstance(frame, pd.DataFrame) else list(frame)
+    if not tables:
+        raise ValueError("frame: no table given")
+    return [_without_copies(aggregate.single_set(table.rows_to_frame(t))) for t in tables]
+
+
+def _without_copies(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of revisions that serve another revision's weights left out
+    (``weights_copy_of``, `repgeom.probes.run.trajectory.mark_copies`): a stretch of copies is
+    flat, and a flat stretch between real steps would read as a phase."""
+    if COPY_COLUMN not in frame.columns:
+        return frame
+    copied = frame[COPY_COLUMN].fillna("").astype(str) != ""
+    return frame.loc[~copied]
+
+
+COPY_COLUMN = "weights_copy_of"
+"""The table column that marks a copy (written by `repgeom.probes.run.trajectory`)."""
+
+
+def _curves(frame, metrics, level) -> Iterator[tuple[dict, str, int, str, Followed]]:
+    """(trajectory ids, metric, layer, layer_name, followed curve) of every curve."""
+    tables = _as_tables(frame)
+    ids = [c for c in GROUP_COLUMNS if c in tables[0].columns]
+    keys = tables[0][ids].drop_duplicates().to_dict("records") if ids else [{}]
+    wanted = PHASE_METRICS if metrics is None else tuple(metrics)
+    for key in keys:
+        group = [t.loc[np.logical_and.reduce([t[c] == v for c, v in key.items()])] if key else t
+                 for t in tables]
+        noise.check_steps({str(key) or "table": group})
+        for metric in wanted:
+            if not all((t["metric"] == metric).any() for t in group):
+                continue
+            stacked = noise.per_seed(group, metric)
+            values, stds = noise.grid(stacked, layer_mean=True)
+            if len(values):
+                yield key, metric, MEAN_LAYER, MEAN_NAME, follow(values, stds, level=level)
+            for (layer, name), part in stacked.groupby(["layer", "layer_name"], sort=True):
+                values = part.pivot(index="step", columns=noise.SEED, values="value").sort_index()
+                stds = part.pivot(index="step", columns=noise.SEED, values="std")
+                yield key, metric, int(layer), str(name), follow(values, stds, level=level)
+
+
+def find_phases(
+    frame: pd.DataFrame | Sequence[pd.DataFrame],
+    *,
+    metrics: Sequence[str] | None = None,
+    level: float = noise.LEVEL,
+) -> pd.DataFrame:
+    """The peak and the turns of the intrinsic dimension, per layer and for the layer mean.
+
+    Parameters
+    ----------
+    frame : DataFrame, or list of DataFrame
+        A probe table (`repgeom.probes.core.table`) with several steps, or one table per seed of the
+        same trajectory (probed at the same steps). Tables with several models or runs (a
+        ``model``/``run`` column) give each its own rows.
+    metrics : list of str, optional
+        Default `PHASE_METRICS` (twonn, gride_k16, id_plateau), those present.
+    level : float
+        Coverage of the interval over seeds.
+
+    Returns
+    -------
+    DataFrame
+        One row per event: the ``model``/``run`` columns where the table has them, then
+        ``metric``, ``layer`` (-1 for the mean), ``layer_name`` (``mean`` for it), ``event``
+        (``peak``, ``expansion_to_compression``, ``compression_to_expansion``), ``step`` (the
+        extreme point), ``value`` (the mean over seeds there), ``confirmed_step`` (the step at
+        which the turn was beyond the noise; missing for a peak), ``n_seeds``. Sorted by
+        trajectory, metric, layer (the mean first) and step.
+
+    Examples
+    --------
+    >>> rows = [dict(step=s, layer=1, metric="twonn", value=v, std=0.1)
+    ...         for s, v in zip([0, 10, 20, 30, 40], [2.0, 5.0, 9.0, 6.0, 3.0])]
+    >>> found = find_phases(pd.DataFrame(rows))
+    >>> found.loc[found["layer"] == -1, ["event", "step", "confirmed_step"]].to_numpy().tolist()
+    [['peak', 20, <NA>], ['expansion_to_compression', 20, 30]]
+    """
+    return _tidy(_event_rows(_curves(frame, metrics, level)), EVENT_COLUMNS, frame)
+
+
+def phase_by_step(
+    frame: pd.DataFrame | Sequence[pd.DataFrame],
+    *,
+    metrics: Sequence[str] | None = None,
+    level: float = noise.LEVEL,
+) -> pd.DataFrame:
+    """The online phase at every step: +1 expanding, −1 compressing, 0 undecided.
+
+    What one would have said at that step, from the steps up to it (see the module doc). Same
+    input as `find_phases`; columns: the ``model``/``run`` columns where present, ``metric``,
+    ``layer`` (-1: the mean), ``layer_name``, ``step``, ``value`` (mean over seeds), ``phase``.
+    """
+    return _tidy(_step_rows(_curves(frame, metrics, level)), STEP_COLUMNS, frame)
+
+
+def phases_and_events(
+    frame: pd.DataFrame | Sequence[pd.DataFrame],
+    *,
+    metrics: Sequence[str] | None = None,
+    level: float = noise.LEVEL,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`phase_by_step` and `find_phases` of one table from one pass over its curves."""
+    curves = list(_curves(frame, metrics, level))
+    return (_tidy(_step_rows(curves), STEP_COLUMNS, frame),
+            _tidy(_event_rows(curves), EVENT_COLUMNS, frame))
+
+
+def _event_rows(curves) -> list[dict]:
+    rows = []
+    for key, metric, layer, name, curve in curves:
+        if not curve.steps:
+            continue
+        common = {**key, "metric": metric, "layer": layer, "layer_name": name,
+                  "n_seeds": curve.n_seeds}
+        rows.append({**common, "event": PEAK, "step": curve.steps[curve.peak],
+                     "value": float(curve.mean[curve.peak]), "confirmed_step": pd.NA})
+        for event, at, confirmed in curve.turns:
+            rows.append({**common, "event": event, "step": curve.steps[at],
+                         "value": float(curve.mean[at]), "confirmed_step": curve.steps[confirmed]})
+    return rows
+
+
+def _step_rows(curves) -> list[dict]:
+    rows = []
+    for key, metric, layer, name, curve in curves:
+        for i, step in enumerate(curve.steps):
+            rows.append({**key, "metric": metric, "layer": layer, "layer_name": name,
+                         "step": step, "value": float(curve.mean[i]), "phase": int(curve.phase[i])})
+    return rows
+
+
+def _tidy(rows: list[dict], columns: Sequence[str], frame) -> pd.DataFrame:
+    first = frame if isinstance(frame, pd.DataFrame) else list(frame)[0]
+    ids = [c for c in GROUP_COLUMNS if c in first.columns]
+    out = pd.DataFrame(rows, columns=[*ids, *columns])
+    for column in ("layer", "step", "n_seeds", "phase"):
+        if column in out.columns:
+            out[column] = out[column].astype("int64")
+    if "confirmed_step" in out.columns:
+        out["confirmed_step"] = out["confirmed_step"].astype("Int64")
+    order = [*ids, "metric", "layer", "step"]
+    return out.sort_values(order, kind="stable").reset_index(drop=True)

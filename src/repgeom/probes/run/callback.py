@@ -1,0 +1,346 @@
+"""`ProbeCallback`: measure the geometry of every layer while a model trains.
+
+The callback only schedules, captures and logs: the numbers come from `measure` (which calls
+`repgeom.metrics`), the table and figures from `table` and `plots`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.sampling import ProbeSet, probe_set
+from repgeom.probes.core.spec import ProbeCallbackConf, ProbeSpec, WorkerConf
+from repgeom.probes.core.targets import probe_gpt
+from repgeom.probes.report import sink
+from repgeom.probes.run.offload import follow, snapshots
+from repgeom.probes.run.recorder import ProbeRecorder
+from repgeom.probes.run.schedule import thin_steps
+
+log = logging.getLogger(__name__)
+
+
+def probe_schedule(
+    max_steps: int,
+    *,
+    every_n_steps: int,
+    log_spaced_until: int,
+    n_log_spaced: int,
+    max_probes: int | None = None,
+) -> list[int]:
+    """The training steps at which to probe: 0, log-spaced early, evenly spaced later, the end.
+
+    Early training moves fast, so `n_log_spaced` steps are spread geometrically over
+    [1, log_spaced_until]; after that every `every_n_steps`-th step is probed, and `max_steps`
+    itself. With `max_probes`, the list is thinned by `schedule.thin_steps` (the first and last
+    step kept, log-spaced early and even later), the rule ``probe.py max_revisions=`` uses.
+    """
+    if max_steps < 1:
+        raise ValueError(f"trainer.max_steps must be set (> 0) to schedule probes, got {max_steps}")
+    if every_n_steps < 1:
+        raise ValueError(f"probe.every_n_steps must be >= 1, got {every_n_steps}")
+    steps = {0, max_steps}
+    until = min(log_spaced_until, max_steps)
+    if until >= 1 and n_log_spaced > 0:
+        steps |= {int(s) for s in np.unique(np.round(np.geomspace(1, until, n_log_spaced)))}
+    steps |= set(range(every_n_steps, max_steps + 1, every_n_steps))
+    ordered = sorted(steps)
+    return thin_steps(ordered, max_probes, option="probe.max_probes")
+
+
+class ProbeCallback(L.Callback):
+    """Probe every layer on a fixed held-out set at scheduled steps; log curves and plots.
+
+    Parameters
+    ----------
+    every_n_steps, log_spaced_until, n_log_spaced, max_probes
+        The schedule, see `probe_schedule`.
+    plot_every_n_probes : int
+        Redraw the figures every this many probes (and always at the end); 0 only at the end.
+    plot_metrics : list of str or None
+        The metrics to draw (each figure costs a fraction of a second); None draws every metric.
+        The user's metrics and the pairwise maps are always drawn.
+    offload : {None, "snapshots", "worker"}
+        None probes in the training process. ``snapshots``: at each probe step the weights are
+        copied and written to ``<run>/probes/snapshots/`` in the background
+        (`repgeom.probes.run.offload.snapshots`) for a worker, ``probe.py follow=<run>``
+        (`repgeom.probes.run.offload.follow`), and training goes on; ``worker``: the same, and
+        this process starts that worker itself on this node (``probe.worker``: threads,
+        device, cpus).
+    worker : dict
+        The worker's options (`repgeom.probes.core.spec.WorkerConf`).
+    **spec
+        The fields of `repgeom.probes.core.spec.ProbeSpec` (probe set, ``metrics``, ``settings``,
+        ``seed``), whose defaults are the only ones. With a pairwise metric (``linear_cka``,
+        ``mutual_knn``) each probe step's states are also saved, and at the end every step is
+        compared with the final one (`repgeom.probes.core.similarity`).
+    """
+
+    def __init__(
+        self,
+        *,
+        every_n_steps: int = ProbeCallbackConf.every_n_steps,
+        log_spaced_until: int = ProbeCallbackConf.log_spaced_until,
+        n_log_spaced: int = ProbeCallbackConf.n_log_spaced,
+        max_probes: int | None = ProbeCallbackConf.max_probes,
+        plot_every_n_probes: int = ProbeCallbackConf.plot_every_n_probes,
+        plot_metrics: list[str] | None = None,
+        offload: str | None = ProbeCallbackConf.offload,
+        worker: dict[str, Any] | None = None,
+        **spec: Any,
+    ) -> None:
+        super().__init__()
+        self.offload = snapshots.check_offload(offload)
+        given = {str(k): v for k, v in dict(worker or {}).items()}
+        unknown = set(given) - set(WorkerConf().__dict__)
+        self.worker_options = {**WorkerConf().__dict__, **given}
+        if unknown:
+            raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
+                             f"{sorted(WorkerConf().__dict__)}")
+        self.spec = ProbeSpec(**spec)
+        self.schedule_options = dict(
+            every_n_steps=every_n_steps,
+            log_spaced_until=log_spaced_until,
+            n_log_spaced=n_log_spaced,
+            max_probes=max_probes,
+        )
+        self.plot_every_n_probes = plot_every_n_probes
+        self.plot_metrics = None if plot_metrics is None else list(plot_metrics)
+        self.settings = self.spec.probe_settings()
+        selection = catalogue.select(self.settings)
+        self.pairs = selection.pairs
+        if self.plot_metrics is not None:  # the user's metrics and the similarity maps: always
+            extra = [m.name for m in selection.states if m.user] + [m.name for m in self.pairs]
+            self.plot_metrics += [m for m in extra if m not in self.plot_metrics]
+        self.schedule: list[int] = []
+        self.done: set[int] = set()
+        self.seconds = 0.0
+        self.probes: ProbeSet | None = None
+        self.run_dir: Path | None = None
+        self._wandb_ready = False
+        self.recorder: ProbeRecorder | None = None
+        self._phase_state: list = []
+        self.writer: snapshots.SnapshotWriter | None = None  # probe.offload, rank 0
+        self.worker: subprocess.Popen | None = None  # probe.offload=worker, rank 0
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self.probes = probe_set(trainer.datamodule.validation_windows(), self.spec)
+        self.schedule = probe_schedule(trainer.max_steps, **self.schedule_options)
+        self.run_dir = Path(trainer.default_root_dir)
+        self.recorder = ProbeRecorder(self.run_dir, self.spec,
+                                      plot_every_n_probes=self.plot_every_n_probes,
+                                      plot_metrics=self.plot_metrics)
+        self.recorder.load_state_dict(self._phase_state)
+        if self.offload and trainer.is_global_zero:
+            self._start_offload(trainer)
+        if trainer.is_global_zero:
+            table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
+            (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
+                json.dumps({"protocol": self.spec.protocol, **self.probes.describe(),
+                            "twonn_convention": self.spec.settings.twonn_convention}, indent=2)
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        if self.writer is not None:  # "done" in a checkpoint means the snapshot is on disk
+            self.writer.wait()
+        phases = self.recorder.state_dict() if self.recorder is not None else self._phase_state
+        return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config(),
+                "phase_alerts": phases}
+
+    def probe_config(self) -> dict[str, Any]:
+        """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
+        return self.spec.to_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.done = set(state_dict.get("done", []))
+        self.seconds = float(state_dict.get("seconds", 0.0))
+        self._phase_state = list(state_dict.get("phase_alerts", []))
+        if self.recorder is not None:
+            self.recorder.load_state_dict(self._phase_state)
+
+    # -- scheduling ---------------------------------------------------------------------------
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._maybe_probe(trainer, pl_module)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any
+    ) -> None:
+        # After optimizer step N (global_step == N) and before step N + 1: a snapshot taken
+        # here holds exactly the weights of step N.
+        if self.writer is not None:
+            self.writer.step = trainer.global_step  # for the heartbeat: the worker's lag
+        self._maybe_probe(trainer, pl_module)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                 optimizer: Any) -> None:
+        if self.writer is not None:  # a GPU copy still in flight finishes before the update
+            self.writer.before_optimizer_step()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step = trainer.global_step
+        if step not in self.done:
+            self._probe(trainer, pl_module, step)
+        if self.writer is not None:
+            self._end_offload(trainer, final_step=step)
+        elif trainer.is_global_zero and self.run_dir is not None:
+            self._finish(trainer)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
+        if self.writer is not None:  # the worker sees "failed" and stops at once
+            self._end_offload(trainer, final_step=None)
+
+    def _maybe_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        step = trainer.global_step
+        if step in self.schedule and step not in self.done:
+            self._probe(trainer, pl_module, step)
+
+    # -- probing ------------------------------------------------------------------------------
+
+    def _probe(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        """Every rank marks the step done; only rank 0 computes and logs (no collectives)."""
+        self.done.add(step)
+        if not trainer.is_global_zero:
+            return
+        start = time.perf_counter()
+        if self.writer is not None:
+            self._snapshot(trainer, pl_module, step)
+            self.seconds += time.perf_counter() - start
+            return
+        output = self.run(pl_module.model)
+        for message in output.warnings:
+            rank_zero_warn(message)
+        self.recorder.record(step, output, self._wandb(trainer), n_done=len(self.done),
+                             seconds=self.seconds)
+        self.seconds += time.perf_counter() - start
+
+    def run(self, model: torch.nn.Module):
+        """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched."""
+        return probe_gpt(
+            model,
+            self.probes,
+            batch_size=self.spec.batch_size,
+            settings=self.settings,
+            keep_states=bool(self.pairs),
+        )
+
+    # -- logging ------------------------------------------------------------------------------
+
+    def _wandb(self, trainer: L.Trainer) -> list:
+        runs = [lg.experiment for lg in trainer.loggers if isinstance(lg, WandbLogger)]
+        if runs and not self._wandb_ready:
+            for run in runs:
+                sink.prepare_wandb_run(run, {"probe": self._config()})
+            self._wandb_ready = True
+        return runs
+
+    def _config(self) -> dict[str, Any]:
+        """`probe_config()` plus the schedule, for the W&B run's config."""
+        return {**self.probe_config(), "schedule": self.schedule, **self.schedule_options}
+
+    def _finish(self, trainer: L.Trainer) -> None:
+        # the end-of-run figures count in the total: the run waits for them too
+        self.seconds += self.recorder.finish(self._wandb(trainer), n_done=len(self.done),
+                                             seconds=self.seconds)
+
+    # -- off the clock (probe.offload) --------------------------------------------------------
+
+    def _start_offload(self, trainer: L.Trainer) -> None:
+        """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
+        self.writer = snapshots.SnapshotWriter(
+            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
+        self.writer.rank = trainer.global_rank
+        self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
+        if self.offload == "worker":
+            self.worker = follow.start_worker(self.run_dir, self.worker_options)
+            print(f"Probe worker started (pid {self.worker.pid}, device "
+                  f"{self.worker_options['device']}, {self.worker_options['threads']} "
+                  f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
+
+    def _wandb_info(self, trainer: L.Trainer) -> dict[str, Any] | None:
+        """The training run's W&B run (project, group, id, name), for the worker's own run."""
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                run = logger.experiment
+                return {"project": run.project, "group": run.group or None, "id": run.id,
+                        "name": run.name, "offline": bool(logger._offline)}
+        return None
+
+    def _snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int) -> None:
+        """Hand the weights of `step` to the writer; report a worker that falls behind."""
+        meta = {
+            "hyper_parameters": _plain(dict(pl_module.hparams)),
+            "callbacks": {type(self).__name__: {"spec": self.probe_config()}},
+            "offload": {"plot_every_n_probes": self.plot_every_n_probes,
+                        "plot_metrics": self.plot_metrics},
+        }
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "state_dict"):
+            meta[type(datamodule).__name__] = _plain(datamodule.state_dict())
+        waiting = self.writer.waiting()
+        waited = self.writer.snapshot(step, pl_module.model, meta)
+        lag = step - waiting[0] if waiting else 0
+        if len(waiting) >= 2:
+            log.warning(
+                "probe worker is behind: %d snapshots waiting (steps %s), %d steps behind "
+                "training; they are kept, not dropped (give the worker more cores or a device: "
+                "probe.worker.threads, probe.worker.device)", len(waiting), waiting, lag)
+        metrics = {"probe/offload/waiting": len(waiting), "probe/offload/lag_steps": lag,
+                   "probe/offload/wait_seconds": waited}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None) -> None:
+        """Write the done marker (or mark the run failed) and, for a worker of our own with
+        ``probe.worker.wait``, wait for it to probe what is left."""
+        writer, self.writer = self.writer, None
+        writer.close(final_step=final_step)
+        worker, self.worker = self.worker, None
+        if worker is None:
+            return
+        if final_step is None or not self.worker_options["wait"]:
+            return  # it stops by itself: on the failed state, or after the done marker
+        left = len(writer.waiting())
+        print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left")
+        code = worker.wait()
+        if code != 0:
+            rank_zero_warn(f"the probe worker exited with {code}; its log: "
+                           f"{table.probe_dir(self.run_dir) / 'worker.log'}. Rerun it with "
+                           f"python probe.py follow={self.run_dir}")
+
+
+def _plain(value: Any) -> Any:
+    """Containers of plain values only (a snapshot is read with ``weights_only=True``)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return _plain(OmegaConf.to_container(value, resolve=True))
+    except ImportError:
+        pass
+    return str(value)

@@ -1,0 +1,60 @@
+"""probe.py's compare mode: per-layer pooled cosine of two texts (every probed layer, the final
+norm included where the model has one) and the last block's token x token cosine map, for one
+target (`repgeom.probes.core.targets`), its texts read by `repgeom.models.text_states`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from repgeom import metrics
+from repgeom.models.capture import FINAL_NORM
+from repgeom.models.text_states import read_text_states
+from repgeom.probes.report import plots
+
+
+def compare(
+    cfg: DictConfig, subject, loaded: Any, output_dir: Path, *, several: bool
+) -> tuple[pd.DataFrame, list[Path]]:
+    include = bool(cfg.include_special)
+    a = read_text_states(loaded, str(cfg.compare.text_a), include_special=include)
+    b = read_text_states(loaded, str(cfg.compare.text_b), include_special=include)
+    A, B, tokens_a, tokens_b, names = a.states, b.states, a.tokens, b.tokens, a.layer_names
+    pooled = metrics.layer_pooled_similarity(A, B)
+    last = max(i for i, name in enumerate(names) if name != FINAL_NORM)  # the last block
+    n = A[last].shape[0]
+    # Cross cosines from the one-text matrix of both texts stacked: rows A, columns B.
+    matrix = metrics.token_cosine_matrix(torch.cat([A[last], B[last]]))[:n, n:].numpy()
+    folder = output_dir / "compare"
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = (f"_step{subject.step}" if several else "") + (
+        f"_{subject.stack}" if subject.stack else ""
+    )
+    frame = pd.DataFrame(
+        {
+            "layer": range(len(pooled)),
+            "layer_name": names,
+            "pooled_cosine": pooled,
+            "step": subject.step,
+            **subject.id_columns(),
+            "kind": subject.kind,
+        }
+    )
+    frame.to_csv(folder / f"pooled_cosine{suffix}.csv", index=False)
+    pd.DataFrame(
+        matrix,
+        index=pd.Index([f"{i}:{t}" for i, t in enumerate(tokens_a)], name="text_a_token"),
+        columns=[f"{j}:{t}" for j, t in enumerate(tokens_b)],
+    ).to_csv(folder / f"token_cosine_last_layer{suffix}.csv")
+    fig = plots.compare_texts(pooled, matrix, [*tokens_a, *tokens_b])
+    fig.suptitle(f"{subject.label} ({subject.kind})")
+    path = folder / f"compare{suffix}.png"
+    fig.savefig(path, dpi=plots.DPI, facecolor="white")
+    fig.clear()
+    return frame, [path]
+
+

@@ -1,0 +1,304 @@
+"""Probes off the training clock: the weights at each probe step, handed to a probe worker.
+
+With ``probe.offload=snapshots`` (or ``worker``) the training callback does not probe; at each
+probe step it copies the weights (`SnapshotWriter.snapshot`, before the next optimizer step can
+change them) and a background thread writes them into the run folder, while training goes on. A
+worker (``probe.py follow=<run>``, `repgeom.probes.run.offload.follow`) probes each snapshot as it
+appears, into the same table. The files, all under ``<run>/probes/snapshots/`` (a folder repgeom
+creates and marks with `MARKER`; nothing else in the run folder is touched):
+
+- ``step_<N>/weights.ckpt``: the model after N optimizer steps, as a checkpoint
+  `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
+  ``state_dict``, ``global_step``, the probe's spec and the data's state): written to a temporary
+  file, fsynced, renamed;
+- ``step_<N>/complete.json``: written last, the same way: a snapshot without it is incomplete
+  (training was killed while writing) and no worker reads it;
+- ``training.json``: the training process (pid, host, step, time), rewritten every
+  ``heartbeat_s`` seconds by a daemon thread while training runs, ``"state": "failed"`` after an
+  exception: how a worker tells a live run from a dead one;
+- ``done.json``: training ended (the final step);
+- ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
+- ``worker.json``: the worker's own progress (steps probed), for its resume.
+
+Consistency: the copy is made inside ``on_train_batch_end`` of step N, before the next optimizer
+step. On a GPU it goes into pinned CPU buffers on a side stream, and the next
+``optimizer.step`` waits for that copy on the GPU (`SnapshotWriter.before_optimizer_step`, no CPU
+sync), so the forward and backward of step N+1 overlap the copy; the writer thread waits for the
+copy's CUDA event before writing. Memory: one set of buffers; a snapshot that comes while the
+previous one is still being written waits for it (at most one waits), so snapshots never pile up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repgeom.probes.core import table
+
+SNAPSHOT_DIR = "snapshots"
+MARKER = ".repgeom-snapshots"
+"""The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
+WEIGHTS = "weights.ckpt"
+COMPLETE = "complete.json"
+TRAINING = "training.json"
+DONE = "done.json"
+RUN = "run.json"
+WORKER = "worker.json"
+OFFLOAD_MODES = ("snapshots", "worker")
+"""``probe.offload``'s values besides null (in-process): write snapshots; also start a worker."""
+
+
+def check_offload(value: str | None) -> str | None:
+    """``probe.offload`` checked: null, ``snapshots`` or ``worker``; a ValueError names it."""
+    if value is not None and value not in OFFLOAD_MODES:
+        raise ValueError(
+            f"probe.offload must be null (probe in the training process) or one of "
+            f"{', '.join(OFFLOAD_MODES)}, got {value!r}"
+        )
+    return value
+
+
+def snapshot_dir(run_dir: str | os.PathLike) -> Path:
+    """``<run_dir>/probes/snapshots``."""
+    return table.probe_dir(run_dir) / SNAPSHOT_DIR
+
+
+def step_dir(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:09d}"
+
+
+def step_of(path: Path) -> int | None:
+    """``step_000000125`` -> 125; None for any other name."""
+    name = path.name
+    if not name.startswith("step_") or not name[5:].isdigit():
+        return None
+    return int(name[5:])
+
+
+def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
+    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order."""
+    complete, incomplete = [], []
+    if not folder.is_dir():
+        return complete, incomplete
+    for path in sorted(folder.iterdir()):
+        step = step_of(path)
+        if step is None or not path.is_dir():
+            continue
+        (complete if (path / COMPLETE).is_file() else incomplete).append((step, path))
+    return complete, incomplete
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """`data` as JSON at `path`, atomically: a temporary file, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON at `path`, or None when missing or unreadable (caught mid-replace elsewhere)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_snapshot(path: Path) -> None:
+    """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder)."""
+    if step_of(path) is None or not (path.parent / MARKER).is_file():
+        raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class SnapshotWriter:
+    """Copies the weights at a probe step and writes them in a background thread (rank 0 only).
+
+    Parameters
+    ----------
+    run_dir : Path
+        The training run's folder.
+    heartbeat_s : float
+        Seconds between two writes of ``training.json`` (the worker's sign that training lives).
+    """
+
+    def __init__(self, run_dir: Path, *, heartbeat_s: float) -> None:
+        if heartbeat_s <= 0:
+            raise ValueError(f"probe.worker.heartbeat_s must be > 0, got {heartbeat_s}")
+        self.folder = snapshot_dir(run_dir)
+        self.heartbeat_s = heartbeat_s
+        self.step = 0  # the training step, for the heartbeat (set by the callback)
+        self.rank = 0  # the writing process's global rank, in each completion marker
+        self.waited = 0.0  # seconds training waited for a previous snapshot's write
+        self.copy_seconds = 0.0  # seconds in the copies themselves (on the training thread)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+        self._pending: Future | None = None
+        self._buffers: dict[str, torch.Tensor] | None = None
+        self._event: Any = None  # the CUDA event of a copy the next optimizer step waits for
+        self._stream: Any = None
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # -- the run's files ------------------------------------------------------------------------
+
+    def start(self, run_info: dict[str, Any]) -> None:
+        """Prepare the folder (incomplete snapshots of a killed start and an old done marker
+        removed), write ``run.json`` and start the heartbeat."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        marker = self.folder / MARKER
+        if not marker.is_file():
+            marker.write_text("Made by repgeom (probe.offload): snapshots of the weights for a "
+                              "probe worker; deleted once probed.\n")
+        for _, path in snapshots(self.folder)[1]:
+            remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes again
+        (self.folder / DONE).unlink(missing_ok=True)
+        write_json(self.folder / RUN, run_info)
+        self._stop.clear()
+        self._beat("running")
+        self._heartbeat = threading.Thread(target=self._beat_loop, name="snapshot-heartbeat",
+                                           daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self, state: str) -> None:
+        write_json(self.folder / TRAINING, {
+            "pid": os.getpid(), "host": socket.gethostname(), "step": int(self.step),
+            "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s})
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self._beat("running")
+            except OSError:  # a full or vanished disk: the worker will see no heartbeat
+                pass
+
+    def close(self, *, final_step: int | None) -> None:
+        """Wait for the last write, stop the heartbeat; with `final_step` write ``done.json``
+        (training ended), without it mark the run ``failed`` (an exception ended it)."""
+        failed = False
+        try:
+            self.wait()
+        except Exception:
+            failed = True
+            raise
+        finally:
+            self._stop.set()
+            if self._heartbeat is not None:
+                self._heartbeat.join()
+                self._heartbeat = None
+            self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+            if final_step is None or failed:
+                self._beat("failed")
+            else:  # the done marker first: a worker that sees "finished" finds it
+                write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
+                self._beat("finished")
+
+    def waiting(self) -> list[int]:
+        """Steps of the complete snapshots no worker has probed yet (still on disk)."""
+        return [step for step, _ in snapshots(self.folder)[0]]
+
+    # -- the snapshot ---------------------------------------------------------------------------
+
+    def wait(self) -> float:
+        """Block until the snapshot being written is on disk; the seconds waited."""
+        if self._pending is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            self._pending.result()
+        finally:
+            self._pending = None
+        waited = time.perf_counter() - started
+        self.waited += waited
+        return waited
+
+    def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
+        """Copy `model`'s weights now and write them as ``step_<step>`` in the background.
+
+        `meta` holds the rest of the checkpoint (``hyper_parameters``, ``callbacks``, the data's
+        state). A previous snapshot still being written is waited for first (its seconds are
+        returned): one set of buffers, at most one snapshot waiting.
+        """
+        waited = self.wait()
+        started = time.perf_counter()
+        weights, event = self._copy(model.state_dict())
+        self.copy_seconds += time.perf_counter() - started
+        self._pending = self._pool.submit(self._write, step, weights, event, meta)
+        return waited
+
+    def _copy(self, state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Any]:
+        tensors = {k: v.detach() for k, v in state.items()}
+        cuda = [t for t in tensors.values() if t.is_cuda]
+        if self._buffers is None or self._buffers.keys() != tensors.keys():
+            pin = bool(cuda) and torch.cuda.is_available()
+            self._buffers = {k: torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                             for k, t in tensors.items()}
+        if not cuda:  # CPU training: a plain copy, here, before the next optimizer step
+            for key, tensor in tensors.items():
+                self._buffers[key].copy_(tensor)
+            return self._buffers, None
+        device = cuda[0].device
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        self._stream.wait_stream(torch.cuda.current_stream(device))  # after step N's update
+        with torch.cuda.stream(self._stream):
+            for key, tensor in tensors.items():
+                self._buffers[key].copy_(tensor, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(self._stream)
+        self._event = (event, device)
+        return self._buffers, event
+
+    def before_optimizer_step(self) -> None:
+        """Make the coming optimizer step wait (on the GPU) for a copy still in flight."""
+        if self._event is not None:
+            event, device = self._event
+            torch.cuda.current_stream(device).wait_event(event)
+            self._event = None
+
+    def _write(self, step: int, weights: dict[str, torch.Tensor], event: Any,
+               meta: dict[str, Any]) -> None:
+        if event is not None:
+            event.synchronize()  # the side-stream copy into the pinned buffers is done
+        folder = step_dir(self.folder, step)
+        if folder.exists():  # an earlier start's snapshot of this step: replaced
+            remove_snapshot(folder)
+        folder.mkdir(parents=True)
+        checkpoint = {**meta, "global_step": int(step),
+                      "state_dict": {f"model.{k}": v for k, v in weights.items()}}
+        path = folder / WEIGHTS
+        tmp = folder / f".{WEIGHTS}.tmp"
+        with open(tmp, "wb") as handle:
+            torch.save(checkpoint, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+        write_json(folder / COMPLETE, {"step": int(step), "time": time.time(),
+                                       "rank": int(self.rank), "pid": os.getpid(),
+                                       "bytes": path.stat().st_size})

@@ -1,0 +1,415 @@
+"""`probe(cfg)`: the geometry probes on saved checkpoints, whole runs and Hugging Face models.
+
+The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
+
+    python probe.py run=outputs/2026-11-21/12-00-00     # every checkpoint of one of our runs
+    python probe.py ckpt=path/to/last.ckpt              # one checkpoint
+    python probe.py hf=gpt2                             # a hub name or a save_pretrained folder
+    python probe.py hf=EleutherAI/pythia-160m hf_revisions=[step1000,step8000,step143000]
+    python probe.py hf=EleutherAI/pythia-160m hf_revisions=all max_revisions=20   # `schedule`
+    python probe.py hf=gpt2 compare.text_a="..." compare.text_b="..."
+    python probe.py hf=my_model/ tokenizer=gpt2        # a folder saved without its tokenizer
+    python probe.py hf=google/byt5-small               # two models: <name>:encoder, :decoder
+
+Every number comes from `repgeom.probes.core.measure.measure`, the function the training probe
+(`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.core.table`) through the
+same sink (`repgeom.probes.report.sink`). This file only orchestrates: the targets (`targets`:
+`CheckpointTarget`, `HFTarget`, one interface), checkpoint reading (`checkpoints`), text
+(`texts`), compare mode (`compare`), the console (`console`) and similarity across checkpoints
+(`similarity`) live in files of their own; nothing here imports the Lightning callback.
+
+Our checkpoints are probed exactly as the training probe did: the probe set is rebuilt with
+`sampling.probe_set` from the checkpoint's data (``source``, ``clean`` saved by the datamodule)
+and the training probe's config (``n_states``, ``positions_per_window``,
+``attention_windows``, ``seed``, settings),
+which the callback saves in every checkpoint; for older checkpoints it is read from the run
+folder's ``.hydra/config.yaml`` or ``csv/hparams.yaml``. A probe of ``last.ckpt`` therefore
+gives the numbers the training probe logged at that step. Values set in ``conf/probe.yaml`` (or
+on the command line) win over the training probe's; null means "as the training probe".
+
+The ``step`` column: a checkpoint's ``global_step``; for Hugging Face revisions, the training
+step in the revision's name (`repgeom.models.revisions.step_of`: Pythia's ``step1000`` -> 1000,
+OLMo's ``stage1-step140000-tokens294B`` -> 140000; ``main`` after the last named step), or for a
+list of names without steps the position in ``hf_revisions`` (0, 1, ...); 0 for one model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from repgeom.console import quiet_console
+from repgeom.models.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
+    CheckpointFormatError,
+    find_checkpoints,
+    read_checkpoint,
+    resolve_device,
+)
+from repgeom.models.hf import STACKS, model_stacks
+from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.spec import ProbeRequest, resolve, training_probe  # noqa: F401
+from repgeom.probes.core.targets import CheckpointTarget, HFTarget
+from repgeom.probes.core.texts import default_text  # noqa: F401
+from repgeom.probes.report import aggregate, console, phase_report, plots, sink
+from repgeom.probes.report.drift_cosine import save_drift_cosine
+from repgeom.probes.run import schedule
+from repgeom.probes.run.compare import compare
+from repgeom.probes.run.offload.follow import follow
+from repgeom.probes.run.trajectory import Trajectory, weights_by_revision
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# What gets probed
+
+
+@dataclass
+class ProbeRunResult:
+    """What `probe` made: the table, figures and files, for tests and for chaining."""
+
+    output_dir: Path
+    frame: pd.DataFrame  # the tidy table (empty in compare mode)
+    subjects: list[CheckpointTarget | HFTarget]
+    plots: list[Path]
+    compare: pd.DataFrame | None = None  # per-layer pooled cosine of the two texts
+    drift_cosine: pd.DataFrame | None = None  # Godey et al. 2024 §3.3, per step and model
+    warnings: list[str] = field(default_factory=list)
+    wandb_dir: Path | None = None
+    skipped: list[dict] = field(default_factory=list)  # steps not probed: revision, reason
+    copies: dict[str, str] = field(default_factory=dict)  # revision -> whose weights it serves
+
+    @property
+    def kinds(self) -> dict[str, str]:
+        """Label -> "decoder"/"encoder" of every subject."""
+        return {s.label: s.kind for s in self.subjects}
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+_MODES = ("run", "ckpt", "hf")
+
+
+def check_config(cfg: DictConfig) -> str:
+    """The mode (``run``, ``ckpt`` or ``hf``); raises ValueError on an inconsistent config."""
+    given = [m for m in _MODES if cfg.get(m) not in (None, "")]
+    if len(given) != 1:
+        got = ", ".join(f"{m}={cfg.get(m)}" for m in given) or "none"
+        raise ValueError(
+            f"give exactly one of run=<train run folder>, ckpt=<file.ckpt> or hf=<hub name or "
+            f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt "
+            "(or follow=<run folder> for the worker of a run trained with probe.offload)"
+        )
+    mode = given[0]
+    for key in ("hf_revisions", "tokenizer"):
+        if cfg.get(key) and mode != "hf":
+            raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
+    schedule.check_options(cfg.get("hf_revisions"), cfg.get("max_revisions"), mode)
+    schedule.check_shard(cfg.get("shard"), cfg.get("shards"), mode)
+    compare = cfg.get("compare") or {}
+    texts = [compare.get("text_a"), compare.get("text_b")]
+    if any(t is not None for t in texts):
+        if any(t is None or t == "" for t in texts):
+            raise ValueError(
+                "compare needs both compare.text_a=... and compare.text_b=... (non-empty)"
+            )
+        if mode == "run":
+            raise ValueError(
+                "compare takes ckpt= or hf=, not run=; pick one checkpoint, e.g. "
+                "ckpt=<run>/checkpoints/last.ckpt"
+            )
+    labels = cfg.get("labels") or {}
+    if labels.get("csv"):
+        if mode == "run" or cfg.get("hf_revisions"):
+            raise ValueError(
+                "labels.csv fits the distributions of one model: give ckpt=<file.ckpt> or "
+                f"hf=<name> without hf_revisions (got {mode}=)"
+            )
+        if not Path(str(labels.csv)).expanduser().is_file():
+            raise FileNotFoundError(
+                f"labels.csv={labels.csv} does not exist; give a CSV with a 'text' column and "
+                "label columns (e.g. data/examples/subject_attribute.csv)"
+            )
+    if cfg.get("qk_projection") and mode != "run":
+        raise ValueError(
+            f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
+            "or leave qk_projection=false"
+        )
+    ProbeRequest.from_config(cfg)  # checks the probe options, naming the bad one
+    _retry_budget(cfg)
+    return mode
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _retry_budget(cfg: DictConfig) -> float:
+    """``retry_budget_s``: seconds of hub retries allowed per revision (default 15 minutes)."""
+    value = cfg.get("retry_budget_s")
+    if value is None:
+        return RETRY_BUDGET_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"retry_budget_s must be a number of seconds >= 0 (0: no retries), "
+                         f"got {value!r}")
+    return float(value)
+
+
+def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
+    """Probe what `cfg` names (``run``, ``ckpt`` or ``hf``); write the table, plots and logs.
+
+    Returns
+    -------
+    ProbeRunResult
+        The table (``<output_dir>/probes/probes.{parquet,csv}``), figure paths
+        (``<output_dir>/probes/plots``), the probed subjects with "encoder"/"decoder", the
+        drift-norm/mean-cosine correlation across blocks per step (Godey et al. 2024, §3.3;
+        ``<output_dir>/probes/drift_cosine.csv``), and in compare mode the per-layer pooled
+        cosine (``<output_dir>/compare/pooled_cosine.csv``).
+
+    `extras` are functions ``(cfg, output_dir, device) -> figure paths`` run after the probe's
+    own figures: the analyses a run asks for (``repgeom.analyses.probe_extras``, which
+    ``probe.py`` passes; the pipeline does not import the analyses).
+    """
+    quiet_console()
+    if cfg.get("follow") not in (None, ""):
+        return _follow(cfg)
+    mode = check_config(cfg)
+    output_dir = Path(cfg.output_dir).expanduser().resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.get("device"))
+    request = ProbeRequest.from_config(cfg)  # the probe options, read once
+    pairwise = bool(catalogue.select(resolve(request).probe_settings()).pairs)
+    subjects = targets(cfg, mode, reference_final=pairwise)
+    comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
+
+    loggers = _wandb_runs(cfg, output_dir, mode, subjects)
+    frame = table.rows_to_frame([])
+    compare_frames: list[pd.DataFrame] = []
+    figures: list[Path] = []
+    all_warnings: list[str] = []
+    skipped: list[dict] = []
+    copied: dict[str, str] = {}
+    if comparing:
+        for subject in subjects:
+            loaded = subject.load(device)
+            pooled, paths = compare(cfg, subject, loaded, output_dir, several=len(subjects) > 1)
+            compare_frames.append(pooled)
+            figures += paths
+            console.print_compare(subject, pooled)
+            del loaded
+    else:  # streamed: bounded disk and memory, resumable (`trajectory`)
+        work_dir = cfg.get("work_dir")
+        loop = Trajectory(request, device, output_dir, loggers,
+                          work_dir=None if work_dir is None else Path(str(work_dir)),
+                          keep_weights=bool(cfg.get("keep_weights")), pairwise=pairwise,
+                          stack_dir=_stack_dir, prefix=_wandb_prefix,
+                          retry_skipped=bool(cfg.get("retry_skipped")),
+                          retry_budget_s=_retry_budget(cfg))
+        frame = loop.run(subjects)
+        all_warnings = loop.warnings
+        skipped, copied = list(loop.skipped.values()), dict(loop.copies)
+    stacks = {s.stack: s.model for s in subjects}
+
+    if comparing:
+        result = ProbeRunResult(
+            output_dir, frame, subjects, figures, pd.concat(compare_frames, ignore_index=True)
+        )
+    else:
+        wanted = cfg.get("plot_metrics")
+        figures = save_figures(frame, stacks, output_dir,
+                               None if wanted is None else [str(m) for m in wanted])
+        for extra in extras:  # the analyses asked for (repgeom.analyses.probe_extras)
+            figures += extra(cfg, output_dir, device)
+        console.print_tables(frame, subjects)
+        correlation = summarise(frame, output_dir, loggers)
+        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
+                                drift_cosine=correlation, skipped=skipped, copies=copied)
+    _write_info(result, cfg, mode)
+    for run in loggers:
+        _log_figures(run, figures, max(s.step for s in subjects))
+        run.summary["probe/kind"] = ", ".join(sorted({s.kind for s in subjects}))
+        result.wandb_dir = Path(run.dir).parent
+        run.finish()
+    print(f"Probe outputs: {output_dir}")
+    return result
+
+
+def _follow(cfg: DictConfig) -> ProbeRunResult:
+    """``follow=<run folder>``: the worker of a run trained with ``probe.offload``
+    (`repgeom.probes.run.offload.follow`); the table, phases and figures go into that run folder,
+    with the training probe's spec (probe.py's own probe options do not apply)."""
+    given = [m for m in _MODES if cfg.get(m) not in (None, "")]
+    if given:
+        raise ValueError(
+            f"follow= probes a training run's snapshots as they appear and takes none of "
+            f"run=/ckpt=/hf= (got {', '.join(given)}); run them as separate probe.py commands"
+        )
+    result = follow(
+        str(cfg.follow), device=resolve_device(cfg.get("device")),
+        timeout_s=float(cfg.get("follow_timeout_s") or 600.0),
+        keep_snapshots=bool(cfg.get("keep_snapshots")),
+    )
+    return ProbeRunResult(result.run_dir, result.frame, [], result.plots)
+
+
+def save_figures(frame: pd.DataFrame, stacks: dict[str | None, str], output_dir: Path,
+                 wanted: list[str] | None) -> list[Path]:
+    """The figures of a finished table, one model (or stack, ``{stack: model}``) at a time."""
+    figures = []
+    for stack, model in stacks.items():  # `save_figures` draws one model at a time
+        model_rows = frame if stack is None else frame.loc[frame["model"] == model]
+        figures += plots.save_figures(
+            model_rows, _stack_dir(table.plot_dir(output_dir), stack), metrics=wanted
+        )
+    return figures
+
+
+def summarise(frame: pd.DataFrame, output_dir: Path, loggers: list) -> pd.DataFrame:
+    """What a finished table adds: the phases (``phases.csv``, console, W&B summary) and Godey et
+    al.'s drift/cosine correlation (``drift_cosine.csv``, console), which it returns."""
+    phase_report.report(frame, output_dir, loggers)
+    correlation = save_drift_cosine(aggregate.single_set(frame), table.probe_dir(output_dir))
+    console.print_drift_cosine(correlation)
+    return correlation
+
+
+# -- console, files and W&B -------------------------------------------------------------------
+
+
+def _wandb_prefix(stack: str | None) -> str:
+    """``probe``, or ``probe/<stack>`` for one stack of an encoder-decoder model."""
+    return "probe" if stack is None else f"probe/{stack}"
+
+
+def _stack_dir(folder: Path, stack: str | None) -> Path:
+    """Where one stack of an encoder-decoder model keeps its states and figures
+    (``probes/encoder/``, ``probes/report/plots/decoder/``); `folder` itself for other models."""
+    return folder if stack is None else folder / stack
+
+
+def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
+            ) -> list[CheckpointTarget | HFTarget]:
+    """What `cfg` names: one `HFTarget` per revision (and stack), or one `CheckpointTarget` per
+    checkpoint; with ``shard``/``shards``, this job's share (`schedule.shard_of`), plus the final
+    revision as a `reference` when `reference_final` (pairwise metrics compare with it) and
+    another shard owns it."""
+    if mode == "hf":
+        found = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
+                                       max_revisions=cfg.get("max_revisions"))
+    elif mode == "ckpt":
+        path = Path(str(cfg.ckpt)).expanduser()
+        ckpt = read_checkpoint(path)  # fails early on a missing or foreign file
+        found = [(int(ckpt["global_step"]), path)]
+    else:
+        found = schedule.run_checkpoints(find_checkpoints(str(cfg.run)), cfg.get("max_revisions"))
+    chosen = [(step, where, False) for step, where in
+              schedule.shard_of(found, cfg.get("shard"), cfg.get("shards"))]
+    if not chosen:
+        raise ValueError(
+            f"shard={cfg.shard} of shards={cfg.shards} gets none of the {len(found)} "
+            f"revisions or checkpoints; use at most shards={len(found)}"
+        )
+    if reference_final and found[-1] not in [(step, where) for step, where, _ in chosen]:
+        chosen.append((*found[-1], True))
+    if mode != "hf":
+        return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""),
+                                 reference=reference) for step, path, reference in chosen]
+    tokenizer = cfg.get("tokenizer")
+    stacks = model_stacks(str(cfg.hf), revision=found[0][1])
+    return [
+        HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
+                 tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
+                 alias=str(cfg.get("model_name") or ""), reference=reference)
+        for step, revision, reference in chosen
+        for stack in stacks
+    ]
+
+
+def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:
+    """{model: {layer index: layer name}} from the table (one entry "" for our checkpoints)."""
+    if frame is None or frame.empty:
+        return {}
+    key = frame["model"] if "model" in frame.columns else pd.Series("", index=frame.index)
+    names = frame.assign(_model=key.fillna("")).drop_duplicates(["_model", "layer"])
+    return {
+        str(model): {str(int(r.layer)): r.layer_name for r in group.itertuples()}
+        for model, group in names.sort_values("layer").groupby("_model")
+    }
+
+
+def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
+    """``probe_info.json``: what was probed, encoder or decoder, at which step, and the name of
+    every layer index in the table (``embedding``, ``block_<i>``, ``final_norm``)."""
+    info = {
+        "mode": mode,
+        # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
+        "protocol": str(cfg.get("protocol") or "repgeom"),
+        "twonn_convention": "llm_microscope" if result.frame is not None and (
+            result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
+        "compare": result.compare is not None,
+        "layers": _layer_names(result.frame),
+        "layer_convention": (
+            "layer 0: embedding output; 1..L: the residual stream after each block, before any "
+            "final norm; L + 1 (final_norm): the final norm's output, for models that have one"
+        ),
+        "subjects": [
+            {"label": s.label, "model": s.model, **{
+                k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s).items()}}
+            for s in result.subjects
+        ],
+        "skipped": result.skipped,
+        "weights": weights_by_revision(result.output_dir),
+        "weights_copies": result.copies,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    (result.output_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
+
+
+def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) -> list:
+    """The W&B runs of `cfg.logger` (offline unless logged in), with the probe's step axis."""
+    if not any(
+        str(conf.get("_target_", "")).endswith("WandbLogger")
+        for conf in (cfg.get("logger") or {}).values()
+    ):
+        return []
+    from lightning.pytorch.loggers import WandbLogger
+
+    from repgeom.loggers import build_loggers
+
+    conf = cfg.copy()
+    with open_dict(conf):
+        conf.logger = {k: v for k, v in cfg.logger.items() if "Wandb" in str(v.get("_target_"))}
+        if conf.get("run_name") is None:
+            conf.run_name = f"probe-{subjects[0].model.replace('/', '-')}"
+    runs = []
+    for logger in build_loggers(conf, output_dir):
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            sink.prepare_wandb_run(
+                run, {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode})
+            runs.append(run)
+    return runs
+
+
+def _log_figures(run, paths: Iterable[Path], step: int) -> None:
+    import wandb
+
+    # A stack's figures are in plots/<stack>/: probe/plots/<stack>/<figure>.
+    images = {
+        f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
+        else f"probe/plots/{p.stem}": wandb.Image(str(p))
+        for p in paths
+    }
+    if images:
+        run.log({**images, "probe/step": step})

@@ -1,0 +1,166 @@
+"""A trajectory spread over jobs: merge the shards' tables into one, as a single job writes it.
+
+``python probe.py -m hf=EleutherAI/pythia-160m hf_revisions=all shard=0,1,2,3 shards=4
+hydra/launcher=slurm`` runs every fourth revision per job (`schedule.shard_of`), each in its own
+folder of the sweep. A shard whose pairwise metrics compare with the final revision, when another
+shard owns it, probes that revision for its states only (`targets` ``reference``), so every
+shard's "against the final checkpoint" rows are the single job's. When the sweep ends,
+`ShardMergeCallback` (``conf/probe.yaml``, ``hydra.callbacks``) merges the jobs that differ only
+in ``shard`` into ``<sweep dir>/merged/`` (one group) or ``merged-<k>/`` (several, e.g.
+``hf=a,b``): the table (``probes/probes.csv``), its figures, ``phases.csv``,
+``drift_cosine.csv``, ``probe_info.json`` and, with a W&B logger, one W&B run. By hand::
+
+    repgeom-shards <sweep dir> [--out DIR]
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from repgeom.models.hf import STACKS
+from repgeom.probes.core import table
+from repgeom.probes.report import sink
+from repgeom.probes.report.survey import INFO_FILE
+from repgeom.probes.run import runner
+
+MERGED = "merged"
+"""The merged folder's name inside the sweep folder (``merged-<k>`` for the k-th group)."""
+KEYS = ("step", "step_b", "layer", "layer_b", "head", "metric", "model", "revision")
+"""Columns that name one row: a row twice in the shards' tables means overlapping shards."""
+
+__all__ = ["MERGED", "ShardMergeCallback", "merge_shards", "merge_sweep", "shard_groups"]
+
+
+def _info(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / INFO_FILE).read_text())
+
+
+def shard_groups(sweep: str | Path) -> list[list[Path]]:
+    """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
+    in their config but ``shard`` and ``output_dir``, in shard order."""
+    groups: dict[str, list[tuple[int, Path]]] = {}
+    for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
+        config = dict(_info(info_file.parent).get("config") or {})
+        if config.get("shards") is None:
+            continue
+        shard = int(config.pop("shard"))
+        config.pop("output_dir", None)
+        key = json.dumps(config, sort_keys=True, default=str)
+        groups.setdefault(key, []).append((shard, info_file.parent))
+    return [[folder for _, folder in sorted(members)] for members in groups.values()]
+
+
+def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
+    """Merge the probe folders of one trajectory's shards into `out`; returns the table.
+
+    Raises
+    ------
+    ValueError
+        A shard missing (``shards=4`` but no folder for shard 2: that job failed; rerun it with
+        the same output folder), shards of different ``shards``, or a row in two shards.
+    """
+    infos = [_info(Path(f)) for f in folders]
+    counts = {int(info["config"]["shards"]) for info in infos}
+    if len(counts) != 1:
+        raise ValueError(f"the folders hold shards of different shards= ({sorted(counts)})")
+    (shards,) = counts
+    present = sorted(int(info["config"]["shard"]) for info in infos)
+    missing = sorted(set(range(shards)) - set(present))
+    if missing or len(present) != shards:
+        raise ValueError(
+            f"shards={shards} but the folders hold shards {present}: shard(s) {missing} missing "
+            "or repeated; rerun the missing jobs (same shard=, same output folder) first"
+        )
+    frame = pd.concat([table.read_table(f) for f in folders], ignore_index=True)
+    keys = [k for k in KEYS if k in frame.columns]
+    twice = frame.loc[frame.duplicated(keys, keep=False), keys]
+    if not twice.empty:
+        raise ValueError(f"{len(twice)} rows appear in two shards, e.g. {twice.iloc[0].to_dict()}")
+    frame = table.rows_to_frame(frame.sort_values(keys, na_position="first", kind="stable")
+                                .reset_index(drop=True))
+    out = Path(out)
+    table.write_table(frame, table.probe_dir(out))
+    cfg = OmegaConf.create(infos[0]["config"])
+    with open_dict(cfg):
+        cfg.output_dir, cfg.shard, cfg.shards = str(out), None, None
+    subjects = [s for info in infos for s in info["subjects"] if not s.get("reference")]
+    stacks = {s.get("stack"): s["model"] for s in subjects}
+    wanted = cfg.get("plot_metrics")
+    figures = runner.save_figures(frame, stacks, out,
+                                  None if wanted is None else [str(m) for m in wanted])
+    loggers = _wandb_runs(cfg, out, infos[0]["mode"], subjects, frame, stacks)
+    runner.summarise(frame, out, loggers)
+    info = {**infos[0], "subjects": subjects, "merged_from": [str(f) for f in folders],
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+    (out / INFO_FILE).write_text(json.dumps(info, indent=2, default=str))
+    for run in loggers:
+        images = {f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
+                  else f"probe/plots/{p.stem}": p for p in figures}
+        _log_images(run, images, int(frame["step"].max()))
+        run.finish()
+    print(f"Merged {shards} shards ({len(frame)} rows, {frame['step'].nunique()} steps) into "
+          f"{out}")
+    return frame
+
+
+def _wandb_runs(cfg: DictConfig, out: Path, mode: str, subjects: list[dict],
+                frame: pd.DataFrame, stacks: dict) -> list:
+    """The merged table in one W&B run (when the jobs logged to W&B), step by step."""
+    with open_dict(cfg):
+        cfg.run_name = cfg.get("run_name") or f"probe-{subjects[0]['model']}-merged".replace(
+            "/", "-")
+    runs = runner._wandb_runs(cfg, out, mode, [])
+    stack_of = {model: stack for stack, model in stacks.items()}
+    for (model, step), part in frame.groupby(["model", "step"], dropna=False):
+        sink.log_scalars(runs, int(step), part, {},
+                         prefix=runner._wandb_prefix(stack_of.get(model)))
+    return runs
+
+
+def _log_images(run: Any, images: dict[str, Path], step: int) -> None:
+    import wandb
+
+    if images:
+        run.log({**{k: wandb.Image(str(p)) for k, p in images.items()}, "probe/step": step})
+
+
+class ShardMergeCallback(Callback):
+    """Hydra callback of ``probe.py -m ... shard=... shards=N``: when the sweep ends, merge each
+    trajectory's shards (`merge_shards`) into ``<sweep dir>/merged`` (``merged-<k>`` when the
+    sweep holds several trajectories)."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        groups = shard_groups(sweep)
+        for k, folders in enumerate(groups):
+            merge_shards(folders, sweep / (MERGED if len(groups) == 1 else f"{MERGED}-{k}"))
+
+
+def merge_sweep(sweep: str | Path, out: str | Path | None = None) -> pd.DataFrame:
+    """Merge the shard jobs of the sweep folder `sweep` (its jobs are 0/, 1/, ...): into `out`,
+    or ``<sweep>/merged`` (one trajectory) / ``<sweep>/merged-<k>`` (several); returns the last
+    merged table.
+
+    Raises
+    ------
+    ValueError
+        When `sweep` holds no shard jobs, or `out` is given for several trajectories.
+    """
+    sweep = Path(sweep)
+    groups = shard_groups(sweep)
+    if not groups:
+        raise ValueError(f"{sweep} holds no shard jobs (probe_info.json with shards set)")
+    if len(groups) > 1 and out is not None:
+        raise ValueError(f"{sweep} holds {len(groups)} trajectories; leave out unset")
+    frame = None
+    for k, folders in enumerate(groups):
+        default = sweep / (MERGED if len(groups) == 1 else f"{MERGED}-{k}")
+        frame = merge_shards(folders, out or default)
+    return frame
