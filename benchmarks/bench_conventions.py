@@ -6,7 +6,7 @@ Three protocols per layer (TwoNN and GRIDE k=16):
   random positions per window, shuffled batches of 4,096, TwoNN as Facco et al. (90% fit);
 * ``llm_microscope``: the authors' code (``conf/protocol/llm_microscope.yaml``): whole windows,
   the first 4,096 states in one set, TwoNN fitted on the smallest fifth of the ratios
-  (`repgeom.metrics.twonn_authors`); GRIDE on the same set;
+  (`repgeom.metrics.intrinsic_dimension.twonn_authors`); GRIDE on the same set;
 * ``reference``: a large decorrelated set (10 random positions per window, batches of 4,096),
   our estimators: the closest thing to the truth a real model offers.
 

@@ -10,12 +10,15 @@ import repgeom.metrics
 
 # Every module of the package, found (a new metric's module needs no entry here).
 MODULES = sorted(
-    m.name for m in pkgutil.iter_modules(repgeom.metrics.__path__) if not m.name.startswith("_")
+    m.name.removeprefix("repgeom.metrics.")
+    for m in pkgutil.walk_packages(repgeom.metrics.__path__, "repgeom.metrics.")
+    if not m.name.rpartition(".")[2].startswith("_")
 )
 
 
 def test_the_modules_are_found():
-    assert {"anisotropy", "intrinsic_dimension", "rank", "alignment"} <= set(MODULES)
+    assert {"anisotropy", "intrinsic_dimension", "intrinsic_dimension.twonn", "rank",
+            "alignment"} <= set(MODULES)
 
 
 # The printed numbers are stored in the docstrings: they are rounded (or compared with a range)

@@ -43,19 +43,24 @@ from .cosine import (
 )
 from .distributions import FAMILIES, DistributionResult, activation_distribution
 from .drift import DriftResult, drift
-from .gride import GrideResult, gride
-from .id_scales import PlateauResult, TwoNNDecimationResult, id_plateau, twonn_decimation
 from .intrinsic_dimension import IntrinsicDimensionResult, intrinsic_dimension
+from .intrinsic_dimension.gride import GrideResult, gride
+from .intrinsic_dimension.id_scales import (
+    PlateauResult,
+    TwoNNDecimationResult,
+    id_plateau,
+    twonn_decimation,
+)
+from .intrinsic_dimension.knn_batches import batch_indices
+from .intrinsic_dimension.mle import MLEResult, mle_dimension
+from .intrinsic_dimension.near_duplicates import near_duplicate_share
+from .intrinsic_dimension.twonn import TwoNNResult, twonn
+from .intrinsic_dimension.twonn_authors import TwoNNAuthorsResult, twonn_authors
 from .isoscore import isoscore
-from .knn_batches import batch_indices
 from .linearity import linearity
-from .mle import MLEResult, mle_dimension
-from .near_duplicates import near_duplicate_share
 from .neighbors import faiss_has_gpu, nearest_neighbors
 from .rank import effective_rank, pca_dimension, rankme
 from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
-from .twonn import TwoNNResult, twonn
-from .twonn_authors import TwoNNAuthorsResult, twonn_authors
 
 __all__ = [
     "linearity",

@@ -33,7 +33,7 @@ import torch
 from repgeom import metrics
 from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
-from repgeom.metrics.gride import check_max_order
+from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
 from repgeom.probes.core import catalogue
 
@@ -74,7 +74,8 @@ class ProbeSettings:
     twonn_convention: str = "facco"
     """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
     ``llm_microscope``: as the Shape of Learning authors' code does
-    (`repgeom.metrics.twonn_authors`, row ``twonn_llm_microscope``), so a table never mixes the
+    (`repgeom.metrics.intrinsic_dimension.twonn_authors`, row ``twonn_llm_microscope``), so a table
+    never mixes the
     two under one name."""
     metrics: tuple[str, ...] = ("default",)
     """Catalogue names (`repgeom.probes.core.catalogue.resolve`): built-ins, ``default`` (the cheap

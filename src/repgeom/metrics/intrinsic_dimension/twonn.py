@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_fraction, check_int, check_matrix
+from .._validation import check_fraction, check_int, check_matrix
 from .knn_batches import Neighbours, search_batches
 
 __all__ = ["TwoNNResult", "twonn"]
@@ -51,7 +51,8 @@ def twonn(
     ``int(N * (1 - discard_fraction))`` sorted ratios are kept, as in scikit-dimension and
     DADApy). The maximum-likelihood form :math:`(N-1)/\sum_i \log\mu_i` (all ratios) is
     returned too. Protocol of the paper: shuffle, batches of at least ``batch_size`` points,
-    mean and standard deviation over batches (see :mod:`repgeom.metrics.knn_batches`).
+    mean and standard deviation over batches (see
+    :mod:`repgeom.metrics.intrinsic_dimension.knn_batches`).
 
     Parameters
     ----------

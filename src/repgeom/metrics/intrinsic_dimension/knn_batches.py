@@ -25,7 +25,7 @@ import scipy.sparse
 import scipy.sparse.csgraph
 import torch
 
-from .neighbors import _centre32, _nearest_neighbors
+from ..neighbors import _centre32, _nearest_neighbors
 
 __all__ = ["batch_indices", "Neighbours", "search_batches", "DUPLICATE_ULPS"]
 

@@ -3,7 +3,8 @@
 Razzhigaev et al. 2023 ("The Shape of Learning", section 2.2) estimate the intrinsic dimension
 with TwoNN (Facco et al. 2017). Their public code, ``llm_microscope.functions.intrinsic_dimension``
 (PyPI ``llm-microscope`` 0.0.7), makes choices of its own that move the number by a few percent
-against the Facco / DADApy / scikit-dimension convention of `repgeom.metrics.twonn`:
+against the Facco / DADApy / scikit-dimension convention of
+`repgeom.metrics.intrinsic_dimension.twonn`:
 
 =========================  ======================================  ================================
 step                       llm-microscope (this module)             `twonn` (Facco et al., DADApy)
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import check_int, check_matrix
-from .neighbors import nearest_neighbors
+from .._validation import check_int, check_matrix
+from ..neighbors import nearest_neighbors
 
 __all__ = ["TwoNNAuthorsResult", "twonn_authors", "REDUCTION_FACTOR"]
 

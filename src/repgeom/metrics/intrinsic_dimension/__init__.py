@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._validation import check_fraction, check_int, check_matrix
+from .._validation import check_fraction, check_int, check_matrix
 from .gride import GrideResult, check_max_order, gride_from_neighbours
 from .knn_batches import search_batches
 from .mle import MLE_NEIGHBORS, MLEResult, mle_from_neighbours

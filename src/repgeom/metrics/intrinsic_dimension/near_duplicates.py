@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import check_fraction, check_int, check_matrix
+from .._validation import check_fraction, check_int, check_matrix
 from .knn_batches import Neighbours, search_batches
 
 __all__ = ["near_duplicate_share"]

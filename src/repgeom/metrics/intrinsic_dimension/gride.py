@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_int, check_matrix
+from .._validation import check_int, check_matrix
 from .knn_batches import Neighbours, search_batches
 
 __all__ = ["GrideResult", "gride", "check_max_order"]

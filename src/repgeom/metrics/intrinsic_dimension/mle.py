@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_int, check_matrix
+from .._validation import check_int, check_matrix
 from .knn_batches import Neighbours, search_batches
 
 __all__ = ["MLEResult", "mle_dimension", "MLE_NEIGHBORS"]
@@ -59,7 +59,7 @@ def mle_dimension(
     ``k - 1`` in the numerator; ``comb="mle"``; no noise model; ``n_neighbors=20``). The
     neighbour distances come from the same exact search as :func:`twonn` and :func:`gride`,
     with the same batches (shuffle with ``seed``, batches of at least ``batch_size``, mean and
-    std over batches; see :mod:`repgeom.metrics.knn_batches`).
+    std over batches; see :mod:`repgeom.metrics.intrinsic_dimension.knn_batches`).
 
     Parameters
     ----------

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import check_fraction, check_int, check_matrix
+from .._validation import check_fraction, check_int, check_matrix
+from ..neighbors import _nearest_neighbors
 from .knn_batches import unique_rows
-from .neighbors import _nearest_neighbors
 from .twonn import twonn_from_ratios
 
 __all__ = ["TwoNNDecimationResult", "twonn_decimation", "PlateauResult", "id_plateau",
@@ -111,7 +111,8 @@ def twonn_decimation(
     n_min : int >= 3, keyword-only
         Levels keep subsets of more than ``n_min`` points (DADApy's default, 10).
     discard_fraction : float in (0, 1), keyword-only
-        As in `repgeom.metrics.twonn` (DADApy's ``mu_fraction = 1 - discard_fraction``).
+        As in `repgeom.metrics.intrinsic_dimension.twonn` (DADApy's ``mu_fraction = 1 -
+        discard_fraction``).
     seed : int, keyword-only
         Seed of the subset draws (DADApy's ``rng_seed``, 42 by default there and here).
 
