@@ -47,3 +47,10 @@ def compose_train(tmp_path: Path, overrides: list[str] = (), *, tiny: bool = Tru
         shrink = [o for o in shrink if not o.startswith("probe.")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=[*shrink, f"output_dir={tmp_path}", *overrides])
+
+
+def compose_probe(tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
+    """The real `conf/probe.yaml` (probe.py's), writing to `tmp_path`."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])

@@ -12,16 +12,19 @@ import netrc
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, open_dict
+from lightning_utilities.core.rank_zero import rank_zero_only  # Lightning's own, without it
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from repgeom.console import drop_unset_wandb_anonymous
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import Logger
 
 log = logging.getLogger(__name__)
 
@@ -37,36 +40,87 @@ def wandb_logged_in() -> bool:
         return False
 
 
+def _rank() -> int:
+    """This process's global rank: Lightning's where it has set it (``rank_zero_only.rank``),
+    else from the environment as Lightning reads it (``lightning.fabric``'s ``_get_rank``)."""
+    rank = getattr(rank_zero_only, "rank", None)
+    if rank is not None:
+        return int(rank)
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(key) is not None:
+            return int(os.environ[key])
+    return 0
+
+
 def run_id(output_dir: Path) -> str:
     """The W&B run id of this run folder: kept in a file so a resumed run logs to the same run."""
     path = output_dir / "wandb_run_id.txt"
     if path.exists():
         return path.read_text().strip()
     run_id = uuid.uuid4().hex[:8]  # from os.urandom: not tied to the seeded RNGs
-    if rank_zero_only.rank == 0:
+    if _rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(run_id + "\n")
     return run_id
 
 
+def _is_wandb(conf: Any) -> bool:
+    return str(conf.get("_target_", "")).endswith("WandbLogger")
+
+
+def _wandb_conf(cfg: DictConfig, conf: DictConfig, output_dir: Path) -> DictConfig:
+    """A W&B logger entry with what the run decides: offline unless logged in (or as
+    ``WANDB_MODE`` says), the run id kept in the run folder, the sweep's (or offload's) group,
+    and resume allowed."""
+    conf = conf.copy()
+    with open_dict(conf):
+        if conf.get("offline") is None:
+            mode = os.environ.get("WANDB_MODE")
+            conf.offline = mode in ("offline", "dryrun") if mode else not wandb_logged_in()
+        if conf.get("id") is None:
+            conf.id = run_id(output_dir)
+        if conf.get("group") is None:
+            conf.group = sweep_group() or _offload_group(cfg, conf.id)
+        conf.resume = "allow"
+    return conf
+
+
 def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
-    """Instantiate every `_target_` entry of `cfg.logger`; W&B offline unless logged in."""
+    """Instantiate every `_target_` entry of `cfg.logger` (Lightning loggers, for training); W&B
+    offline unless logged in."""
     loggers = []
     for name, conf in (cfg.get("logger") or {}).items():
-        conf = conf.copy()
-        if conf.get("_target_", "").endswith("WandbLogger"):
-            with open_dict(conf):
-                if conf.get("offline") is None:
-                    mode = os.environ.get("WANDB_MODE")
-                    conf.offline = mode in ("offline", "dryrun") if mode else not wandb_logged_in()
-                if conf.get("id") is None:
-                    conf.id = run_id(output_dir)
-                if conf.get("group") is None:
-                    conf.group = sweep_group() or _offload_group(cfg, conf.id)
-                conf.resume = "allow"
+        if _is_wandb(conf):
+            conf = _wandb_conf(cfg, conf, output_dir)
         log.debug("logger %s: %s", name, conf.get("_target_"))
         loggers.append(drop_unset_wandb_anonymous(instantiate(conf)))
     return loggers
+
+
+LIGHTNING_ONLY = ("_target_", "offline", "save_dir", "log_model", "prefix", "checkpoint_name",
+                  "experiment", "anonymous", "version")
+"""WandbLogger arguments that are Lightning's, not ``wandb.init``'s."""
+
+
+def wandb_runs(cfg: DictConfig, output_dir: Path) -> list:
+    """A ``wandb.init`` run for every W&B entry of `cfg.logger`, as Lightning's `WandbLogger`
+    would start it (``dir`` its ``save_dir``, ``mode`` from ``offline``, the rest as given):
+    for ``probe.py``, which logs to W&B without importing Lightning."""
+    runs = []
+    for conf in (cfg.get("logger") or {}).values():
+        if not _is_wandb(conf):
+            continue
+        import wandb
+
+        conf = _wandb_conf(cfg, conf, output_dir)
+        settings = instantiate(conf.settings) if conf.get("settings") is not None else None
+        given = OmegaConf.to_container(conf, resolve=True)
+        kwargs = {k: v for k, v in given.items()
+                  if k not in (*LIGHTNING_ONLY, "settings") and v is not None}
+        runs.append(wandb.init(**kwargs, dir=str(given.get("save_dir") or output_dir),
+                               mode="offline" if conf.offline else "online",
+                               settings=settings))
+    return runs
 
 
 def _offload_group(cfg: DictConfig, run_id: str) -> str | None:

@@ -14,10 +14,7 @@ import pytest
 import torch
 from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra_configs import CONF_DIR, compose_train
-from omegaconf import DictConfig
+from hydra_configs import compose_probe, compose_train
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.models.checkpoints import CheckpointFormatError, find_checkpoints, read_checkpoint
@@ -61,13 +58,6 @@ SMALL = [
     "device=cpu",
     "plot_metrics=[anisotropy,twonn]",  # each figure costs ~0.4 s on a shared CPU
 ]
-
-
-def compose_probe(tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
-    """The real `conf/probe.yaml`, writing to `tmp_path`."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
 
 
 def assert_every_metric_every_layer(

@@ -143,7 +143,6 @@ def check_config(cfg: DictConfig) -> str:
             f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
             "or leave qk_projection=false"
         )
-    ProbeRequest.from_config(cfg)  # checks the probe options, naming the bad one
     _retry_budget(cfg)
     return mode
 
@@ -185,10 +184,10 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     if cfg.get("follow") not in (None, ""):
         return _follow(cfg)
     mode = check_config(cfg)
+    request = ProbeRequest.from_config(cfg)  # the probe options, read (and checked) once
     output_dir = Path(cfg.output_dir).expanduser().resolve()
     output_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.get("device"))
-    request = ProbeRequest.from_config(cfg)  # the probe options, read once
     pairwise = bool(catalogue.select(resolve(request).probe_settings()).pairs)
     subjects = targets(cfg, mode, reference_final=pairwise)
     comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
@@ -377,28 +376,18 @@ def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
 
 
 def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) -> list:
-    """The W&B runs of `cfg.logger` (offline unless logged in), with the probe's step axis."""
-    if not any(
-        str(conf.get("_target_", "")).endswith("WandbLogger")
-        for conf in (cfg.get("logger") or {}).values()
-    ):
-        return []
-    from lightning.pytorch.loggers import WandbLogger
-
-    from repgeom.loggers import build_loggers
+    """The W&B runs of `cfg.logger` (offline unless logged in), with the probe's step axis;
+    started by `repgeom.loggers.wandb_runs`, without Lightning."""
+    from repgeom.loggers import wandb_runs
 
     conf = cfg.copy()
     with open_dict(conf):
-        conf.logger = {k: v for k, v in cfg.logger.items() if "Wandb" in str(v.get("_target_"))}
         if conf.get("run_name") is None:
-            conf.run_name = f"probe-{subjects[0].model.replace('/', '-')}"
-    runs = []
-    for logger in build_loggers(conf, output_dir):
-        if isinstance(logger, WandbLogger):
-            run = logger.experiment
-            sink.prepare_wandb_run(
-                run, {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode})
-            runs.append(run)
+            conf.run_name = f"probe-{subjects[0].model.replace('/', '-')}" if subjects else "probe"
+    runs = wandb_runs(conf, output_dir)
+    for run in runs:
+        sink.prepare_wandb_run(
+            run, {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode})
     return runs
 
 
