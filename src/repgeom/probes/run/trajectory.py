@@ -89,6 +89,18 @@ def _trim_heap() -> None:
         pass
 
 
+def _system_arrow_pool() -> None:
+    """Parquet reads and writes through the system allocator: pyarrow's default pool
+    (mimalloc) keeps what each step's table read and write used, and the table grows every
+    step, so the resident memory grew ~0.8 MB per revision over a trajectory; with the system
+    pool and `_trim_heap` it stays flat (benchmarks/README.md, "Trajectory")."""
+    try:
+        import pyarrow
+    except ImportError:  # CSV only: nothing to set
+        return
+    pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+
+
 def resident_mb() -> float:
     """This process's resident memory in MB (Linux ``/proc``; NaN elsewhere)."""
     try:
@@ -204,6 +216,7 @@ class Trajectory:
 
     def run(self, subjects: Sequence) -> pd.DataFrame:
         """Probe every target (see the module docstring); returns the whole table."""
+        _system_arrow_pool()
         steps = steps_of(subjects)
         self._final, self._several = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
