@@ -19,12 +19,12 @@ def task(cfg):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    import repgeom.probes.core.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
-
     # Lightning before Hydra's logging: imported with no root handler, Lightning prints its
     # lines through its own handler only; imported after, each line came out twice (its own
     # handler's, and the root's in Hydra's format).
     import lightning.pytorch  # noqa: F401
+
+    import repgeom.probes.core.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
 
     run_yaml("train", task, argv)
 
