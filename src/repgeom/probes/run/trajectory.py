@@ -414,11 +414,14 @@ class Trajectory:
         path.parent.mkdir(parents=True, exist_ok=True)
         row = pd.DataFrame([costs])
         header = not path.is_file()
-        if not header:  # a column added since (gpu_peak_mb, weights_sha256): rewrite once
-            old = pd.read_csv(path, dtype={"revision": str, "weights_sha256": str})
-            if set(row.columns) - set(old.columns):
+        if not header:  # the header alone, not the whole file, at each step
+            columns = list(pd.read_csv(path, nrows=0).columns)
+            if set(row.columns) - set(columns):  # a column added since: rewrite once
+                old = pd.read_csv(path, dtype={"revision": str, "weights_sha256": str})
                 row = pd.concat([old, row], ignore_index=True)
                 header = True
+            else:  # appended in the file's own column order
+                row = row.reindex(columns=columns)
         with open(path, "w" if header else "a") as f:
             row.to_csv(f, header=header, index=False)
             f.flush()
