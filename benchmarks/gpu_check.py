@@ -8,7 +8,9 @@
    runs of the same length and the same probe steps (none, in-process, offloaded) give each
    probe's extra wall seconds, which the default schedule's probe count and step time turn
    into a share;
-3. ``knn exact:`` FAISS exact k nearest neighbours on 100k x 768 on the GPU against the CPU;
+3. ``knn exact:`` exact k nearest neighbours on 100k x 768: repgeom's GPU search (``faiss.knn_gpu``,
+   or torch matmul+topk where FAISS has no GPU build) against FAISS on the CPU, and the share
+   of neighbours both find;
 4. ``hub trajectory:`` one revision of a tiny Pythia (GPT-NeoX) from the tests' hub stand-in
    through ``probe.py hf=... hf_revisions=[...]``, and its seconds.
 
@@ -138,29 +140,32 @@ def probe_share(opts: dict, tmp: Path) -> str:
 def knn(opts: dict) -> str:
     import faiss
 
-    from repgeom.metrics.neighbors import faiss_has_gpu
+    from repgeom.metrics.neighbors import faiss_has_gpu, nearest_neighbors
 
     n, d = opts["knn"]
     k = 10
     X = torch.randn(n, d, generator=torch.Generator().manual_seed(0))
     started = time.perf_counter()
-    faiss.knn(X.numpy(), X.numpy(), k)
+    _, cpu_idx = faiss.knn(X.numpy(), X.numpy(), k + 1)  # k + 1: each row finds itself first
     cpu_s = time.perf_counter() - started
-    if faiss_has_gpu() and torch.cuda.is_available():
-        import faiss.contrib.torch_utils  # noqa: F401 - knn_gpu on torch tensors
-
-        res = faiss.StandardGpuResources()
-        Xg = X.cuda()
-        faiss.knn_gpu(res, Xg[:1000], Xg[:1000], k)  # warm-up
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        faiss.knn_gpu(res, Xg, Xg, k)
-        torch.cuda.synchronize()
-        gpu_s = time.perf_counter() - started
-        gpu = f"FAISS GPU {gpu_s:.2f} s, CPU {cpu_s:.2f} s ({cpu_s / gpu_s:.0f}x)"
-    else:
-        gpu = f"FAISS GPU n/a (no GPU build or no GPU), CPU {cpu_s:.2f} s"
-    return f"knn exact {n} x {d}, k={k}: {gpu} ({torch.get_num_threads()} CPU threads)"
+    cpu = f"FAISS CPU {cpu_s:.2f} s ({torch.get_num_threads()} threads)"
+    if not torch.cuda.is_available():
+        return f"knn exact {n} x {d}, k={k}: {cpu}; no GPU here"
+    # repgeom's own GPU search: faiss.knn_gpu with a GPU build of FAISS, else torch matmul+topk
+    backend = "faiss.knn_gpu" if faiss_has_gpu() else "torch matmul+topk (no GPU build of FAISS)"
+    Xg = X.cuda()
+    nearest_neighbors(Xg[:1000], k)  # warm-up: kernels, handles
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    _, gpu_idx = nearest_neighbors(Xg, k)
+    torch.cuda.synchronize()
+    gpu_s = time.perf_counter() - started
+    # the same neighbours? share of the first 1000 rows' k neighbours that FAISS CPU also finds
+    head = gpu_idx[:1000].cpu().numpy()
+    pairs = zip(head, cpu_idx[:1000], strict=True)
+    same = sum(len(set(a) & set(b[1:])) for a, b in pairs) / (1000 * k)
+    return (f"knn exact {n} x {d}, k={k}: repgeom on the GPU ({backend}) {gpu_s:.2f} s, {cpu} "
+            f"({cpu_s / gpu_s:.0f}x); neighbours shared with FAISS CPU {100 * same:.2f}%")
 
 
 def hub_trajectory(opts: dict, tmp: Path) -> str:

@@ -15,7 +15,8 @@ LINES = [
     r"probe share \(gpt_\w+, default schedule: \d+ probes in \d+ steps\): in-process "
     r"[\d.]+% \([\d.]+ s per probe\), offloaded [\d.]+% \([\d.]+ s per probe\), step "
     r"[\d.]+ ms",
-    r"knn exact \d+ x \d+, k=10: FAISS GPU (n/a .*|[\d.]+ s), CPU [\d.]+ s.*",
+    r"knn exact \d+ x \d+, k=10: (repgeom on the GPU \(.+\) [\d.]+ s, )?FAISS CPU [\d.]+ s "
+    r"\(\d+ threads\)(; no GPU here| \(\d+x\); neighbours shared with FAISS CPU [\d.]+%)",
     r"hub trajectory \(tiny Pythia, 1 revision\): [\d.]+ s per revision \(download [\d.]+, "
     r"load [\d.]+, forward [\d.]+, metrics [\d.]+\); the probe.py process [\d.]+ s",
     r"total: \d+ s",

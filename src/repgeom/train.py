@@ -9,7 +9,6 @@ from pathlib import Path
 import lightning as L
 import pandas as pd
 import torch
-import wandb
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -155,6 +154,8 @@ def train(cfg: DictConfig) -> TrainResult:
     _print_summary(trainer, output_dir, wandb_dir, offline=_is_offline(loggers))
     if wandb_dir is not None:
         # Close the W&B run: otherwise the next job of a multirun (same process) logs into it.
+        import wandb  # only a run with a W&B logger needs it (a csv-only run does not)
+
         wandb.finish()
     return TrainResult(trainer, module, datamodule, output_dir, wandb_dir)
 

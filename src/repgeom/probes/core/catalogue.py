@@ -64,7 +64,7 @@ class Output:
     """W&B extras (`wandb_charts`): "profile" (a layer-profile chart), "layer_step" (a layer x
     step map), "peak" (each layer's peak in the run summary), "final" (the final profile)."""
     member: str = ""
-    """For a family (a pattern such as ``gride_k(\d+)``): the member that console and W&B show."""
+    r"""For a family (a pattern such as ``gride_k(\d+)``): the member that console and W&B show."""
     intrinsic_dimension: bool = False
 
     def matches(self, metric: str) -> bool:
