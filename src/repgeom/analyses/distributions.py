@@ -43,6 +43,8 @@ from repgeom.metrics.distributions import (
     _SCIPY,
     FAMILIES,
     FAMILY_GROUPS,
+    FIT_SAMPLES,
+    MODE_SAMPLES,
     DistributionResult,
     activation_distribution,
 )
@@ -67,7 +69,7 @@ def group_values(subject: Subject, data: pd.DataFrame, group_by: Sequence[str] =
 
 
 def fit_groups(values: dict[str, list[np.ndarray]], layer_names: Sequence[str], *,
-               n_samples: int = 5000, seed: int = 0, **kwargs
+               n_samples: int = FIT_SAMPLES, seed: int = 0, **kwargs
                ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     """Fits, summary and modes of every (group, layer); also the results for plotting."""
     fits, summary, modes, results = [], [], [], {}
@@ -145,8 +147,8 @@ def plot_layer(x: np.ndarray, result: DistributionResult, title: str = "", bins:
 
 
 def run(subject: Subject, data: pd.DataFrame, out: str | Path | None = None, *,
-        group_by: Sequence[str] = (), text_col: str = "text", n_samples: int = 5000,
-        seed: int = 0, criterion: str = "loglik", mode_samples: int = 20000,
+        group_by: Sequence[str] = (), text_col: str = "text", n_samples: int = FIT_SAMPLES,
+        seed: int = 0, criterion: str = "loglik", mode_samples: int = MODE_SAMPLES,
         figures: bool = True) -> dict[str, pd.DataFrame]:
     """The analysis on one model; returns (and with ``out`` writes) the tables listed above."""
     for col in (text_col, *group_by):

@@ -13,6 +13,7 @@ from omegaconf import MISSING
 
 from repgeom.cli.command import console, run_command
 from repgeom.cli.model_options import ModelOptions, subject_of
+from repgeom.metrics.distributions import FIT_SAMPLES, MODE_SAMPLES
 
 
 @dataclass
@@ -24,9 +25,9 @@ class DistributionsConfig(ModelOptions):
     group_by: str = ""
     """Comma-separated label columns."""
     text: str = "text"
-    n_samples: int = 5000
+    n_samples: int = FIT_SAMPLES
     """Values per fit (subsample)."""
-    mode_samples: int = 20000
+    mode_samples: int = MODE_SAMPLES
     """Values per KDE (subsample)."""
     criterion: str = "loglik"
     """Which winner the figures show, loglik or aic (both are in the tables)."""

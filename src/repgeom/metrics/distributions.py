@@ -105,15 +105,21 @@ class DistributionResult:
     n_mode_samples: int = 0
 
 
+FIT_SAMPLES = 5000
+"""Values per maximum-likelihood fit (a random subsample): the one default of every caller."""
+MODE_SAMPLES = 20000
+"""Values per mode-finding KDE (a separate, larger subsample)."""
+
+
 def activation_distribution(
     X,
     *,
-    n_samples: int = 5000,
+    n_samples: int = FIT_SAMPLES,
     seed: int = 0,
     criterion: str = "loglik",
     mode_prominence: float = 0.001,
     min_mode_points: int = 20,
-    mode_samples: int = 20000,
+    mode_samples: int = MODE_SAMPLES,
     families: tuple[str, ...] = FAMILIES,
 ) -> DistributionResult:
     r"""Kurtosis, best-fitting family and secondary modes of a layer's activation values.
@@ -195,7 +201,7 @@ def activation_distribution(
 
 
 def _activation_distribution(x, n_samples, seed, criterion, prominence, min_points,
-                             families, mode_samples=20000) -> DistributionResult:
+                             families, mode_samples=MODE_SAMPLES) -> DistributionResult:
     x64 = x.to(torch.float64)
     mu = x64.mean()
     c = x64 - mu

@@ -63,7 +63,7 @@ class ProbeSettings:
     max_order: int = 64
     near_duplicate_threshold: float = 0.005
     cosine_baseline_quantile: float = 0.95
-    distribution_samples: int = 5000
+    distribution_samples: int = metrics.distributions.FIT_SAMPLES
     seed: int = 0
     max_copy_share: float = 0.5
     """Above this share of a layer's states that are copies or near-copies (exact duplicates

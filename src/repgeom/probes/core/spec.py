@@ -26,6 +26,10 @@ from repgeom.probes.core.sampling import (
     DEFAULT_POSITIONS_PER_WINDOW,
 )
 
+POSITIONS_ALL = "all"
+"""``positions_per_window=all``: every position of every window (the one spelling in configs;
+a spec holds it as None, and reads the None of checkpoints and run configs written before)."""
+
 _SPEC_LEVEL = ("seed", "metrics")  # fields of ProbeSettings that the spec holds itself
 
 EstimatorOptions = dataclasses.make_dataclass(
@@ -54,7 +58,7 @@ class ProbeSpec:
     """
 
     n_states: int = DEFAULT_N_STATES
-    positions_per_window: Optional[int] = DEFAULT_POSITIONS_PER_WINDOW  # noqa: UP045 (OmegaConf)
+    positions_per_window: Any = DEFAULT_POSITIONS_PER_WINDOW  # an int, or "all" (OmegaConf: Any)
     attention_windows: int = DEFAULT_ATTENTION_WINDOWS
     batch_size: int = 16
     seed: int = ProbeSettings.seed
@@ -70,6 +74,15 @@ class ProbeSpec:
                 given.setdefault("state_batch_size", given.pop("twonn_batch_size"))
             self.settings = EstimatorOptions(**{k: v for k, v in given.items() if k in known})
         self.metrics = [str(m) for m in self.metrics]
+        per_window = self.positions_per_window
+        if per_window == POSITIONS_ALL:
+            self.positions_per_window = None
+        elif per_window is not None and (
+            isinstance(per_window, bool) or not isinstance(per_window, int) or per_window < 1
+        ):
+            raise ValueError(
+                f"positions_per_window must be a positive integer or 'all', got {per_window!r}"
+            )
         self.probe_settings()  # checks every option now, naming it
 
     def probe_settings(self) -> ProbeSettings:
@@ -92,10 +105,6 @@ class ProbeSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         given = {k: config[k] for k in known if k in config}
         return cls(**{**given, "seed": seed, "metrics": list(metrics), "settings": settings})
-
-
-POSITIONS_ALL = "all"
-"""``positions_per_window=all``: every position of every window."""
 
 
 @dataclass(frozen=True)
@@ -175,8 +184,6 @@ def resolve(request: ProbeRequest, trained: ProbeSpec | None = None, *,
     for f in dataclasses.fields(ProbeSpec):  # a new field of both is resolved with no new line
         value = getattr(request, f.name)
         chosen[f.name] = getattr(base, f.name) if value is None else value
-    if request.positions_per_window == POSITIONS_ALL:
-        chosen["positions_per_window"] = None
     chosen["settings"] = {**asdict(base.settings), **request.settings}
     chosen["metrics"] = list(chosen["metrics"])
     return ProbeSpec(**chosen)
