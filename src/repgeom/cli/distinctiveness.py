@@ -9,21 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omegaconf import MISSING
-
 from repgeom.cli.command import console, run_command
-from repgeom.cli.model_options import ModelOptions, subject_of
+from repgeom.cli.model_options import TextTableOptions, subject_of
 
 
 @dataclass
-class DistinctivenessConfig(ModelOptions):
-    csv: str = MISSING
-    """Labelled sentences (text + label columns)."""
-    out: str = MISSING
-    """Output folder."""
+class DistinctivenessConfig(TextTableOptions):
     subject: str = "subject"
     attribute: str = "attribute"
-    text: str = "text"
     pooling: str = "mean"
     """mean or last."""
     pca: float = 0.9

@@ -9,22 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from omegaconf import MISSING
-
 from repgeom.cli.command import console, run_command
-from repgeom.cli.model_options import ModelOptions, subject_of
+from repgeom.cli.model_options import TextTableOptions, subject_of
 from repgeom.metrics.distributions import FIT_SAMPLES, MODE_SAMPLES
 
 
 @dataclass
-class DistributionsConfig(ModelOptions):
-    csv: str = MISSING
-    """Texts (a 'text' column) and label columns."""
-    out: str = MISSING
-    """Output folder."""
+class DistributionsConfig(TextTableOptions):
     group_by: str = ""
     """Comma-separated label columns."""
-    text: str = "text"
     n_samples: int = FIT_SAMPLES
     """Values per fit (subsample)."""
     mode_samples: int = MODE_SAMPLES

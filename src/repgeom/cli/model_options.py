@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ModelOptions", "subject_of"]
+from omegaconf import MISSING
+
+__all__ = ["ModelOptions", "TextTableOptions", "subject_of"]
 
 
 @dataclass
@@ -21,6 +23,19 @@ class ModelOptions:
     """Cut each text to this many tokens."""
     name: str | None = None
     """Model label in tables and figures (default: hf/ckpt)."""
+
+
+@dataclass
+class TextTableOptions(ModelOptions):
+    """The model, and a CSV of texts it reads with the folder its results go to (``csv=``,
+    ``text=``, ``out=``)."""
+
+    csv: str = MISSING
+    """A CSV of texts (the ``text`` column) and their label columns."""
+    text: str = "text"
+    """The column that holds the texts."""
+    out: str = MISSING
+    """Output folder."""
 
 
 def subject_of(cfg: Any):

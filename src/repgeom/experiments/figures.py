@@ -57,11 +57,7 @@ def profiles_side_by_side(
             rows = one_run(select_metric(frame, metric), metric)
         except ValueError as err:
             raise ValueError(f"run {label!r}: {err}") from None
-        available = sorted(int(s) for s in rows["step"].unique())
-        at = available[-1] if step == "last" else step
-        if at not in available:
-            raise ValueError(f"run {label!r}: no step {step} for {metric!r}; steps: {available}")
-        profiles[label] = (int(at), rows.loc[rows["step"] == at].sort_values("layer"))
+        profiles[label] = _profile_at(rows, step, f"run {label!r}", metric)
     n = len(profiles)
     fig = new_figure(3.6 * n + 0.6, 4.2)
     axes = fig.subplots(1, n, sharey=True, squeeze=False).ravel()
@@ -128,11 +124,8 @@ def profile_bands(
             agg = seeds.aggregate([select_metric(t, metric) for t in tables], metric, level=level)
         except ValueError as err:
             raise ValueError(f"{label!r}: {err}") from None
-        available = sorted(int(s) for s in agg["step"].unique())
-        at = available[-1] if step == "last" else step
-        if at not in available:
-            raise ValueError(f"{label!r}: no step {step} for {metric!r}; steps: {available}")
-        bands[label] = (at, len(tables), agg.loc[agg["step"] == at].sort_values("layer"))
+        at, profile = _profile_at(agg, step, repr(label), metric)
+        bands[label] = (at, len(tables), profile)
     n = len(bands)
     fig = new_figure(3.8 * n + 0.6, 4.3)
     axes = fig.subplots(1, n, sharey=True, squeeze=False).ravel()
@@ -236,3 +229,14 @@ def per_layer_vs_step_bands(
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
     return fig
+
+
+def _profile_at(rows: pd.DataFrame, step: int | str, what: str,
+                metric: str) -> tuple[int, pd.DataFrame]:
+    """The probe step `step` (``"last"``: the table's last) and its rows by layer; `what` names
+    the run or group in the error when the table has no such step."""
+    available = sorted(int(s) for s in rows["step"].unique())
+    at = available[-1] if step == "last" else step
+    if at not in available:
+        raise ValueError(f"{what}: no step {step} for {metric!r}; steps: {available}")
+    return int(at), rows.loc[rows["step"] == at].sort_values("layer")
