@@ -119,3 +119,36 @@ def test_probe_that_is_not_a_callback_fails_with_the_options(tmp_path: Path, pre
     with pytest.raises(ValueError, match=match):  # train() refuses before it builds anything
         train(cfg)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_each_protocol_is_one_preset_read_by_both_commands(tmp_path: Path) -> None:
+    """conf/probe/llm_microscope.yaml (the training probe) includes probe.py's
+    conf/protocol/llm_microscope.yaml: both resolve to the same probe set and estimator options,
+    and every position is spelled ``all`` in both."""
+    from dataclasses import asdict
+
+    from hydra_configs import compose_probe
+
+    from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve
+
+    train_cfg = compose_train(tmp_path, ["probe=llm_microscope"], tiny=False)
+    assert train_cfg.probe.positions_per_window == "all"
+    given = OmegaConf.to_container(train_cfg.probe, resolve=True)
+    trained = ProbeCallback(**{k: v for k, v in given.items() if k != "_target_"}).spec
+    probe_cfg = compose_probe(tmp_path, ["hf=gpt2", "protocol=llm_microscope"])
+    assert probe_cfg.positions_per_window == "all"
+    asked = resolve(ProbeRequest.from_config(probe_cfg), seed=trained.seed)
+    fields = ("protocol", "n_states", "positions_per_window", "attention_windows")
+    assert [getattr(trained, f) for f in fields] == [getattr(asked, f) for f in fields]
+    # the estimator options too, but `distributions`: probe.py fits them by default (slow), the
+    # training probe does not (conf/probe.yaml, conf/probe/default.yaml), whatever the protocol
+    options = [{**asdict(spec.settings), "distributions": None} for spec in (trained, asked)]
+    assert options[0] == options[1]
+    assert (trained.protocol, trained.n_states, trained.positions_per_window) == (
+        "llm_microscope", 4096, None)  # None: every position, as checkpoints hold it
+    assert trained.settings.twonn_convention == "llm_microscope"
+    assert ProbeSpec(positions_per_window="all") == ProbeSpec(positions_per_window=None)
+    for bad in (0, "every", True, 2.5):
+        with pytest.raises(ValueError, match="positions_per_window must be a positive integer "
+                                             "or 'all'"):
+            ProbeSpec(positions_per_window=bad)
