@@ -4,8 +4,8 @@
 a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
 `PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
 for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral and OPT (whose BOS is
-"</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX and BLOOM. The probes' fixtures
-(tests/probes/conftest.py) and the analyses' tests build their models with it.
+"</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX and BLOOM. The shared fixture
+`tiny_hf_folder` (tests/conftest.py) and the analyses' tests build their models with it.
 """
 
 from __future__ import annotations

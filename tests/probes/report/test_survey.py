@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from test_probe_run import SMALL, run_probe_py
+from cli_runs import run_probe_py
+from probe_runs import SMALL
 
 from repgeom.cli import survey as survey_command
 from repgeom.probes.core import table

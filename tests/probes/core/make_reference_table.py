@@ -5,7 +5,7 @@ Run once with the code BEFORE the metric catalogue (commit 25c2e81) and committe
 same probe set with today's code and asserts every row of this file is reproduced, to
 float32 rounding (the file was written on one CPU; another CPU rounds differently).
 
-    PYTHONPATH=src python tests/probes/make_reference_table.py
+    PYTHONPATH=src python tests/probes/core/make_reference_table.py
 """
 
 from __future__ import annotations

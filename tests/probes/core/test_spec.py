@@ -8,9 +8,16 @@ import dataclasses
 import pytest
 from omegaconf import OmegaConf
 
+from repgeom.models.checkpoints import read_checkpoint
 from repgeom.probes.core.measure import ProbeSettings
 from repgeom.probes.core.sampling import DEFAULT_N_STATES, DEFAULT_POSITIONS_PER_WINDOW
-from repgeom.probes.core.spec import EstimatorOptions, ProbeRequest, ProbeSpec, resolve
+from repgeom.probes.core.spec import (
+    EstimatorOptions,
+    ProbeRequest,
+    ProbeSpec,
+    resolve,
+    training_probe,
+)
 
 TRAINED = ProbeSpec(n_states=512, positions_per_window=None, attention_windows=3, batch_size=4,
                     seed=9, metrics=["anisotropy"], settings={"state_batch_size": 64},
@@ -81,3 +88,17 @@ def test_estimator_options_mirror_probe_settings() -> None:
     theirs = {f.name: f.default for f in dataclasses.fields(ProbeSettings)
               if f.name not in ("seed", "metrics")}
     assert ours == theirs
+
+
+@pytest.mark.slow  # trains (the trained_run fixture)
+def test_older_checkpoints_take_the_probe_config_from_the_run_folder(trained_run) -> None:
+    """Checkpoints written before the callback saved its config: csv/hparams.yaml has it."""
+    ckpt = read_checkpoint(trained_run / "checkpoints" / "last.ckpt")
+    saved, origin = training_probe(ckpt, trained_run)
+    assert origin == "checkpoint" and saved.n_states == 512
+    ckpt["callbacks"] = {key: {"done": [0]} for key in ckpt["callbacks"]}
+    from_run, origin = training_probe(ckpt, trained_run)
+    assert origin.startswith("run config")
+    assert (from_run.n_states, from_run.positions_per_window, from_run.seed) == (512, 4, 0)
+    # The run config lists what conf/probe/default.yaml sets; ProbeSettings fills the rest.
+    assert from_run.probe_settings() == saved.probe_settings()
