@@ -14,6 +14,7 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from repgeom.probes.report.aggregate import blocks
 from repgeom.probes.report.plots.style import new_figure, step_ticks
@@ -96,6 +97,8 @@ def id_vs_scale(frame: pd.DataFrame) -> Figure:
                 ax.plot([got["id_plateau_lo"], got["id_plateau_hi"]], [got["id_plateau"]] * 2,
                         "-", lw=5, alpha=0.35, color=colour, solid_capstyle="butt")
         ax.set_xscale("log")
+        # Under a decade wide, a log axis labels its minor ticks too, and they overlap
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("scale: mean neighbour distance")
         ax.set_title(f"step {step}")
         ax.grid(alpha=0.3, which="both")
@@ -155,6 +158,7 @@ def scale_heatmap(frame: pd.DataFrame, *, n_scales: int = 40) -> Figure:
             ys = [ends.get((s, end), np.nan) for s in steps]
             ax.plot(range(len(steps)), ys, "w-", lw=1.2)
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # as in id_vs_scale
         ax.set_ylabel("scale (mean neighbour distance)")
         ax.set_title("TwoNN by decimation" if family == "twonn_dec" else "GRIDE, k = 2 ... 64",
                      fontsize="medium")
