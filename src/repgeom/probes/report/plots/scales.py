@@ -14,7 +14,7 @@ import matplotlib as mpl
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from repgeom.probes.report.aggregate import blocks
 from repgeom.probes.report.plots.style import new_figure, step_ticks
@@ -97,8 +97,7 @@ def id_vs_scale(frame: pd.DataFrame) -> Figure:
                 ax.plot([got["id_plateau_lo"], got["id_plateau_hi"]], [got["id_plateau"]] * 2,
                         "-", lw=5, alpha=0.35, color=colour, solid_capstyle="butt")
         ax.set_xscale("log")
-        # Under a decade wide, a log axis labels its minor ticks too, and they overlap
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        _label_log_axis(ax.xaxis)
         ax.set_xlabel("scale: mean neighbour distance")
         ax.set_title(f"step {step}")
         ax.grid(alpha=0.3, which="both")
@@ -158,7 +157,7 @@ def scale_heatmap(frame: pd.DataFrame, *, n_scales: int = 40) -> Figure:
             ys = [ends.get((s, end), np.nan) for s in steps]
             ax.plot(range(len(steps)), ys, "w-", lw=1.2)
         ax.set_yscale("log")
-        ax.yaxis.set_minor_formatter(NullFormatter())  # as in id_vs_scale
+        _label_log_axis(ax.yaxis)
         ax.set_ylabel("scale (mean neighbour distance)")
         ax.set_title("TwoNN by decimation" if family == "twonn_dec" else "GRIDE, k = 2 ... 64",
                      fontsize="medium")
@@ -169,3 +168,12 @@ def scale_heatmap(frame: pd.DataFrame, *, n_scales: int = 40) -> Figure:
     fig.colorbar(mesh, ax=axes, label="intrinsic dimension, mean over blocks")
     fig.suptitle("Intrinsic dimension over scale and step (white: the plateau's ends)")
     return fig
+
+
+def _label_log_axis(axis) -> None:
+    """Labels at 1, 2 and 5 times each power of ten, written plainly (0.2, 1, 5), none on the
+    minor ticks: matplotlib's own log labels overlap on a narrow axis under two decades wide,
+    and leave one label on an axis that barely spans a decade."""
+    axis.set_major_locator(LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
