@@ -442,3 +442,23 @@ def test_distributions_experiment_reports_the_best_family_per_layer(
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[2] in families and cells[3] in families
         assert int(cells[5]) >= 1
+
+
+def test_the_scale_sentence_reads_the_steps_every_seed_reads(tmp_path: Path) -> None:
+    """One seed without a plateau at step 0 (every block NaN there): the sentence's plateau
+    reading starts where the claim's does, at the first step every seed reads, and says so."""
+    import pandas as pd
+
+    sweep = make_sweep(tmp_path / "sweep", plateau=True)
+    table_path = sweep / "causal-seed0" / "probes" / "probes.parquet"
+    frame = pd.read_parquet(table_path)
+    first = int(frame["step"].min())
+    gone = frame["metric"].str.startswith("id_plateau") & (frame["step"] == first)
+    frame.loc[gone, "value"] = float("nan")
+    frame.to_parquet(table_path)
+    _, findings, _ = shape_of_learning(sweep, tmp_path / "figures")
+    claim = _finding({f.claim: f for f in findings["id"]}, "(id_plateau)", "(causal)")
+    second = sorted(frame["step"].unique())[1]
+    assert f"(step {second})" in claim.observed.split(", peak")[0]
+    text = report_module.id_scale_lines(sweep)[0]
+    assert f"(steps {second} → " in text and "smallest scale" in text

@@ -342,19 +342,29 @@ def scale_lines(tables: dict[str, list[pd.DataFrame]], batch: int | None = None)
     """Two sentences on which scale the papers' TwoNN reads and what that means for comparing,
     with the decoder's block-mean readings at the first and last probe (mean over seeds)."""
     at = f"batches of {batch} states" if batch else "batches of at least 4096 states"
-    readings = []
+    readings, spans = [], []
     for metric in SCALES:
         if not all(metric in set(t["metric"]) for t in tables["causal"]):
             continue
         stacked = seeds.per_seed(tables["causal"], metric)
         values, _ = seeds.grid(stacked.loc[stacked["value"].notna()], layer_mean=True)
+        values = values.dropna()  # the steps every seed reads, as the claims above take them
         if len(values):
-            first, last = values.index[0], values.index[-1]
-            readings.append(f"{SCALES[metric].removeprefix('the ')} "
-                            f"{values.loc[first].mean():.1f} → "
-                            f"{values.loc[last].mean():.1f}")
-    ours = (f" (here, the decoder's block mean from step {int(values.index[0])} to step "
-            f"{int(values.index[-1])}: " + ", ".join(readings) + ")") if readings else ""
+            first, last = int(values.index[0]), int(values.index[-1])
+            readings.append((SCALES[metric].removeprefix("the "), first, last,
+                             values.loc[first].mean(), values.loc[last].mean()))
+            spans.append((first, last))
+    common = spans[0] if spans and len(set(spans)) == 1 else None
+
+    def reading(name: str, first: int, last: int, start: float, end: float) -> str:
+        steps = "" if common else f" (steps {first} → {last})"
+        return f"{name} {start:.1f} → {end:.1f}{steps}"
+
+    ours = ""
+    if readings:
+        span = f" from step {common[0]} to step {common[1]}" if common else ""
+        ours = (f" (here, the decoder's block mean{span}, over the steps every seed reads: "
+                + ", ".join(reading(*r) for r in readings) + ")")
     return [
         f"**Which scale the papers read.** Razzhigaev et al. (2023, §2.2) fit TwoNN (Facco et al. "
         f"2017) on shuffled {at}, so their intrinsic dimension is our smallest-scale reading "
