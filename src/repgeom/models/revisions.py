@@ -240,21 +240,17 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs) -> None:
 
 def weights_sha256(repo_id: str, revision: str | None) -> dict[str, str]:
     """Weights file name -> the hub's LFS sha256 of `revision`, from ``model_info`` (nothing is
-    downloaded); empty when the revision has no weights file."""
+    downloaded): the files a download would fetch (`downloads.weights_lfs_sha256`, the same
+    rule); empty when the revision has no weights file."""
     from huggingface_hub import HfApi
 
+    from repgeom.models.hf.downloads import weights_lfs_sha256
     from repgeom.models.hf.hub_calls import Retrier
 
     info = Retrier().call(
         lambda: HfApi().model_info(repo_id, revision=revision, files_metadata=True),
         f"hf={repo_id!r}: the file list of {revision}")
-    return {s.rfilename: s.lfs.sha256 for s in info.siblings or []
-            if s.lfs is not None and _is_weights(s.rfilename)}
-
-
-def _is_weights(filename: str) -> bool:
-    """A weights file: ``*.safetensors`` or a PyTorch ``*.bin`` (not an index)."""
-    return filename.endswith((".safetensors", ".bin"))
+    return weights_lfs_sha256(info)
 
 
 def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:

@@ -339,6 +339,14 @@ def _plan(info: Any) -> tuple[list[_File], list[str]]:
     return files, weights
 
 
+def weights_lfs_sha256(info: Any) -> dict[str, str]:
+    """Weights file name -> the hub's LFS sha256, for the weights a download of this revision
+    would fetch (`_plan`: top level, one format), from its ``model_info(files_metadata=True)``;
+    empty when the revision has no weights file."""
+    files, weights = _plan(info)
+    return {f.name: f.sha256 for f in files if f.name in weights and f.sha256 is not None}
+
+
 def _check_space(folder: Path, needed: int, revision: str | None) -> None:
     free = shutil.disk_usage(folder).free
     if needed > free:
