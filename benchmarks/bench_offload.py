@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from work_folder import claim  # benchmarks/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -105,9 +106,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train-core", type=int, default=0)
     parser.add_argument("--worker-core", type=int, default=1)
-    parser.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep the run folders here (a new or empty folder, or its own)")
     args = parser.parse_args()
-    base = args.keep or Path(tempfile.mkdtemp(prefix="bench_offload_"))
+    # its runs are deleted before each is made again: a --keep folder must be the benchmark's own
+    base = (claim(args.keep, "bench_offload.py") if args.keep
+            else Path(tempfile.mkdtemp(prefix="bench_offload_")))
     walls: dict[str, list[float]] = {name: [] for name in CONFIGS}
     rss: dict[str, list[float]] = {name: [] for name in CONFIGS}
     after: list[float] = []

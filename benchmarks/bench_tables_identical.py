@@ -31,7 +31,8 @@ it DIFFERENT.
 
 Both trees run on one thread (``OMP_NUM_THREADS=1``) on the CPU, one command at a time. The
 work folder (``--work``, default /tmp/ident) keeps the models, the checkpoint run and every
-output; a rerun reuses the models and the run, and runs the probes again.
+output; a rerun reuses the models and the run, and runs the probes again. It must be new, empty
+or one this script made (`work_folder.claim`): outputs inside it are deleted and made again.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from work_folder import claim  # benchmarks/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -285,8 +287,7 @@ def main() -> None:
     parser.add_argument("--new-metrics", default=NEW_METRICS,
                         help="regex of metrics that may appear only after (new rows)")
     args = parser.parse_args()
-    work = args.work.resolve()
-    work.mkdir(parents=True, exist_ok=True)
+    work = claim(args.work, "bench_tables_identical.py")  # what it deletes inside is its own
     commit = make_before(args.before, work / "before")
     after_head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
                                 text=True, capture_output=True).stdout.strip()
