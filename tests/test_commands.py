@@ -95,7 +95,6 @@ def test_a_wrong_path_is_one_line_and_exit_status_1(tmp_path) -> None:
     assert "Traceback" not in done.stderr
 
 
-
 @pytest.fixture
 def config():
     from dataclasses import dataclass, field

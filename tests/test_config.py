@@ -2,16 +2,18 @@
 
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning as L
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from hydra.utils import instantiate
-from hydra_configs import CONF_DIR, ROOT, compose_train
+from hydra_configs import CONF_DIR, ROOT, compose_probe, compose_train
 from omegaconf import OmegaConf
 
 from repgeom.models.gpt import GPTConfig
+from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve
 from repgeom.probes.run.callback import ProbeCallback
 from repgeom.train import build_callbacks, build_loggers, train
 
@@ -125,12 +127,6 @@ def test_each_protocol_is_one_preset_read_by_both_commands(tmp_path: Path) -> No
     """conf/probe/llm_microscope.yaml (the training probe) includes probe.py's
     conf/protocol/llm_microscope.yaml: both resolve to the same probe set and estimator options,
     and every position is spelled ``all`` in both."""
-    from dataclasses import asdict
-
-    from hydra_configs import compose_probe
-
-    from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve
-
     train_cfg = compose_train(tmp_path, ["probe=llm_microscope"], tiny=False)
     assert train_cfg.probe.positions_per_window == "all"
     given = OmegaConf.to_container(train_cfg.probe, resolve=True)

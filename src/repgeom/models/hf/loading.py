@@ -69,7 +69,6 @@ class HFModel:
         return self.model if self.stack is None else getattr(self.model, self.stack)
 
 
-
 def looks_like_path(name: str) -> bool:
     """True when `name` can only be a local path, not a hub id ("name" or "org/name").
 

@@ -30,6 +30,16 @@ POSITIONS_ALL = "all"
 """``positions_per_window=all``: every position of every window (the one spelling in configs;
 a spec holds it as None, and reads the None of checkpoints and run configs written before)."""
 
+
+def _check_per_window(value: Any, accepted: str) -> None:
+    """``positions_per_window`` is a positive integer, ``all`` or null; else a ValueError that
+    says what the field `accepted`."""
+    if value is not None and value != POSITIONS_ALL and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+        raise ValueError(f"positions_per_window must be {accepted}, got {value!r}")
+
+
 _SPEC_LEVEL = ("seed", "metrics")  # fields of ProbeSettings that the spec holds itself
 
 EstimatorOptions = dataclasses.make_dataclass(
@@ -74,15 +84,9 @@ class ProbeSpec:
                 given.setdefault("state_batch_size", given.pop("twonn_batch_size"))
             self.settings = EstimatorOptions(**{k: v for k, v in given.items() if k in known})
         self.metrics = [str(m) for m in self.metrics]
-        per_window = self.positions_per_window
-        if per_window == POSITIONS_ALL:
+        _check_per_window(self.positions_per_window, "a positive integer or 'all'")
+        if self.positions_per_window == POSITIONS_ALL:
             self.positions_per_window = None
-        elif per_window is not None and (
-            isinstance(per_window, bool) or not isinstance(per_window, int) or per_window < 1
-        ):
-            raise ValueError(
-                f"positions_per_window must be a positive integer or 'all', got {per_window!r}"
-            )
         self.probe_settings()  # checks every option now, naming it
 
     def probe_settings(self) -> ProbeSettings:
@@ -139,14 +143,7 @@ class ProbeRequest:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{name} must be a positive integer or null, got {value!r}")
-        per_window = self.positions_per_window
-        if per_window is not None and per_window != POSITIONS_ALL and (
-            isinstance(per_window, bool) or not isinstance(per_window, int) or per_window < 1
-        ):
-            raise ValueError(
-                f"positions_per_window must be a positive integer, 'all' or null, got "
-                f"{per_window!r}"
-            )
+        _check_per_window(self.positions_per_window, "a positive integer, 'all' or null")
         known = [f.name for f in dataclasses.fields(EstimatorOptions)]
         misplaced = {"seed": "seed=", "metrics": "metrics=[...]"}
         for key in self.settings:

@@ -76,8 +76,6 @@ REQUIRED: tuple[str, ...] = ("step", "layer", "metric", "value")
 them out."""
 
 
-
-
 ID_COLUMNS: tuple[str, ...] = ("model", "revision", "run")
 
 

@@ -204,7 +204,6 @@ class CheckpointTarget:
         )
 
 
-
 @dataclass
 class HFTarget:
     """A Hugging Face model (hub name or folder) at one revision, or one stack of it.
@@ -295,7 +294,6 @@ class HFTarget:
             )
         output.forward_seconds = clock.seconds
         return output
-
 
 
 def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
