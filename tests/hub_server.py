@@ -20,6 +20,11 @@ What the real hub does, on demand (each tested through `fetch_revision` or `list
 - `gated`: every file answers 401 (403 with a token), `X-Error-Code: GatedRepo`;
 - `broken` (kept from before): the first file downloads of a revision fail with HTTP 500;
 - `bytes_per_second`: a slow network;
+- `silent`: accept every connection, read the request and never answer (a half-open connection
+  through a proxy): the client's read timeout is all that ends the call;
+- `ignore_range`: a proxy that ignores ``Range`` and always sends the whole file with 200 (with a
+  `Fault`'s `cut_after`, one that cuts every transfer at the same byte);
+- `move(revision, folder)`: a branch that moves to a new commit (the old commit stops resolving);
 - a revision whose folder holds no weights is a config-only branch; two revisions that point to
   one folder serve identical weights; a folder saved with shards and an index, or `.bin` only,
   is served as it is.
@@ -49,6 +54,13 @@ metadata."""
 def commit_of(revision: str) -> str:
     """The 40-hex commit id the fake hub gives a revision."""
     return hashlib.sha1(revision.encode()).hexdigest()
+
+
+def git_blob_id(file: Path) -> str:
+    """The git blob id of a file (sha1 of ``blob <size>\\0`` and its content), as the hub gives
+    in ``blobId``: it changes with the content."""
+    data = file.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 @dataclass
@@ -102,7 +114,8 @@ class FakeHub:
         self, repo_id: str, revisions: dict[str, str | Path], *, tags: tuple[str, ...] = (),
         broken: dict[str, int] | None = None, bytes_per_second: float | None = None,
         faults: list[Fault] | None = None, gated: bool = False,
-        hook: Callable[[Request], Fault | None] | None = None,
+        hook: Callable[[Request], Fault | None] | None = None, silent: bool = False,
+        ignore_range: bool = False,
     ) -> None:
         self.repo_id = repo_id
         self.bytes_per_second = bytes_per_second  # a slow network (benchmarks), None: no limit
@@ -112,6 +125,10 @@ class FakeHub:
         self.faults = list(faults or [])
         self.gated = gated
         self.hook = hook
+        self.silent = silent
+        self.ignore_range = ignore_range
+        self.commits: dict[str, str] = {}  # a moved branch's commit (`move`), else `commit_of`
+        self._closing = threading.Event()  # ends the silent answers at shutdown
         self.requests: list[tuple[str, str]] = []
         self.served: list[list] = []  # [request, status, file bytes sent] of each request
         self.bytes_sent = 0  # file bytes sent with GET, cut answers included
@@ -126,9 +143,20 @@ class FakeHub:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
+    def commit(self, revision: str) -> str:
+        """The commit id `revision` points to now."""
+        return self.commits.get(revision) or commit_of(revision)
+
+    def move(self, revision: str, folder: str | Path) -> str:
+        """Point branch `revision` at new files, `folder`, under a new commit (returned)."""
+        self.revisions[revision] = Path(folder)
+        self.commits[revision] = hashlib.sha1(
+            f"{revision}@{len(self.commits)}:{folder}".encode()).hexdigest()
+        return self.commits[revision]
+
     def revision_of(self, ref: str) -> str | None:
         """The revision a reference names: the revision itself or its commit id."""
-        by_commit = {commit_of(rev): rev for rev in self.revisions}
+        by_commit = {self.commit(rev): rev for rev in self.revisions}
         return ref if ref in self.revisions else by_commit.get(ref)
 
     def downloads(self) -> set[tuple[str, str]]:
@@ -183,6 +211,7 @@ class FakeHub:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -205,6 +234,11 @@ class FakeHub:
 
             def _answer(self, send_body: bool) -> None:
                 hub.requests.append((self.command, self.path))
+                if hub.silent:  # accepted, read, never answered
+                    self._request("other")
+                    hub._closing.wait()
+                    self.close_connection = True
+                    return
                 path, _, query = self.path.partition("?")
                 path = unquote(path)
                 resolve = f"/{hub.repo_id}/resolve/"
@@ -263,16 +297,17 @@ class FakeHub:
                     return self._error(404, "RevisionNotFound", send_body)
                 if hub.gated:  # the hub's answer to an unauthorized download of a gated file
                     status = 403 if request.authorized else 401
-                    return self._error(status, "GatedRepo", send_body, commit_of(revision))
+                    return self._error(status, "GatedRepo", send_body, hub.commit(revision))
                 folder = hub.revisions[revision]
                 file = folder / filename
                 if send_body and hub.broken.get(revision, 0) > 0:  # a download that breaks
                     hub.broken[revision] -= 1
                     return self._error(500, "InternalError", send_body)
                 if not file.is_file():
-                    return self._error(404, "EntryNotFound", send_body, commit_of(revision))
+                    return self._error(404, "EntryNotFound", send_body, hub.commit(revision))
                 data = file.read_bytes()
-                start = request.range_start if "Range" in self.headers else None
+                start = (request.range_start if "Range" in self.headers
+                         and not hub.ignore_range else None)
                 if start is not None and start >= len(data) > 0:
                     self.send_response(416)
                     self.send_header("Content-Range", f"bytes */{len(data)}")
@@ -281,7 +316,7 @@ class FakeHub:
                     return None
                 body = data[start or 0:]
                 self.send_response(206 if start is not None else 200)
-                self.send_header("X-Repo-Commit", commit_of(revision))
+                self.send_header("X-Repo-Commit", hub.commit(revision))
                 self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
                 if file.name.endswith(LFS_SUFFIXES):  # what the hub adds for an LFS file
                     self.send_header("X-Linked-Etag", f'"{hub.sha256(file)}"')
@@ -321,7 +356,7 @@ class FakeHub:
 
                 def entry(rev: str, kind: str) -> dict:
                     return {"name": rev, "ref": f"refs/{kind}/{rev}",
-                            "targetCommit": commit_of(rev)}
+                            "targetCommit": hub.commit(rev)}
 
                 refs = {
                     "branches": [entry(r, "heads") for r in hub.revisions if r not in hub.tags],
@@ -340,12 +375,12 @@ class FakeHub:
                 for p in sorted(folder.iterdir()):
                     sibling: dict = {"rfilename": p.name, "size": p.stat().st_size}
                     if blobs:
-                        sibling["blobId"] = commit_of(p.name)
+                        sibling["blobId"] = git_blob_id(p)
                         if p.name.endswith(LFS_SUFFIXES):
                             sibling["lfs"] = {"sha256": hub.sha256(p), "size": p.stat().st_size,
                                               "pointerSize": 134}
                     siblings.append(sibling)
-                info = {"id": hub.repo_id, "sha": commit_of(revision), "siblings": siblings,
+                info = {"id": hub.repo_id, "sha": hub.commit(revision), "siblings": siblings,
                         "gated": "auto" if hub.gated else False}
                 self._json(info, send_body)
                 return None
@@ -356,13 +391,14 @@ class FakeHub:
                     return self._error(404, "RevisionNotFound", send_body)
                 listed = hub.revisions[revision] / folder
                 if not listed.is_dir():
-                    return self._error(404, "EntryNotFound", send_body, commit_of(revision))
+                    return self._error(404, "EntryNotFound", send_body, hub.commit(revision))
                 entries = []
                 for p in sorted(listed.iterdir()):
                     entry: dict = {
                         "type": "directory" if p.is_dir() else "file",
                         "path": str(p.relative_to(hub.revisions[revision])),
-                        "size": 0 if p.is_dir() else p.stat().st_size, "oid": commit_of(p.name)}
+                        "size": 0 if p.is_dir() else p.stat().st_size,
+                        "oid": git_blob_id(p) if p.is_file() else commit_of(p.name)}
                     if p.is_file() and p.name.endswith(LFS_SUFFIXES):
                         entry["lfs"] = {"oid": hub.sha256(p), "size": p.stat().st_size,
                                         "pointerSize": 134}

@@ -1,6 +1,6 @@
 """The package's layers, read from its source with `ast`: imports run downwards only.
 
-    console, resources  <  metrics  <  data, models, loggers, options, progress_bar,
+    console, resources, files  <  metrics  <  data, models, loggers, options, progress_bar,
     model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard  <  cli (commands)
 
 and inside probes: core (what one probe is)  <  report (what a table says)  <  run (running
@@ -21,7 +21,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = {
-    "console": 0, "resources": 0,
+    "console": 0, "resources": 0, "files": 0,
     "metrics": 1,
     "data": 2, "models": 2, "loggers": 2, "options": 2, "progress_bar": 2, "model_summary": 2,
     "probes": 3,

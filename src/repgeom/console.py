@@ -122,3 +122,14 @@ def drop_unset_wandb_anonymous(logger: Any) -> Any:
     if isinstance(init, dict) and init.get("anonymous") is None:
         init.pop("anonymous", None)
     return logger
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (at most `limit` characters), or its type's name
+    for an exception without one (``str(error).splitlines()[0]`` raises IndexError on those).
+
+    >>> first_line(ValueError("bad value\\nmore")), first_line(KeyError())
+    ('bad value', 'KeyError')
+    """
+    lines = str(error).strip().splitlines()
+    return lines[0][:limit] if lines else type(error).__name__

@@ -27,6 +27,7 @@ the revisions that do exist.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from collections.abc import Sequence
@@ -94,28 +95,44 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     (``HfApi.list_repo_refs``), or, in offline mode (``HF_HUB_OFFLINE=1``), the refs that the
     local Hugging Face cache holds for it (``scan_cache_dir``).
 
-    The hub call goes through `repgeom.models.hf.hub_calls.Retrier` (`retry`; default: its
-    15-minute budget): a 429 waits for its ``Retry-After``, a 5xx or a dropped connection is
-    tried again, and the console says why it waits.
+    The hub call is bounded (`repgeom.models.hf.hub_calls.bound_session`: huggingface_hub's
+    session has no timeout and ``list_repo_refs`` passes none) and goes through `retry` (the
+    run's `repgeom.models.hf.hub_calls.Retrier`; default: its 15-minute budget): a 429 waits for
+    its ``Retry-After``, a 5xx, a dropped or silent connection is tried again, and the console
+    says why it waits.
 
     Raises
     ------
     OSError
         The hub does not know the repository (or refuses it), the retry budget is spent, or,
-        offline, the cache holds none of its refs; the message names the repository and what
-        to do.
+        offline, the cache holds none of its refs; the message names the repository, the hub
+        and what to do.
     """
     from huggingface_hub import HfApi, is_offline_mode
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted
+    from repgeom.models.hf.hub_calls import Retrier
 
     if is_offline_mode():
         return _cached_refs(repo_id)
     retry = Retrier() if retry is None else retry
-    try:
+    with _hub_errors(repo_id, "listing its revisions"):
         refs = retry.call(lambda: HfApi().list_repo_refs(repo_id),
                           f"hf={repo_id!r}: listing its revisions")
+    listed = [*refs.branches, *refs.tags]
+    return Refs(repo_id, tuple(r.name for r in refs.branches), tuple(r.name for r in refs.tags),
+                "on the hub", tuple((r.name, r.target_commit) for r in listed))
+
+
+@contextlib.contextmanager
+def _hub_errors(repo_id: str, doing: str):
+    """Name a hub call's failure as an ``OSError`` that says what to do."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    from repgeom.models.hf.hub_calls import DownloadError, RetriesExhausted
+
+    try:
+        yield
     except RepositoryNotFoundError as e:
         raise OSError(
             f"hf={repo_id!r}: no such model repository on the Hugging Face hub, or it is private "
@@ -123,12 +140,11 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
             f"https://huggingface.co/{repo_id}: {e}"
         ) from e
     except RetriesExhausted as e:
-        raise OSError(f"{e}. Rerun the same command later") from e
-    except HfHubHTTPError as e:
-        raise OSError(f"hf={repo_id!r}: could not list its revisions on the hub: {e}") from e
-    listed = [*refs.branches, *refs.tags]
-    return Refs(repo_id, tuple(r.name for r in refs.branches), tuple(r.name for r in refs.tags),
-                "on the hub", tuple((r.name, r.target_commit) for r in listed))
+        raise OSError(f"{e}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
+                      "same command later, or give it more time: retry_budget_s=") from e
+    except (HfHubHTTPError, DownloadError) as e:
+        raise OSError(f"hf={repo_id!r}: {doing} on the hub ({constants.ENDPOINT}) failed: "
+                      f"{e}") from e
 
 
 def _cached_refs(repo_id: str) -> Refs:
@@ -169,7 +185,8 @@ class Listing:
                 for reason, names in self.ignored.items() if names]
 
 
-def step_revisions(repo_id: str, refs: Refs | None = None) -> Listing:
+def step_revisions(repo_id: str, refs: Refs | None = None, *,
+                   retry: Retrier | None = None) -> Listing:
     """Every step-named branch or tag of `repo_id`, sorted by step (`Listing`).
 
     Where two names carry the same step (a branch and a tag ``step1000``, or ``step1000`` and
@@ -180,12 +197,20 @@ def step_revisions(repo_id: str, refs: Refs | None = None) -> Listing:
     list). ``main`` ends the trajectory when no step-named revision holds its weights
     (`final_main`).
 
+    Every hub call (the listing, the file lists of ``main`` and the last step) goes through
+    `retry`, the run's one retry budget.
+
     Raises
     ------
     ValueError
         The repository has no step-named revision; the message lists the names it has.
+    OSError
+        A hub call failed (`list_refs`).
     """
-    refs = list_refs(repo_id) if refs is None else refs
+    from repgeom.models.hf.hub_calls import Retrier
+
+    retry = Retrier() if retry is None else retry
+    refs = list_refs(repo_id, retry=retry) if refs is None else refs
     ignored: dict[str, list[str]] = {}
     stepped = [(name, step_of(name)) for name in refs.names]
     first_stage = min((stage_of(n) for n, s in stepped if s is not None), default=1)
@@ -209,16 +234,18 @@ def step_revisions(repo_id: str, refs: Refs | None = None) -> Listing:
         )
     listing = Listing(sorted(by_step.items()), ignored)
     if MAIN in refs.branches:
-        _add_main(repo_id, listing, refs)
+        _add_main(repo_id, listing, refs, retry)
     return listing
 
 
-def _add_main(repo_id: str, listing: Listing, refs: Refs) -> None:
+def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> None:
     """Append ``main`` as the final checkpoint unless a step-named revision holds its weights.
 
     Same commit as a step-named revision (no request), or the same weights files by the hub's
     LFS sha256 as the last step-named revision (two ``model_info`` requests, nothing
-    downloaded): ``main`` is that checkpoint and is left out. A ``main`` without weights is left
+    downloaded; compared on a weights format both have, so a ``main`` with the safetensors
+    conversion of the last step's ``.bin`` is that step): ``main`` is that checkpoint and is left
+    out. Offline, both are read from the cache. A ``main`` without weights is left
     out. Otherwise it is the final checkpoint, one step after the last named one (its real step
     is not in its name), and `Listing.final_main` says so.
     """
@@ -228,29 +255,46 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs) -> None:
     if commits.get(MAIN) in named:
         listing.ignored.setdefault("main: the commit of a step-named revision", []).append(MAIN)
         return
-    main_weights = weights_sha256(repo_id, MAIN)
+    from repgeom.models.hf.weights_rule import same_weights
+
+    main_weights = weights_sha256(repo_id, MAIN, retry=retry)
     if not main_weights:
         listing.ignored.setdefault("main: no weights files", []).append(MAIN)
-    elif main_weights == weights_sha256(repo_id, last):
+    elif same_weights(main_weights, weights_sha256(repo_id, last, retry=retry)):
         listing.ignored.setdefault(f"main: the weights of {last}", []).append(MAIN)
     else:
         listing.found.append((last_step + 1, MAIN))
         listing.final_main = True
 
 
-def weights_sha256(repo_id: str, revision: str | None) -> dict[str, str]:
-    """Weights file name -> the hub's LFS sha256 of `revision`, from ``model_info`` (nothing is
-    downloaded): the files a download would fetch (`downloads.weights_lfs_sha256`, the same
-    rule); empty when the revision has no weights file."""
-    from huggingface_hub import HfApi
+def weights_sha256(repo_id: str, revision: str | None, *,
+                   retry: Retrier | None = None) -> dict[str, str]:
+    """Weights file name -> sha256 of `revision`, for every complete weights format by the one
+    rule (`repgeom.models.hf.weights_rule`): online, the hub's LFS sha256 from ``model_info``
+    (and its index, when sharded; nothing else is downloaded), through `retry`; offline, the
+    cached snapshot's files (empty when it is not cached). Empty when the revision has no
+    weights file.
 
-    from repgeom.models.hf.downloads import weights_lfs_sha256
-    from repgeom.models.hf.hub_calls import Retrier
+    Raises
+    ------
+    OSError
+        A hub call failed; the message names the hub and what to do.
+    """
+    from huggingface_hub import HfApi, is_offline_mode
 
-    info = Retrier().call(
-        lambda: HfApi().model_info(repo_id, revision=revision, files_metadata=True),
-        f"hf={repo_id!r}: the file list of {revision}")
-    return weights_lfs_sha256(info)
+    from repgeom.models.hf import downloads
+    from repgeom.models.hf.hub_calls import Retrier, read_timeout_s
+    from repgeom.models.hf.weights_rule import folder_weights
+
+    if is_offline_mode():
+        cached = downloads.cached_snapshot(repo_id, revision)
+        return {} if cached is None else downloads.local_hashes(cached, folder_weights(cached))
+    retry = Retrier() if retry is None else retry
+    what = f"hf={repo_id!r}: the file list of {revision}"
+    with _hub_errors(repo_id, f"reading the file list of {revision}"):
+        info = retry.call(lambda: HfApi().model_info(
+            repo_id, revision=revision, files_metadata=True, timeout=read_timeout_s()), what)
+        return downloads.weights_lfs_sha256(info, downloads.hub_weights(repo_id, info, retry))
 
 
 def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:
@@ -297,7 +341,8 @@ def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:
     return [(steps[name], name) for name in dict.fromkeys(names)]
 
 
-def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = None) -> None:
+def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = None, *,
+                    retry: Retrier | None = None) -> None:
     """Raise unless every name in `revisions` is a branch or tag of `repo_id` or a commit id.
 
     Raises
@@ -308,7 +353,7 @@ def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = 
     unknown = [r for r in revisions if not COMMIT.fullmatch(str(r))]
     if not unknown:
         return
-    refs = list_refs(repo_id) if refs is None else refs
+    refs = list_refs(repo_id, retry=retry) if refs is None else refs
     names = refs.names
     missing = [r for r in unknown if r not in set(names)]
     if not missing:

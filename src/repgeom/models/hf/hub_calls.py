@@ -12,11 +12,21 @@ whether to wait and try again or to stop:
 - **anything else** (401/403/404, a full disk, offline mode, a bug): not retried, raised as is
   for the caller to name.
 
-Waits and tries that failed without receiving a byte spend one budget (`RETRY_BUDGET_S`, about
-15 minutes, per revision in `repgeom.models.hf.downloads`); a try that moved data is progress
-and costs nothing. When a wait would overrun the budget, `RetriesExhausted` is raised at once
-rather than after a useless sleep. Every wait is said first (``waiting 60 s: HTTP 429 from
-<url> (try 3, 12 min of 15 left)``), so a console that is quiet says why.
+Waits and failed tries spend one budget (`RETRY_BUDGET_S`, about 15 minutes, per revision in
+`repgeom.models.hf.downloads`); only a try that *kept* data (the partial file grew: bytes that
+are thrown away, a sha256 mismatch, a proxy that ignores ``Range``, do not count) is progress,
+costs nothing and restarts the back-off. When a wait would overrun the budget,
+`RetriesExhausted` is raised at once rather than after a useless sleep. Every wait is said
+first (``waiting 60 s: HTTP 429 from <url> (try 3, 12 min of 15 left)``), so a console that is
+quiet says why.
+
+**Every call is bounded.** huggingface_hub's shared session has no timeout
+(``utils._http.default_client_factory``: ``timeout=None``), and ``HfApi.list_repo_refs`` passes
+none: against a server that accepts the connection and never answers it waits for ever.
+`bound_session` gives that session `timeout()` (connect `CONNECT_TIMEOUT_S`, each read
+`READ_TIMEOUT_S`) when it has none, and `Retrier.call` does so before every try; file downloads
+pass `timeout()` themselves. A stall therefore fails its try within `READ_TIMEOUT_S` (< 30 s),
+which the console says (a wait, or the end of the budget), and costs the budget its seconds.
 
 huggingface_hub has retries of its own (``utils.http_backoff``: 5 tries, at most 8 s apart) but
 uses them for file downloads only, silently, and `HfApi.model_info` and ``list_repo_refs`` not at
@@ -26,6 +36,7 @@ all; repgeom's calls go through this module instead, so one budget bounds them a
 from __future__ import annotations
 
 import functools
+import os
 import random
 import sys
 import threading
@@ -35,12 +46,21 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
+from repgeom.console import first_line
+
 RETRY_BUDGET_S = 15 * 60.0
 """Seconds of waiting (and of tries that received nothing) allowed per revision."""
 FIRST_WAIT_S = 1.0
 """The first back-off; each failure doubles it."""
 MAX_WAIT_S = 60.0
 """The longest back-off between two tries (a 429's ``Retry-After`` may ask for more)."""
+CONNECT_TIMEOUT_S = 10.0
+"""Seconds to open a connection to the hub (huggingface_hub's ``DEFAULT_ETAG_TIMEOUT`` is 10)."""
+READ_TIMEOUT_S = 20.0
+"""Seconds without a byte before a call counts as a failed try (a half-open connection): under
+30 s, so that a stall is said in the console within 30 s. ``HF_HUB_DOWNLOAD_TIMEOUT``, when the
+user sets it, is taken instead (huggingface_hub's own default, 10 s, is too short for a busy
+CDN)."""
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses worth another try (any other 5xx too)."""
 
@@ -55,15 +75,60 @@ class RetriesExhausted(RuntimeError):
         self.last = last
 
 
+class DownloadError(RuntimeError):
+    """A revision could not be fetched: the retry budget is spent, or the hub answered
+    something that no retry mends. Fatal; the partial files are kept."""
+
+
+class RevisionUnavailable(DownloadError):
+    """This revision cannot be probed but the others can: it, or a file it lists, is not on
+    the hub (404), or it has no weights file (a config-only branch). The message says which."""
+
+
+class HubAccessError(DownloadError):
+    """The hub refuses the repository (401/403: gated or private, or no such repository).
+    Fatal: no revision of it can be downloaded without a token."""
+
+
 class Aborted(RuntimeError):
     """The caller set the abort flag (Ctrl-C in the main thread): stop between two chunks."""
 
 
 def describe(error: BaseException) -> str:
-    """``TypeName: first line of the message``, or the type alone for an exception without one
-    (``str(error).splitlines()[0]`` raises IndexError on those)."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
+    """``TypeName: first line of the message`` (`repgeom.console.first_line`)."""
+    return f"{type(error).__name__}: {first_line(error, 200)}" if str(error).strip() \
+        else type(error).__name__
+
+
+def read_timeout_s() -> float:
+    """`READ_TIMEOUT_S`, or ``HF_HUB_DOWNLOAD_TIMEOUT`` when the user set it."""
+    value = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
+    try:
+        return float(value) if value else READ_TIMEOUT_S
+    except ValueError:
+        return READ_TIMEOUT_S
+
+
+def timeout():
+    """The bound of one hub call: an httpx ``Timeout`` (connect, and each read, write and pool
+    wait), of the httpx that huggingface_hub uses (httpx2 in its 2.x)."""
+    try:
+        import httpx2 as httpx  # huggingface_hub 2.x
+    except ImportError:  # pragma: no cover - huggingface_hub 1.x
+        import httpx
+    return httpx.Timeout(read_timeout_s(), connect=CONNECT_TIMEOUT_S)
+
+
+def bound_session() -> None:
+    """Give huggingface_hub's shared session `timeout()` when it has no read timeout (its
+    default): then ``HfApi`` calls that pass no timeout (``list_repo_refs``) are bounded too. A
+    timeout the user's own client factory set is left as it is."""
+    from huggingface_hub.utils import get_session
+
+    session = get_session()
+    current = getattr(session, "timeout", None)
+    if current is not None and getattr(current, "read", 0) is None:
+        session.timeout = timeout()
 
 
 def cause_of(error: BaseException) -> BaseException:
@@ -226,6 +291,7 @@ class Retrier:
             self.check_abort()
             started = time.monotonic()
             try:
+                bound_session()
                 return fn()
             except Exception as error:  # noqa: BLE001 - sorted by `failed`
                 self.failed(error, what, seconds=time.monotonic() - started)
@@ -234,8 +300,9 @@ class Retrier:
                progressed: bool = False) -> None:
         """Account for one failed try of `what` that took `seconds`: return after the wait
         when another try is worth it, else raise (`error` itself when it is not transient,
-        `RetriesExhausted` when the budget is spent). A try that `progressed` (received bytes)
-        costs no budget and restarts the back-off."""
+        `RetriesExhausted` when the budget is spent). A try that `progressed` (its partial file
+        kept more bytes than before it) costs no budget and restarts the back-off; any other
+        try costs its seconds."""
         self.tries += 1
         if not transient(error):
             raise error

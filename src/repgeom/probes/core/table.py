@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from repgeom.files import atomic_write_text, fsync_file  # noqa: F401 - callers use table's
 from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
 
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
@@ -274,32 +275,6 @@ def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
         for tmp in temps:
             Path(tmp).unlink(missing_ok=True)
     return [path for path, _ in writers]
-
-
-def fsync_file(path: str | os.PathLike) -> None:
-    """Flush a written file (or a folder's entries, after a rename) to the disk: without it a
-    node that crashes can leave a renamed file empty, and a resume would read an empty table."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a fsynced temporary file and a rename: a kill or a crash
-    leaves the old file or the new one, never a part."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_file(path.parent)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _table_file(folder: Path) -> Path | None:

@@ -303,7 +303,8 @@ def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
     another shard owns it."""
     if mode == "hf":
         found = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
-                                       max_revisions=cfg.get("max_revisions"))
+                                       max_revisions=cfg.get("max_revisions"),
+                                       retry_budget_s=_retry_budget(cfg))
     elif mode == "ckpt":
         path = Path(str(cfg.ckpt)).expanduser()
         ckpt = read_checkpoint(path)  # fails early on a missing or foreign file

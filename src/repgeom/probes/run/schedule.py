@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from repgeom.models import revisions as hub
+from repgeom.models.hf.hub_calls import Retrier
 
 T = TypeVar("T")
 
@@ -136,8 +137,8 @@ def shard_of(items: Sequence[T], shard: int | None, shards: int | None) -> list[
     return list(items[shard::shards])
 
 
-def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = None
-                  ) -> list[tuple[int, str | None]]:
+def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = None,
+                  retry_budget_s: float | None = None) -> list[tuple[int, str | None]]:
     """(step, revision) of each revision of hub model `repo` that ``hf_revisions`` names,
     thinned on their training steps by `thin_steps`.
 
@@ -145,7 +146,8 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
     and tags sorted by step, ending on ``main`` when no step-named revision holds its weights
     (`repgeom.models.revisions.step_revisions`; the names left out are printed). A list: as
     given, each checked to be a branch, a tag or a commit id of `repo` first, with the steps of
-    `repgeom.models.revisions.list_steps`. Nothing is downloaded here.
+    `repgeom.models.revisions.list_steps`. Nothing is downloaded here; the hub calls share one
+    retry budget, `retry_budget_s` (``retry_budget_s=``; None: the default).
 
     Raises
     ------
@@ -163,8 +165,9 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
             "probed at every step. Drop hf_revisions to probe the folder, or run from another "
             "folder (or rename it) to probe the hub repository"
         )
+    retry = Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
     if hf_revisions == ALL:
-        listing = hub.step_revisions(repo)
+        listing = hub.step_revisions(repo, retry=retry)
         for line in listing.report():
             print(line)
         if listing.final_main:
@@ -173,7 +176,7 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
         found = listing.found
     else:
         names = [str(r) for r in hf_revisions]
-        hub.check_revisions(repo, names)
+        hub.check_revisions(repo, names, retry=retry)
         found = hub.list_steps(names)
     kept = set(thin_steps([s for s, _ in found], max_revisions, option="max_revisions"))
     return [(step, name) for step, name in found if step in kept]

@@ -8,7 +8,8 @@ For each step (one revision or checkpoint; both stacks of an encoder-decoder mod
    ``<output_dir>/work/`` or ``work_dir=`` (`repgeom.models.hf.downloads`: ownership, retries,
    resumed partial files), while the step before is probed (one daemon thread: at most two
    revisions' weights on disk, and Ctrl-C does not wait for it), and are deleted once probed
-   (``keep_weights=true`` keeps them);
+   (``keep_weights=true`` keeps them, and records that in their marker, so that no later run
+   deletes them);
 2. **probe**: the target loads the model, draws its probe set and measures it;
 3. **rows**: its rows and, with pairwise metrics, each layer against the same layer of the final
    step go to the table in one atomic write (`sink.write_step`). The final step is probed first:
@@ -19,8 +20,10 @@ For each step (one revision or checkpoint; both stacks of an encoder-decoder mod
 
 Resume: a step whose rows are all in the table is skipped (a hub revision is known by its name,
 a checkpoint by its step), so the same command after a kill starts at the step that was in
-flight and ends with the table an uninterrupted run writes. Every file is fsynced before it is
-renamed into place; a table found empty or unreadable on resume is set aside
+flight and ends with the table an uninterrupted run writes. The table and ``skipped.json`` are
+fsynced before they are renamed into place; ``timings.csv`` is appended to (and fsynced), and
+rewritten in place once when a column is added; a table found empty or unreadable on resume is
+set aside
 (``probes.csv.corrupt-<time>``), the other format is used when it reads, and the steps missing
 from it are probed again; the console says which.
 
@@ -30,9 +33,11 @@ load. It is named in the console, in ``probes/skipped.json`` (revision, step and
 ``probe_info.json`` and the summary repeat), and a rerun leaves it out unless
 ``retry_skipped=true``.
 
-Weights identity: each step's weights files and their sha256 (the hub's LFS sha256, no extra
-download; the file's own for the user's cache) go into ``timings.csv``. Revisions that serve the
-same weights (Pythia-2.8b serves final-era weights under 86 of its step branches,
+Weights identity: each step's weights files and their sha256, for every complete weights format
+by the one rule (`repgeom.models.hf.weights_rule`; the hub's LFS sha256, no extra download; the
+file's own for the user's cache), go into ``timings.csv``; two revisions hold the same weights
+when a format both have is equal (`repgeom.models.hf.weights_rule.same_weights`). Revisions
+that serve the same weights (Pythia-2.8b serves final-era weights under 86 of its step branches,
 EleutherAI/pythia#205) or share a weights file (a shard: Pythia-12b, #206) are warned about once,
 by name; a revision whose weights are all another's is a copy, and its rows carry that
 revision's name in the table's ``weights_copy_of`` column, which phase detection reads to leave
@@ -56,6 +61,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from repgeom.console import first_line
 from repgeom.models.hf.downloads import (
     Prefetch,
     RevisionFiles,
@@ -65,6 +71,7 @@ from repgeom.models.hf.downloads import (
     release,
 )
 from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
+from repgeom.models.hf.weights_rule import by_format
 from repgeom.probes.core import catalogue, similarity, table
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import phases, sink
@@ -174,7 +181,7 @@ def read_for_resume(output_dir: Path) -> pd.DataFrame:
         except Exception as exc:  # noqa: BLE001 - pyarrow, pandas and parser errors alike
             aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
             os.replace(path, aside)
-            reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            reason = first_line(exc, 120)
             print(f"Resuming: {path} is unreadable ({reason}); set aside as {aside.name}, the "
                   "steps it held are probed again unless the other table file has them")
             continue
@@ -204,7 +211,7 @@ class Trajectory:
     copies: dict[str, str] = field(default_factory=dict)
     """Revision -> the revision whose weights it serves (`mark_copies`)."""
     _final: int | None = None
-    _several: bool = False
+    _many_steps: bool = False
 
     def _fetch(self, step: Step, abort=None) -> RevisionFiles | None:
         subject = step.subjects[0]
@@ -212,13 +219,14 @@ class Trajectory:
             return None
         work = self.work_dir or self.output_dir / WORK_DIR
         return fetch_revision(subject.name, subject.revision, work, owner=self.output_dir,
-                              abort=abort, retry_budget_s=self.retry_budget_s)
+                              abort=abort, retry_budget_s=self.retry_budget_s,
+                              keep_weights=self.keep_weights)
 
     def run(self, subjects: Sequence) -> pd.DataFrame:
         """Probe every target (see the module docstring); returns the whole table."""
         _system_arrow_pool()
         steps = steps_of(subjects)
-        self._final, self._several = steps[-1].step, len(steps) > 1
+        self._final, self._many_steps = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
             steps = [steps[-1], *steps[:-1]]
         done = _done(self.output_dir)
@@ -264,11 +272,10 @@ class Trajectory:
 
     def _clear_leftovers(self, todo: list[Step]) -> None:
         """Delete the downloads a killed run of this output folder left, but the revisions
-        still to probe (their partial files resume). Only folders repgeom made and marked for
-        this run are candidates (`repgeom.models.hf.downloads.clear_leftovers`): a user's files
-        in ``work_dir``, and other jobs' downloads there, are never touched."""
-        if self.keep_weights:
-            return
+        still to probe (their partial files resume) and those a run with ``keep_weights=true``
+        downloaded (their marker says so). Only folders repgeom made and marked for this run are
+        candidates (`repgeom.models.hf.downloads.clear_leftovers`): a user's files in
+        ``work_dir``, and other jobs' downloads there, are never touched."""
         work = self.work_dir or self.output_dir / WORK_DIR
         keep = [(getattr(s.subjects[0], "name", ""), getattr(s.subjects[0], "revision", None))
                 for s in todo]
@@ -321,7 +328,7 @@ class Trajectory:
 
     def _skip(self, step: Step, reason: str) -> None:
         """Record a step that cannot be probed (`SKIPPED`), say it, and go on."""
-        if not self._several:  # one model asked for: its failure is the run's
+        if not self._many_steps:  # one model asked for: its failure is the run's
             raise RuntimeError(reason)
         subject = step.subjects[0]
         self.skipped[_label(step)] = {"step": int(step.step),
@@ -370,10 +377,10 @@ class Trajectory:
         try:
             loaded = subject.load(self.device)
         except Exception as exc:  # noqa: BLE001 - transformers, safetensors and torch alike
-            if not self._several:
+            if not self._many_steps:
                 raise
             raise _LoadFailed(f"its weights failed to load ({type(exc).__name__}: "
-                              f"{_first_line(exc)})") from exc
+                              f"{first_line(exc)})") from exc
         t1 = time.perf_counter()
         output = subject.probe(self.request, loaded)
         t2 = time.perf_counter()
@@ -391,7 +398,7 @@ class Trajectory:
         if pairs and output.states:
             if subject.step == self._final:  # kept: every other step is compared with it
                 similarity.save_states(folder, subject.step, output.states, output.layer_names)
-        if pairs and output.states and self._several:
+        if pairs and output.states and self._many_steps:
             vs_final = similarity.vs_final_step_rows(
                 output.states, folder, pairs, batch_size=output.settings.state_batch_size,
                 seed=output.settings.seed)
@@ -434,11 +441,6 @@ class Trajectory:
 
 class _LoadFailed(RuntimeError):
     """A step's weights could not be loaded: the step is skipped."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _label(step: Step) -> str:
@@ -488,19 +490,34 @@ def copies(weights: dict[str, dict[str, str]]
     Returns
     -------
     copies : dict
-        Copy -> original, for each revision whose files and hashes all equal another's; the
-        original is the latest revision of the group (a name cannot hold weights trained past
-        it).
+        Copy -> original, for each revision that holds another's weights: a weights format
+        both have is equal, files and hashes (a ``.bin``-only revision and the safetensors
+        conversion beside the same ``.bin``); the original is the latest revision of the group (a
+        name cannot hold weights trained past it).
     shared : dict
         (revision a, revision b) -> the files of equal sha256 they share without being copies.
 
     >>> copies({"s1": {"m.bin": "a"}, "s2": {"m.bin": "b"}, "s3": {"m.bin": "b"}})[0]
     {'s2': 's3'}
     """
-    by_weights: dict[tuple, list[str]] = {}
+    group = {revision: revision for revision in weights}  # union-find over equal formats
+
+    def root(revision: str) -> str:
+        while group[revision] != revision:
+            revision = group[revision]
+        return revision
+
+    holder: dict[tuple, str] = {}
     for revision, files in weights.items():
-        by_weights.setdefault(tuple(sorted(files.items())), []).append(revision)
-    found = {copy: group[-1] for group in by_weights.values() for copy in group[:-1]}
+        for key in by_format(files).items():  # (format, its files and hashes)
+            if key in holder:
+                group[root(revision)] = root(holder[key])
+            else:
+                holder[key] = revision
+    members: dict[str, list[str]] = {}
+    for revision in weights:  # in step order
+        members.setdefault(root(revision), []).append(revision)
+    found = {copy: g[-1] for g in members.values() for copy in g[:-1]}
     originals = [r for r in weights if r not in found]
     by_hash: dict[str, list[tuple[str, str]]] = {}
     for revision in originals:
