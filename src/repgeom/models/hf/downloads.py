@@ -88,7 +88,7 @@ from repgeom.models.hf.hub_calls import (  # noqa: F401 - re-exported: the error
     status_of,
 )
 from repgeom.models.hf.transfer import HubFile, Transfer, download_file, get_text, sha256_of
-from repgeom.models.hf.weights_rule import FORMATS, Weights, folder_weights, weights_of
+from repgeom.models.hf.weights_rule import FORMATS, INDEX, Weights, folder_weights, weights_of
 
 OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 """Configs and tokenizer files (merges.txt, vocab.json, spiece.model, ...)."""
@@ -299,9 +299,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
             download_file(url, file, dest, commit, retrier, transfer,
                           f"{name}: downloading {file.name}")
 
-        others = [f for n, f in files.items()
-                  if any(Path(n).match(p) for p in OTHER_FILES) and not n.endswith(FORMATS)]
-        for file in others:  # configs, tokenizer and the indexes the rule reads
+        indexes = [f for n, f in files.items() if n.endswith(INDEX)]
+        for file in indexes:  # what the rule reads first (small)
             fetch(file)
         weights = hub_weights(repo, info, retrier, lambda n: (dest / n).read_text())
         if not weights.files:
@@ -310,15 +309,17 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                 f"{name}: its weights index names shards the hub does not have: "
                 f"{', '.join(missing[:5])}" if missing else
                 f"{name} has no weights file (only training state), nothing to probe")
-        wanted = [files[n] for n in weights.files]
+        others = [f for n, f in files.items() if f not in indexes and not n.endswith(FORMATS)
+                  and any(Path(n).match(p) for p in OTHER_FILES)]
+        wanted = [*others, *(files[n] for n in weights.files)]
         have = sum((dest / (f.name + PARTIAL)).stat().st_size
                    for f in wanted if (dest / (f.name + PARTIAL)).is_file())
         _check_space(dest, sum(f.size or 0 for f in wanted if not (dest / f.name).is_file())
                      - have, revision)
-        for file in wanted:
+        for file in wanted:  # configs and tokenizer, then the weights
             fetch(file)
         hashes = weights_lfs_sha256(info, weights)
-        hashes.update({f.name: f.sha256 or sha256_of(dest / f.name) for f in wanted})
+        hashes.update({n: files[n].sha256 or sha256_of(dest / n) for n in weights.files})
         return RevisionFiles(dest, owned=True, bytes=transfer.received,
                              seconds=time.perf_counter() - started, weights=hashes, lock=lock)
     except Aborted:
