@@ -36,7 +36,7 @@ from repgeom.models.hf.downloads import (
     release,
 )
 from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
-from repgeom.probes.run.trajectory import Step, Trajectory
+from repgeom.probes.run.trajectory import Step, Trajectory, copies
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
@@ -568,3 +568,218 @@ def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> 
         heads = [status for r, status, _ in hub.served if r.kind == "head"]
     # 6 + 6 tries of huggingface_hub's own, then ours: one more 503 and the config.
     assert heads == [503] * 13 + [200]
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32: every hub call bounded, every weights file proved
+
+
+def _in_thread(call, limit_s: float):
+    """Run `call()` on a daemon thread; (finished, its result or error, seconds taken)."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as error:  # noqa: BLE001 - handed to the test
+            out["value"] = error
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    return not thread.is_alive(), out.get("value"), time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_hub_that_never_answers_ends_the_listing_and_the_download_within_the_budget(
+        repo, use, tmp_path) -> None:
+    """A hub that accepts the connection and never answers (a half-open connection through a
+    proxy): each call fails its try within the read timeout (under 30 s, so the console speaks
+    within 30 s of the stall), and the run ends by itself within the budget plus 60 s, naming
+    the hub and the command to rerun. Before: ``list_repo_refs`` had no timeout and waited for
+    ever."""
+    budget = 5.0
+    said: list[str] = []
+    with use(FakeHub(REPO, repo, silent=True)) as hub:
+        listing = _in_thread(lambda: revisions.step_revisions(
+            REPO, retry=Retrier(budget_s=budget, say=said.append)), budget + 60)
+        download = _in_thread(lambda: _fetch("step10", tmp_path / "work", retry_budget_s=budget,
+                                             say=said.append), budget + 60)
+    for finished, error, seconds in (listing, download):
+        assert finished, "still waiting on a hub that never answers"
+        assert seconds < 30  # the stall ended its try (and the run) within 30 s
+        assert isinstance(error, OSError | DownloadError), error
+        assert hub.url in str(error) and "rerun the same command" in str(error)
+        assert "timeout" in str(error).lower()
+
+
+def test_a_proxy_that_ignores_range_and_cuts_at_the_same_byte_ends_within_the_budget(
+        repo, use, tmp_path) -> None:
+    """Bytes thrown away are not progress: a proxy that answers every resumed request with the
+    whole file from byte 0 and cuts it at the same byte leaves the partial file as it was, so
+    each try costs the budget and the back-off grows. Before: every try counted as progress (77
+    whole transfers in 82 s with retry_budget_s=60), for ever."""
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000, times=float("inf"))
+    abort = threading.Event()
+    with use(FakeHub(REPO, repo, faults=[cut], ignore_range=True)) as hub:
+        timer = threading.Timer(30, abort.set)  # the old code loops until this
+        timer.start()
+        finished, error, seconds = _in_thread(lambda: _fetch(
+            "step20", tmp_path / "work", retry_budget_s=1.0, first_wait_s=0.05, abort=abort), 40)
+        timer.cancel()
+    tries = sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors")
+    assert finished and isinstance(error, DownloadError), error
+    assert "retry_budget_s=" in str(error)
+    assert seconds < 1.0 + 10  # the budget, plus the tries' own short seconds
+    assert tries <= 2 + 1.0 / (0.05 * 0.5)  # first try, then waits of at least half of 0.05 s
+    part = download_dir(tmp_path / "work", tmp_path / "out", REPO, "step20")
+    assert (part / "model.safetensors.incomplete").stat().st_size == 100_000  # kept, resumable
+
+
+def test_a_branch_moved_between_a_kill_and_the_rerun_is_fetched_again(repo, use,
+                                                                      tmp_path) -> None:
+    """A finished file is trusted by its hash, never by its size: the branch moved to weights
+    of the same size, and the rerun fetches them again and says so. Before: the old bytes were
+    kept and labelled with the new sha256."""
+    moved = _revision(tmp_path / "moved", 99)
+    said: list[str] = []
+    with use(FakeHub(REPO, dict(repo))) as hub:
+        files = _fetch("step10", tmp_path / "work")
+        files.lock.close()  # killed after the download, before its release
+        new_commit = hub.move("step10", moved)
+        files = _fetch("step10", tmp_path / "work", say=said.append)
+    content = _sha256(files.path / "model.safetensors")
+    assert content == _sha256(moved / "model.safetensors") != _sha256(
+        repo["step10"] / "model.safetensors")
+    assert files.weights == {"model.safetensors": content}
+    assert json.loads((files.path / MARKER).read_text())["commit"] == new_commit
+    assert any("moved" in m and new_commit[:12] in m for m in said), said
+    release(files)
+
+
+def test_a_branch_is_resolved_on_the_hub_before_the_cache_is_used(repo, use, tmp_path) -> None:
+    """Online, the cache is read at the commit the hub names now, not at the cache's stale ref.
+    Before: `_cached` read the cache's ref of step10 and probed the old weights."""
+    moved = _revision(tmp_path / "moved", 98)
+    with use(FakeHub(REPO, dict(repo))) as hub:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(REPO, revision="step10")  # the cache's ref: the old commit
+        hub.move("step10", moved)
+        files = _fetch("step10", tmp_path / "work")
+    assert files.owned  # downloaded: the cache holds another commit
+    assert _sha256(files.path / "model.safetensors") == _sha256(moved / "model.safetensors")
+    release(files)
+
+
+def _trainer_revision(folder: Path, seed: int) -> Path:
+    """A revision pushed by the Hugging Face Trainer: ``.bin`` weights beside its state files,
+    which are the same bytes in every revision of the run."""
+    _revision(folder, seed, weights="bin")
+    (folder / "training_args.bin").write_bytes(b"args" * 100)
+    (folder / "optimizer.bin").write_bytes(b"adam" * 1000)
+    (folder / "trainer_state.json").write_text("{}")
+    return folder
+
+
+def test_training_state_files_of_trainer_pushed_revisions_are_not_weights(use,
+                                                                           tmp_path) -> None:
+    """Before: training_args.bin and optimizer.bin counted as weights, were downloaded, and
+    every two revisions were warned about as sharing weights files (780 warnings for 40)."""
+    folders = {f"checkpoint-{s}": _trainer_revision(tmp_path / f"c{s}", s) for s in (1, 2, 3)}
+    weights = {}
+    with use(FakeHub(REPO, folders)) as hub:
+        for revision in folders:
+            files = _fetch(revision, tmp_path / "work")
+            weights[revision] = files.weights
+            release(files)
+    assert all(set(w) == {"pytorch_model.bin"} for w in weights.values())
+    assert not {f for _, f in hub.downloads()} & {"training_args.bin", "optimizer.bin"}
+    assert copies(weights) == ({}, {})
+
+
+def test_bin_only_and_safetensors_revisions_of_the_same_weights_are_one_checkpoint(
+        use, tmp_path) -> None:
+    """``main`` holds the last step's ``.bin`` and the bot's safetensors conversion of it: the
+    same checkpoint, compared on the format both have, so `hf_revisions=all` does not probe it
+    as one more step and the trajectory marks it a copy. Before: safetensors against ``.bin``,
+    never equal."""
+    last = _revision(tmp_path / "last", 5, weights="bin")
+    main = _revision(tmp_path / "main", 5, weights="bin")
+    (main / "model.safetensors").write_bytes(b"converted" * 1000)
+    folders = {"step1": _revision(tmp_path / "s1", 1, weights="bin"), "step2": last,
+               "main": main}
+    with use(FakeHub(REPO, folders)):
+        listing = revisions.step_revisions(REPO)
+        fetched = {}
+        for revision in ("step2", "main"):
+            files = _fetch(revision, tmp_path / "work")
+            fetched[revision] = files.weights
+            release(files)
+    assert [name for _, name in listing.found] == ["step1", "step2"] and not listing.final_main
+    assert "main" in listing.ignored["main: the weights of step2"]
+    assert "model.safetensors" in fetched["main"]  # loaded: safetensors over .bin
+    assert copies(fetched)[0] == {"step2": "main"}
+
+
+def test_consolidated_and_sharded_safetensors_are_resolved_by_the_index(use, tmp_path) -> None:
+    """A revision holding both a consolidated file and the shards its index names: only the
+    shards are fetched. Before: both."""
+    both = _revision(tmp_path / "both", 7, shards=2)
+    (both / "model.safetensors").write_bytes(b"consolidated" * 1000)
+    with use(FakeHub(REPO, {"step1": both})) as hub:
+        files = _fetch("step1", tmp_path / "work")
+    assert sorted(files.weights) == ["model-00001-of-00002.safetensors",
+                                     "model-00002-of-00002.safetensors"]
+    assert "model.safetensors" not in {f for _, f in hub.downloads()}
+    release(files)
+
+
+def test_offline_with_main_cached_lists_and_fetches_without_the_network(repo, use, tmp_path,
+                                                                        monkeypatch) -> None:
+    """Before: `_add_main` called ``model_info`` and crashed with ``OfflineModeIsEnabled``."""
+    folders = {"step10": repo["step10"], "step20": repo["step20"], "main": repo["step30"]}
+    with use(FakeHub(REPO, folders)):
+        from huggingface_hub import snapshot_download
+
+        for revision in folders:
+            snapshot_download(REPO, revision=revision)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # hub gone too
+    listing = revisions.step_revisions(REPO)
+    assert [name for _, name in listing.found] == ["step10", "step20", "main"]
+    said: list[str] = []
+    files = _fetch("main", tmp_path / "work", say=said.append)
+    assert not files.owned
+    assert files.weights == {"model.safetensors": _sha256(repo["step30"] / "model.safetensors")}
+    assert any("offline" in m and "cache" in m for m in said), said
+
+
+def test_a_404_on_one_shard_deletes_only_unfinished_partials(use, tmp_path) -> None:
+    """Before: the whole revision folder was deleted, finished shards and kept downloads too."""
+    sharded = _revision(tmp_path / "sharded", 4, shards=3)
+    faults = [Fault(on="file", filename="model-00002-of-00003.safetensors", cut_after=10_000),
+              Fault(on="file", filename="model-00003-of-00003.safetensors", status=404)]
+    work = tmp_path / "work"
+    with use(FakeHub(REPO, {"step1": sharded}, faults=faults)):
+        with pytest.raises(RevisionUnavailable, match="HTTP 404"):
+            _fetch("step1", work, keep_weights=True)
+    folder = download_dir(work, tmp_path / "out", REPO, "step1")
+    assert {p.name for p in folder.glob("*.safetensors")} == {
+        "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors"}
+    assert not list(folder.glob("*.incomplete"))
+    assert (folder / MARKER).is_file()
+
+
+def test_keep_weights_is_recorded_and_honoured_by_later_runs(repo, use, tmp_path) -> None:
+    """Before: a rerun without keep_weights deleted the revisions an earlier run kept."""
+    work, owner = tmp_path / "work", tmp_path / "out"
+    with use(FakeHub(REPO, repo)):
+        files = _fetch("step10", work, keep_weights=True)
+        release(files, keep=True)
+        assert json.loads((files.path / MARKER).read_text())["keep_weights"] is True
+        assert clear_leftovers(work, owner) == []  # a later run's clean-up
+        files = _fetch("step10", work)  # a later run without keep_weights
+        assert json.loads((files.path / MARKER).read_text())["keep_weights"] is True
+        release(files)
+    assert (files.path / "model.safetensors").is_file()
