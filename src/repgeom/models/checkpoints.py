@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from repgeom.console import first_line
 from repgeom.data.tokens import TokenCache, ValidationWindows
 from repgeom.data.vocab import Vocab
 from repgeom.models.gpt import GPT, GPTConfig
@@ -48,7 +49,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same message
         raise CheckpointFormatError(
             f"ckpt={str(path)!r} is not a repgeom checkpoint: torch.load cannot read it "
-            f"({type(error).__name__}: {str(error).splitlines()[0][:200]}). Give a .ckpt written "
+            f"({type(error).__name__}: {first_line(error, 200)}). Give a .ckpt written "
             "by train.py; for a Hugging Face model folder use hf= instead"
         ) from None
     hparams = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None

@@ -32,6 +32,21 @@ def test_copies_keep_the_latest_of_identical_weights_and_name_shared_shards() ->
     assert copies({"s1": {"m.bin": "x"}, "s2": {"n.bin": "x"}})[0] == {}
 
 
+def test_a_bin_only_revision_and_its_safetensors_conversion_are_one_checkpoint() -> None:
+    """Weights are compared on a format both revisions have (`weights_rule.same_weights`): the
+    last step's ``.bin`` and ``main`` holding the same ``.bin`` and the bot's safetensors
+    conversion are one checkpoint. Before, the whole {file: sha256} sets were compared: never
+    equal."""
+    weights = {
+        "step1": {"pytorch_model.bin": "b1"},
+        "step2": {"pytorch_model.bin": "b2"},
+        "main": {"pytorch_model.bin": "b2", "model.safetensors": "s2"},
+    }
+    assert copies(weights) == ({"step2": "main"}, {})
+    # The same file name in another format is another file: not compared.
+    assert copies({"s1": {"m.bin": "x"}, "s2": {"m.safetensors": "x"}})[0] == {}
+
+
 def _rows(step: int, revision: str, value: float) -> list[dict]:
     return [{"step": step, "layer": layer, "metric": "twonn", "value": value + layer,
              "std": 0.01, "model": "org/m", "revision": revision} for layer in (1, 2)]
