@@ -142,8 +142,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 part.unlink()
                 raise ConnectionError(f"{file.name}: the git blob id of the bytes received is "
                                       "not the hub's; downloading it again")
+            record_proof(dest, file.name, proof)  # first: a kill between the two loses nothing
             os.replace(part, final)
-            record_proof(dest, file.name, proof)
             return
         except Aborted:
             raise
