@@ -24,6 +24,8 @@ What the real hub does, on demand (each tested through `fetch_revision` or `list
   through a proxy): the client's read timeout is all that ends the call;
 - `ignore_range`: a proxy that ignores ``Range`` and always sends the whole file with 200 (with a
   `Fault`'s `cut_after`, one that cuts every transfer at the same byte);
+- `extra_bytes`: a CDN that sends this many bytes more than the listing's size for every file
+  (a stale or corrupted object): bytes that must be thrown away;
 - `move(revision, folder)`: a branch that moves to a new commit (the old commit stops resolving);
 - a revision whose folder holds no weights is a config-only branch; two revisions that point to
   one folder serve identical weights; a folder saved with shards and an index, or `.bin` only,
@@ -115,7 +117,7 @@ class FakeHub:
         broken: dict[str, int] | None = None, bytes_per_second: float | None = None,
         faults: list[Fault] | None = None, gated: bool = False,
         hook: Callable[[Request], Fault | None] | None = None, silent: bool = False,
-        ignore_range: bool = False,
+        ignore_range: bool = False, extra_bytes: int = 0,
     ) -> None:
         self.repo_id = repo_id
         self.bytes_per_second = bytes_per_second  # a slow network (benchmarks), None: no limit
@@ -127,6 +129,7 @@ class FakeHub:
         self.hook = hook
         self.silent = silent
         self.ignore_range = ignore_range
+        self.extra_bytes = extra_bytes
         self.commits: dict[str, str] = {}  # a moved branch's commit (`move`), else `commit_of`
         self._closing = threading.Event()  # ends the silent answers at shutdown
         self.requests: list[tuple[str, str]] = []
@@ -305,7 +308,7 @@ class FakeHub:
                     return self._error(500, "InternalError", send_body)
                 if not file.is_file():
                     return self._error(404, "EntryNotFound", send_body, hub.commit(revision))
-                data = file.read_bytes()
+                data = file.read_bytes() + b"\0" * hub.extra_bytes
                 start = (request.range_start if "Range" in self.headers
                          and not hub.ignore_range else None)
                 if start is not None and start >= len(data) > 0:

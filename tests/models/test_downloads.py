@@ -786,3 +786,21 @@ def test_keep_weights_is_recorded_and_honoured_by_later_runs(repo, use, tmp_path
         assert json.loads((files.path / MARKER).read_text())["keep_weights"] is True
         release(files)
     assert (files.path / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# Review of issue 32 (r32)
+
+def test_more_bytes_than_the_hub_lists_are_thrown_away_and_cost_the_budget(repo, use,
+                                                                           tmp_path) -> None:
+    """A CDN that sends more bytes than the listing's size: the partial file is thrown away
+    each time, so no try is progress and the back-off grows. Before: the grown partial counted
+    as progress (no budget spent, back-off restarted) and was deleted at the next try: dozens of
+    whole transfers within a 1 s budget."""
+    with use(FakeHub(REPO, repo, extra_bytes=10)) as hub:
+        finished, error, _ = _in_thread(lambda: _fetch(
+            "step20", tmp_path / "work", retry_budget_s=1.0, first_wait_s=0.05), 40)
+    tries = sum(1 for r, _, _ in hub.served if r.kind == "file")
+    assert finished and isinstance(error, DownloadError), error
+    assert "retry_budget_s=" in str(error)
+    assert tries <= 7  # a doubling back-off from 0.025 s fits 1 s about 5 times (before: 29)

@@ -129,7 +129,13 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                             digest.update(chunk)
                             hashed += len(chunk)
                             transfer.received += len(chunk)
+                            if file.size is not None and hashed > file.size:
+                                break  # more than the file has: thrown away below
             size = _size(part)
+            if file.size is not None and size > file.size:  # thrown away: not progress
+                part.unlink()
+                raise ConnectionError(f"{file.name}: {size} bytes arrived, more than the "
+                                      f"{file.size} the hub lists; downloading it again")
             if file.size is not None and size != file.size:
                 raise ConnectionError(f"{file.name}: {size} of {file.size} bytes arrived")
             if file.sha256 is not None and digest.hexdigest() != file.sha256:
