@@ -804,3 +804,26 @@ def test_more_bytes_than_the_hub_lists_are_thrown_away_and_cost_the_budget(repo,
     assert finished and isinstance(error, DownloadError), error
     assert "retry_budget_s=" in str(error)
     assert tries <= 7  # a doubling back-off from 0.025 s fits 1 s about 5 times (before: 29)
+
+
+def test_offline_a_file_missing_from_the_cache_fails_at_once_without_retries(repo, use,
+                                                                            monkeypatch) -> None:
+    """Offline, ``hf_hub_download`` raises ``LocalEntryNotFoundError`` *from*
+    ``OfflineModeIsEnabled`` (a ``ConnectionError``): no retry can mend it. Before: the cause
+    made it look like a dropped connection, and the config download of `model_stacks` (the
+    first call of ``probe.py hf=... hf_revisions=...``) backed off for the whole 15-minute
+    budget while offline."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    from repgeom.models.hf import model_stacks
+    from repgeom.models.hf.hub_calls import transient
+
+    wrapped = LocalEntryNotFoundError("not in the cache")
+    wrapped.__cause__ = OfflineModeIsEnabled("offline")
+    assert not transient(wrapped)
+    with use(FakeHub(REPO, repo)) as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        finished, error, seconds = _in_thread(lambda: model_stacks(REPO, revision="step10"), 20)
+    assert finished, "offline, still retrying a file the cache lacks"
+    assert isinstance(error, OSError), error
+    assert hub.requests == []  # nothing asked the network

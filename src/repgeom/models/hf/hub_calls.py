@@ -190,10 +190,12 @@ def retry_after(headers) -> float | None:
 
 def transient(error: BaseException) -> bool:
     """Whether another try may succeed: a 429, 408 or 5xx, a timeout, a refused or dropped
-    connection. Offline mode and every 4xx else are not transient."""
+    connection. Offline mode (also as the cause of another error: ``hf_hub_download`` raises
+    ``LocalEntryNotFoundError`` from ``OfflineModeIsEnabled``, itself a ``ConnectionError``) and
+    every 4xx else are not transient."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    if isinstance(error, OfflineModeIsEnabled):
+    if any(isinstance(e, OfflineModeIsEnabled) for e in _chain(error)):
         return False
     status = status_of(error)
     if status is not None:
