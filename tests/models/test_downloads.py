@@ -551,10 +551,10 @@ def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> 
     from repgeom.models.hf import hub_calls
     from repgeom.models.hf.loading import model_stacks
 
-    # huggingface_hub tries a HEAD 6 times itself: 6 faults for the first call, 6 + 1 for the
-    # config read, whose retry policy then waits once and reads it. No real sleeping.
+    # huggingface_hub tries a HEAD 6 times itself. The config read (one GET per try, through
+    # repgeom's retry policy) waits once after a 503 and reads it. No real sleeping.
     monkeypatch.setattr(time, "sleep", lambda seconds: None)
-    faults = [Fault(on="head", filename="config.json", status=503, times=13)]
+    faults = [Fault(on="head", filename="config.json", status=503, times=100)]
     with use(FakeHub(REPO, repo, faults=faults)) as hub:
         try:
             from huggingface_hub import hf_hub_download
@@ -564,10 +564,13 @@ def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> 
             error = wrapped
         assert hub_calls.status_of(error) == 503 and hub_calls.transient(error)
         assert hub_calls.status_of(OSError("no cause")) is None
-        assert list(model_stacks(REPO, revision="step10")) == [None]
         heads = [status for r, status, _ in hub.served if r.kind == "head"]
-    # 6 + 6 tries of huggingface_hub's own, then ours: one more 503 and the config.
-    assert heads == [503] * 13 + [200]
+        faults[0].times = 0  # the HEADs answer again
+        hub.add_fault(Fault(on="file", filename="config.json", status=503, times=1))
+        assert list(model_stacks(REPO, revision="step10")) == [None]
+        gets = [status for r, status, _ in hub.served if r.kind == "file"]
+    assert len(heads) > 1 and set(heads) == {503}  # huggingface_hub's own tries
+    assert gets == [503, 200]  # ours: one 503, a wait, the config
 
 
 # ---------------------------------------------------------------------------------------------
@@ -827,3 +830,19 @@ def test_offline_a_file_missing_from_the_cache_fails_at_once_without_retries(rep
     assert finished, "offline, still retrying a file the cache lacks"
     assert isinstance(error, OSError), error
     assert hub.requests == []  # nothing asked the network
+
+
+@pytest.mark.slow  # one try of 10 s against a silent hub
+def test_the_config_of_model_stacks_is_fetched_within_the_runs_budget(repo, use) -> None:
+    """`model_stacks` (the config ``probe.py hf=... hf_revisions=...`` reads first) spends the
+    run's ``retry_budget_s``, and its end names the hub and the option. Before: a fresh
+    ``Retrier()`` with the 15-minute default, whatever ``retry_budget_s`` said."""
+    from repgeom.models.hf import model_stacks
+
+    with use(FakeHub(REPO, repo, silent=True)) as hub:
+        finished, error, seconds = _in_thread(
+            lambda: model_stacks(REPO, revision="step10", retry_budget_s=2.0), 60)
+    assert finished, "the config download ignored retry_budget_s"
+    assert isinstance(error, OSError), error
+    assert hub.url in str(error) and "retry_budget_s=" in str(error)
+    assert seconds < 2.0 + 30  # the budget, plus one try's read timeout

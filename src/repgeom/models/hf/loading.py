@@ -148,8 +148,16 @@ def load_tokenizer_or_explain(
     return tok
 
 
-def _read_config(name: str, revision: str | None) -> Any:
-    """The model's ``AutoConfig``, after checking that a local name is a model folder."""
+def _read_config(name: str, revision: str | None, retry_budget_s: float | None = None) -> Any:
+    """The model's ``AutoConfig``, after checking that a local name is a model folder.
+
+    Online, a hub name's ``config.json`` is read with one bounded ``GET`` per try
+    (`repgeom.models.hf.transfer.get_text`: connect and read timeouts) through
+    `repgeom.models.hf.hub_calls.Retrier` with the run's `retry_budget_s` (None: the default, 15
+    minutes). Not with ``hf_hub_download``: against a hub that stops answering, it tries its HEAD
+    request again by itself, silently, with a 60 s timeout, minutes outside any budget.
+    Offline, the Hugging Face cache's copy is read (nothing asks the network).
+    """
     from transformers import AutoConfig
 
     local = os.path.exists(name)
@@ -164,13 +172,10 @@ def _read_config(name: str, revision: str | None) -> Any:
             "for a repgeom checkpoint use ckpt= instead"
         )
     try:
-        if not local:  # the hub's faults ride on one retry policy (`hub_calls.Retrier`)
-            from huggingface_hub import hf_hub_download
+        from huggingface_hub import is_offline_mode
 
-            from repgeom.models.hf.hub_calls import Retrier
-
-            Retrier().call(lambda: hf_hub_download(name, "config.json", revision=revision),
-                           f"hf={name!r}: its config at revision {revision or 'main'}")
+        if not local and not is_offline_mode():
+            return _hub_config(name, revision, retry_budget_s)
         return AutoConfig.from_pretrained(name, revision=revision)
     except OSError as e:
         raise OSError(
@@ -178,15 +183,42 @@ def _read_config(name: str, revision: str | None) -> Any:
         ) from e
 
 
+def _hub_config(name: str, revision: str | None, retry_budget_s: float | None) -> Any:
+    """The ``AutoConfig`` of hub model `name` at `revision`, read within `retry_budget_s` (see
+    `_read_config`)."""
+    import tempfile
+    from urllib.parse import quote
+
+    from huggingface_hub import constants
+    from transformers import AutoConfig
+
+    from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted
+    from repgeom.models.hf.transfer import get_text
+
+    retry = Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
+    url = f"{constants.ENDPOINT}/{name}/resolve/{quote(revision or 'main', safe='')}/config.json"
+    try:
+        text = get_text(url, retry, f"hf={name!r}: its config at revision {revision or 'main'}")
+    except RetriesExhausted as e:
+        raise OSError(f"{e}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
+                      "same command later, or give it more time: retry_budget_s=") from e
+    with tempfile.TemporaryDirectory(prefix="repgeom-config-") as folder:
+        with open(os.path.join(folder, "config.json"), "w") as handle:
+            handle.write(text)
+        return AutoConfig.from_pretrained(folder)
+
+
 def _expand(name: str | os.PathLike) -> str:
     name = os.fspath(name)
     return os.path.expanduser(name) if name.startswith("~") else name
 
 
-def model_stacks(name_or_path: str | os.PathLike, *, revision: str | None = None) -> tuple:
+def model_stacks(name_or_path: str | os.PathLike, *, revision: str | None = None,
+                 retry_budget_s: float | None = None) -> tuple:
     """``("encoder", "decoder")`` for an encoder-decoder model (T5, ByT5), ``(None,)`` for a
-    model with one stack: what `load_hf_model`'s ``stack`` takes, read from the config alone."""
-    config = _read_config(_expand(name_or_path), revision)
+    model with one stack: what `load_hf_model`'s ``stack`` takes, read from the config alone
+    (for a hub name, fetched within `retry_budget_s`: the run's ``retry_budget_s=``)."""
+    config = _read_config(_expand(name_or_path), revision, retry_budget_s)
     return STACKS if getattr(config, "is_encoder_decoder", False) else (None,)
 
 

@@ -324,7 +324,8 @@ def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
         return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""),
                                  reference=reference) for step, path, reference in chosen]
     tokenizer = cfg.get("tokenizer")
-    stacks = model_stacks(str(cfg.hf), revision=found[0][1])
+    stacks = model_stacks(str(cfg.hf), revision=found[0][1],
+                          retry_budget_s=_retry_budget(cfg))
     return [
         HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
                  tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
