@@ -846,3 +846,18 @@ def test_the_config_of_model_stacks_is_fetched_within_the_runs_budget(repo, use)
     assert isinstance(error, OSError), error
     assert hub.url in str(error) and "retry_budget_s=" in str(error)
     assert seconds < 2.0 + 30  # the budget, plus one try's read timeout
+
+
+def test_a_proved_file_cut_short_by_a_crash_is_fetched_again(repo, use, tmp_path) -> None:
+    """A node that crashes after the rename can leave a renamed file short (its bytes were
+    never flushed) beside a proof that was: the proof names the hub's sha256, and a file of
+    another size cannot hold it. Before: the recorded proof alone was trusted, and the rerun
+    probed an empty weights file."""
+    with use(FakeHub(REPO, repo)):
+        files = _fetch("step10", tmp_path / "work")
+        files.lock.close()  # the node crashed: no release
+        (files.path / "model.safetensors").write_bytes(b"")  # what the crash left
+        files = _fetch("step10", tmp_path / "work")
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step10"] / "model.safetensors")
+    release(files)

@@ -11,7 +11,9 @@ retries (5, at most 8 s apart) are silent and outside any budget.
 git blob id the hub lists (``blobId``: the sha1 of ``blob <size>\\0`` and the content), else the
 commit it was fetched at. The proof is recorded beside the file
 (`repgeom.models.hf.download_folders.record_proof`); a finished file found on a later start is
-kept only when its recorded proof is the one the hub gives now.
+kept only when its recorded proof is the one the hub gives now and its size is the hub's (a
+node that crashed after the rename can leave it short: its bytes are fsynced before the proof is
+recorded, but a file written by an older repgeom was not).
 
 **Progress.** A try is progress only when the partial file kept more bytes than it had before the
 try: bytes thrown away (a sha256 mismatch, a server that ignores ``Range`` and starts again from
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repgeom.files import fsync_file
 from repgeom.models.hf.download_folders import PARTIAL, read_proofs, record_proof
 from repgeom.models.hf.hub_calls import Aborted, Retrier, timeout
 
@@ -96,8 +99,9 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
 
     final, part = dest / file.name, dest / (file.name + PARTIAL)
     proof = file.proof(commit)
-    if final.is_file() and read_proofs(dest).get(file.name) == proof:
-        return  # finished and proved by an earlier try or run
+    if (final.is_file() and read_proofs(dest).get(file.name) == proof
+            and file.size in (None, final.stat().st_size)):
+        return  # finished and proved by an earlier try or run (and not cut short by a crash)
     final.unlink(missing_ok=True)  # unproved (or of another commit): in our folder, fetched anew
     digest, hashed = hashlib.sha256(), 0
     while True:
@@ -148,8 +152,10 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 part.unlink()
                 raise ConnectionError(f"{file.name}: the git blob id of the bytes received is "
                                       "not the hub's; downloading it again")
+            fsync_file(part)  # its bytes on the disk before a proof names them
             record_proof(dest, file.name, proof)  # first: a kill between the two loses nothing
             os.replace(part, final)
+            fsync_file(dest)
             return
         except Aborted:
             raise
