@@ -394,6 +394,45 @@ def test_a_quota_hit_while_writing_is_not_retried(repo, use, tmp_path, monkeypat
     assert sum(1 for r, _, _ in hub.served if r.kind == "file") == 1  # not retried
 
 
+def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, use, tmp_path,
+                                                                        monkeypatch) -> None:
+    """ENOSPC after part of a weights file was written: not retried, the message names the
+    folder and the space left there, and the partial file stays for the same command to resume.
+    Before: the message gave no free space."""
+    real_open = open
+
+    class Filling:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def write(self, data: bytes) -> int:
+            if self.handle.tell() + len(data) > 100_000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.handle.write(data)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def filling(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return Filling(handle) if str(path).endswith("safetensors.incomplete") else handle
+
+    monkeypatch.setattr("builtins.open", filling)
+    with use(FakeHub(REPO, repo)) as hub:
+        with pytest.raises(OSError) as raised:
+            _fetch("step10", tmp_path / "work")
+    monkeypatch.undo()
+    dest = download_dir(tmp_path / "work", tmp_path / "out", REPO, "step10")
+    message = str(raised.value)
+    assert raised.value.errno == errno.ENOSPC and str(dest) in message
+    assert "GB free" in message and "work_dir=" in message and "resumes" in message
+    assert 0 < (dest / "model.safetensors.incomplete").stat().st_size <= 100_000  # kept
+    assert sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors") == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Weights identity, formats, caches
 

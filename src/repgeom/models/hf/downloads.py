@@ -199,9 +199,13 @@ def _as_download_error(error: BaseException, repo: str, revision: str | None, de
         if "work_dir=" in str(error):  # `_check_space`'s, which says it all
             return error
         full = "full" if error.errno == errno.ENOSPC else "over its quota"
+        try:
+            free = f", {shutil.disk_usage(dest).free / 1e9:.2f} GB free" if dest else ""
+        except OSError:
+            free = ""
         return OSError(error.errno, f"{name}: the disk of {dest or 'the download folder'} is "
-                       f"{full} ({error.strerror or describe(error)}); free some space or set "
-                       f"work_dir= to a larger disk{kept}")
+                       f"{full} ({error.strerror or describe(error)}{free}); free some space "
+                       f"or set work_dir= to a larger disk{kept}")
     if isinstance(error, OfflineModeIsEnabled):
         return DownloadError(f"{name} is not complete in the Hugging Face cache and HF_HUB_OFFLINE "
                              "is set: go online, or probe only the revisions in the cache")
