@@ -2,17 +2,25 @@
 
 All three read the singular values (or the covariance eigenvalues) of one layer's states. The
 effective rank and the PCA dimension centre the states first, like
-:func:`repgeom.metrics.anisotropy`; RankMe follows its paper and does not.
+:func:`repgeom.metrics.anisotropy`; RankMe follows its paper and does not. All three take the
+spectrum from the float64 Gram matrix of the states centred in float64 (shared with anisotropy
+and IsoScore inside a probe, see ``_spectrum``); RankMe adds the mean back through a small
+(d + 1) x d SVD (see its notes).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from ._spectrum import centred, scatter_eigenvalues
+from ._spectrum import (
+    above_rounding_floor,
+    centred_eigenvalues,
+    scatter_eigh,
+)
 from ._validation import check_fraction, check_matrix
 
 __all__ = ["effective_rank", "rankme", "pca_dimension"]
@@ -57,11 +65,20 @@ def effective_rank(X) -> float:
 
     Notes
     -----
-    The singular values come from an SVD of the n x d centred matrix (O(n d min(n, d))), not
-    from the square roots of covariance eigenvalues: those would turn eigenvalue rounding noise
-    of ``1e-16`` (relative) into spurious singular values of ``1e-8``, which add about
-    ``2e-7`` per missing direction to the entropy. The SVD's noise, ``~1e-16`` relative, adds
-    nothing measurable.
+    The singular values are the square roots of the eigenvalues of the float64 Gram matrix of
+    the centred states (``Xc^T Xc``, or ``Xc Xc^T`` when n < d), eigenvalues below its rounding
+    floor (``k * eps * max``, k x k the matrix) read as 0. Square roots of eigenvalues turn
+    rounding noise of ``1e-16`` (relative to the largest) into spurious singular values of
+    ``1e-8``; the floor removes them, and centring in float64 before the product keeps a large
+    common offset out of the product's rounding. Measured against an SVD of the centred states
+    (tests/metrics/test_metrics_rank.py): within ``1e-10`` relative on full-rank states,
+    ill-conditioned ones included (condition number ``1e6`` under a large common offset), and
+    the known answer to 2 ulps on rank-deficient ones (the SVD: ``1e-12`` off). Singular values
+    below ``sqrt(k * eps)`` (``1e-7`` at k = 128) of the largest read as 0; float32 states'
+    own rounding lies there, so a float32 rank-one matrix gives exactly 1 where the SVD gave
+    ``1.00002``. Inside a probe the Gram matrix and its eigenvalues are those
+    :func:`repgeom.metrics.anisotropy` already computed; the SVD they replace cost another
+    O(n d min(n, d)).
 
     Examples
     --------
@@ -75,7 +92,7 @@ def effective_rank(X) -> float:
 
 
 def _effective_rank(X: torch.Tensor) -> float:
-    s = torch.linalg.svdvals(centred(X))
+    s = above_rounding_floor(centred_eigenvalues(X)).flip(0).sqrt()  # singular values of Xc
     total = float(s.sum())
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows identical); effective rank is undefined")
@@ -114,6 +131,20 @@ def rankme(Z, *, eps: float = 1e-7) -> float:
         If ``Z`` is not 2-D, has fewer than 1 row, contains NaN/Inf or is all zeros, or if
         ``eps`` is negative.
 
+    Notes
+    -----
+    With at least as many rows as columns the singular values come without an SVD of ``Z``:
+    ``Z^T Z = Zc^T Zc + n m m^T`` exactly (``Zc`` the rows centred in float64, ``m`` their
+    mean), so ``Z`` has the singular values of the (d + 1) x d matrix stacking ``sqrt(n) m^T``
+    on ``diag(sqrt(lam)) V^T``, with ``lam, V`` the eigenvalues (below the rounding floor read
+    as 0, as in :func:`effective_rank`) and eigenvectors of ``Zc^T Zc``. An eigendecomposition
+    of ``Z^T Z`` itself would not do: a large common offset (hidden states have one) makes its
+    largest eigenvalue ``1e6`` or more times the others, whose rounding noise then moves RankMe
+    by ``2e-5`` to ``2e-4`` (relative) on the tests' ill-conditioned states. Measured against
+    an SVD of ``Z`` (tests/metrics/test_metrics_rank.py): within ``1e-10`` relative,
+    ill-conditioned and offset states included. With fewer rows than columns it is the SVD of
+    ``Z`` (n x d, already small).
+
     Examples
     --------
     >>> import torch
@@ -131,7 +162,14 @@ def rankme(Z, *, eps: float = 1e-7) -> float:
 
 
 def _rankme(Z: torch.Tensor, eps: float) -> float:
-    s = torch.linalg.svdvals(Z.to(torch.float64))
+    n, d = Z.shape
+    if n >= d:
+        lam, V = scatter_eigh(Z)  # of the centred rows, in float64
+        mean = Z.to(torch.float64).mean(dim=0, keepdim=True)  # (1, d)
+        root = above_rounding_floor(lam).sqrt()  # singular values of the centred rows
+        s = torch.linalg.svdvals(torch.cat([math.sqrt(n) * mean, root[:, None] * V.T]))  # (d,)
+    else:
+        s = torch.linalg.svdvals(Z.to(torch.float64))
     total = float(s.sum())
     if total <= 0.0:
         raise ValueError("Z is all zeros; RankMe is undefined")
@@ -197,13 +235,7 @@ def pca_dimension(X, *, variance: float | Sequence[float] = 0.9) -> int | tuple[
 
 
 def _pca_dimension(X: torch.Tensor, levels: list[float]) -> list[int]:
-    n, d = X.shape
-    if n >= d:  # the (d, d) scatter matrix, else the (n, n) Gram: same nonzero eigenvalues
-        lam = scatter_eigenvalues(X)
-    else:
-        Xc = centred(X)
-        lam = torch.linalg.eigvalsh(Xc @ Xc.T)
-    lam = lam.flip(0).clamp_min(0.0)  # descending
+    lam = centred_eigenvalues(X).flip(0).clamp_min(0.0)  # descending
     total = float(lam.sum())
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows are identical); PCA dimension is undefined")
