@@ -4,7 +4,7 @@ import torch
 from sklearn.decomposition import PCA
 
 from repgeom.metrics import effective_rank, pca_dimension, rankme
-from repgeom.metrics._spectrum import above_rounding_floor
+from repgeom.metrics._spectrum import gram_eigh
 
 
 def frame(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -58,20 +58,39 @@ def test_effective_rank_of_k_equal_directions_is_exactly_k(k, copies):
     assert effective_rank(torch.tensor(X)) == pytest.approx(k, rel=1e-15)
 
 
-def test_the_floor_removes_the_spurious_singular_values_an_svd_was_kept_for():
+def test_the_spurious_singular_values_an_svd_was_kept_for_are_gone():
     # rank.py kept the SVD because square roots of eigenvalues turn their rounding noise into
     # spurious singular values. Rank 3 in 64 dimensions, a large offset, 2000 states:
-    X = equal_spread(3, 64, np.random.default_rng(9), offset=100.0)
-    Xc = torch.tensor(np.tile(X, (334, 1)) - X.mean(axis=0))
+    X = np.tile(equal_spread(3, 64, np.random.default_rng(9), offset=100.0), (334, 1))
+    Xc = torch.tensor(X - X.mean(axis=0))
     lam = torch.linalg.eigvalsh(Xc.T @ Xc)
     noise = lam[:-3].abs().sqrt() / lam[-1].sqrt()  # the 61 zero directions
     assert noise.max() > 1e-9  # the reason was real: spurious singular values (4e-8) ...
     p = torch.cat([lam[-3:].sqrt(), noise * lam[-1].sqrt()])
     p = p / p.sum()
     assert float(torch.exp(-(p * torch.log(p)).sum())) - 3.0 > 1e-6  # ... move the rank 2e-5
-    floored = above_rounding_floor(lam)
-    assert bool((floored[:-3] == 0).all()) and torch.equal(floored[-3:], lam[-3:])
-    assert effective_rank(torch.tensor(np.tile(X, (334, 1)))) == pytest.approx(3.0, rel=1e-15)
+    refined, V = gram_eigh(Xc, float(np.linalg.norm(X)))  # the floor scaled as X's numbers
+    # recomputed from Xc: at most the float64 rounding of the offset, below the rank floor
+    assert bool((refined[:-3] == 0).all())
+    assert torch.allclose(refined[-3:], lam[-3:], rtol=1e-12, atol=0)  # 668 each, 1e-14 off
+    assert torch.allclose(V.T @ V, torch.eye(64, dtype=torch.float64), atol=1e-12)
+    assert effective_rank(torch.tensor(X)) == pytest.approx(3.0, rel=1e-15)
+
+
+def test_float32_rounding_directions_are_kept_as_an_svd_keeps_them():
+    # A layer norm's output sums to 0 over its features (before the affine map): centred, its
+    # float32 states span d - 1 directions and a last one of float32 rounding, ~1e-8 of the
+    # largest singular value. The SVD reads that direction (it is in the float64 data); the
+    # Gram matrix alone would put it at its rounding floor, up to 3e-7 off (BERT's post-LN
+    # layers in bench_tables_identical.py).
+    g = torch.Generator().manual_seed(12)
+    X = torch.randn(192, 32, generator=g) @ torch.randn(32, 32, generator=g)
+    X = torch.nn.functional.layer_norm(X, (32,))  # float32
+    ref = _erank_numpy(X.double().numpy(), centre=True)
+    s = np.linalg.svd(X.double().numpy() - X.double().numpy().mean(axis=0), compute_uv=False)
+    assert 1e-10 < s[-1] / s[0] < 1e-6  # the rounding direction is there
+    assert effective_rank(X) == pytest.approx(ref, rel=1e-10)
+    assert rankme(X) == pytest.approx(_rankme_numpy(X.double().numpy()), rel=1e-10)
 
 
 def _ill_conditioned(n: int, d: int, condition: float, offset: float, seed: int) -> np.ndarray:

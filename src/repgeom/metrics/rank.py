@@ -16,11 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ._spectrum import (
-    above_rounding_floor,
-    centred_eigenvalues,
-    scatter_eigh,
-)
+from ._spectrum import centred_eigenvalues, centred_gram_eigh
 from ._validation import check_fraction, check_matrix
 
 __all__ = ["effective_rank", "rankme", "pca_dimension"]
@@ -66,19 +62,21 @@ def effective_rank(X) -> float:
     Notes
     -----
     The singular values are the square roots of the eigenvalues of the float64 Gram matrix of
-    the centred states (``Xc^T Xc``, or ``Xc Xc^T`` when n < d), eigenvalues below its rounding
-    floor (``k * eps * max``, k x k the matrix) read as 0. Square roots of eigenvalues turn
-    rounding noise of ``1e-16`` (relative to the largest) into spurious singular values of
-    ``1e-8``; the floor removes them, and centring in float64 before the product keeps a large
-    common offset out of the product's rounding. Measured against an SVD of the centred states
-    (tests/metrics/test_metrics_rank.py): within ``1e-10`` relative on full-rank states,
-    ill-conditioned ones included (condition number ``1e6`` under a large common offset), and
-    the known answer to 2 ulps on rank-deficient ones (the SVD: ``1e-12`` off). Singular values
-    below ``sqrt(k * eps)`` (``1e-7`` at k = 128) of the largest read as 0; float32 states'
-    own rounding lies there, so a float32 rank-one matrix gives exactly 1 where the SVD gave
-    ``1.00002``. Inside a probe the Gram matrix and its eigenvalues are those
-    :func:`repgeom.metrics.anisotropy` already computed; the SVD they replace cost another
-    O(n d min(n, d)).
+    the centred states (``Xc^T Xc``, or ``Xc Xc^T`` when n < d; centred in float64 before the
+    product, so a large common offset stays out of its rounding). Alone, those would turn
+    eigenvalue rounding noise of ``1e-16`` (relative to the largest) into spurious singular
+    values of ``1e-8`` and misread real ones of ``1e-7`` (float32 states' own rounding) by 1%;
+    so the eigenvalues below ``1e-6`` of the largest are computed again from ``Xc`` along their
+    eigenvectors, and singular values below ``max(n, d) * eps`` times the norm of the states
+    (numpy's ``matrix_rank`` tolerance: the states' own float64 rounding) read as 0
+    (``repgeom.metrics._spectrum.gram_eigh``). Measured against an SVD of the centred states
+    (tests/metrics/test_metrics_rank.py): within ``1e-14`` relative on full-rank states,
+    ill-conditioned ones (condition number ``1e6`` under a large common offset) and layer-norm
+    outputs with a float32-rounding direction included; the known answer to 2 ulps on
+    rank-deficient ones (the SVD: ``1e-12`` off). Its cost is one n d^2 product and a d x d
+    eigendecomposition (plus an n d m product for m small eigenvalues), shared with
+    :func:`rankme` inside a probe; the SVD cost O(n d min(n, d)) with a larger constant, 31 ms
+    a 4,096 x 512 batch on an H200 (benchmarks/README.md).
 
     Examples
     --------
@@ -92,7 +90,7 @@ def effective_rank(X) -> float:
 
 
 def _effective_rank(X: torch.Tensor) -> float:
-    s = above_rounding_floor(centred_eigenvalues(X)).flip(0).sqrt()  # singular values of Xc
+    s = centred_gram_eigh(X)[0].flip(0).sqrt()  # singular values of Xc, descending
     total = float(s.sum())
     if total <= 0.0:
         raise ValueError("X has zero variance (all rows identical); effective rank is undefined")
@@ -136,14 +134,13 @@ def rankme(Z, *, eps: float = 1e-7) -> float:
     With at least as many rows as columns the singular values come without an SVD of ``Z``:
     ``Z^T Z = Zc^T Zc + n m m^T`` exactly (``Zc`` the rows centred in float64, ``m`` their
     mean), so ``Z`` has the singular values of the (d + 1) x d matrix stacking ``sqrt(n) m^T``
-    on ``diag(sqrt(lam)) V^T``, with ``lam, V`` the eigenvalues (below the rounding floor read
-    as 0, as in :func:`effective_rank`) and eigenvectors of ``Zc^T Zc``. An eigendecomposition
-    of ``Z^T Z`` itself would not do: a large common offset (hidden states have one) makes its
-    largest eigenvalue ``1e6`` or more times the others, whose rounding noise then moves RankMe
-    by ``2e-5`` to ``2e-4`` (relative) on the tests' ill-conditioned states. Measured against
-    an SVD of ``Z`` (tests/metrics/test_metrics_rank.py): within ``1e-10`` relative,
-    ill-conditioned and offset states included. With fewer rows than columns it is the SVD of
-    ``Z`` (n x d, already small).
+    on ``diag(sqrt(lam)) V^T``, with ``lam, V`` the eigenpairs of ``Zc^T Zc`` as
+    :func:`effective_rank` computes them. An eigendecomposition of ``Z^T Z`` itself would not
+    do: a large common offset (hidden states have one) makes its largest eigenvalue ``1e6`` or
+    more times the others, whose rounding then moves RankMe by ``2e-5`` to ``2e-4`` (relative)
+    on the tests' ill-conditioned states. Measured against an SVD of ``Z``
+    (tests/metrics/test_metrics_rank.py): within ``1e-14`` relative, ill-conditioned and offset
+    states included. With fewer rows than columns it is the SVD of ``Z`` (n x d, already small).
 
     Examples
     --------
@@ -164,9 +161,9 @@ def rankme(Z, *, eps: float = 1e-7) -> float:
 def _rankme(Z: torch.Tensor, eps: float) -> float:
     n, d = Z.shape
     if n >= d:
-        lam, V = scatter_eigh(Z)  # of the centred rows, in float64
+        lam, V = centred_gram_eigh(Z)  # of the rows centred in float64: Zc^T Zc = V lam V^T
         mean = Z.to(torch.float64).mean(dim=0, keepdim=True)  # (1, d)
-        root = above_rounding_floor(lam).sqrt()  # singular values of the centred rows
+        root = lam.sqrt()  # singular values of the centred rows
         s = torch.linalg.svdvals(torch.cat([math.sqrt(n) * mean, root[:, None] * V.T]))  # (d,)
     else:
         s = torch.linalg.svdvals(Z.to(torch.float64))
