@@ -15,6 +15,7 @@ value by value (largest relative difference).
 
     python benchmarks/bench_probe_metrics.py --before 2235cd6
     python benchmarks/bench_probe_metrics.py --before 2235cd6 --model gpt_tiny --device cuda
+    python benchmarks/bench_probe_metrics.py --before 2235cd6 --metrics effective_rank rankme
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--metrics", nargs="*",
+                        help="catalogue entries to run (default: the training probe's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -136,6 +139,8 @@ def main() -> None:
 
     spec, n_layers, width = default_config(args.model)
     options = dataclasses.asdict(spec.probe_settings())  # the training probe's settings
+    if args.metrics:
+        options["metrics"] = tuple(args.metrics)
     states = made_states(n_layers, spec.n_states, width, args.device)
     with tempfile.TemporaryDirectory() as folder:
         import_commit(args.before, Path(folder))
@@ -150,7 +155,8 @@ def main() -> None:
                 seconds[name].append((wall, cpu))
         entries = {name: per_entry(package, states[n_layers // 2], options, args.repeats)
                    for name, package in packages.items()}
-    print(f"{args.model} default probe, metrics only: {n_layers} layers x {spec.n_states} states "
+    print(f"{args.model} default probe, metrics {', '.join(options['metrics'])}: {n_layers} "
+          f"layers x {spec.n_states} states "
           f"x {width} on {args.device}, batches of {options['state_batch_size']}; torch threads "
           f"{torch.get_num_threads()}; min of {args.repeats}, alternating")
     for name, clocks in seconds.items():
