@@ -53,15 +53,16 @@ def import_commit(commit: str, folder: Path):
 def version(name: str, model: torch.nn.Module, spec):
     """`probe_gpt`, the figures' functions, the model and the settings of package `name`."""
     gpt = importlib.import_module(f"{name}.models.gpt")
-    measure = importlib.import_module(f"{name}.probes.measure")
-    targets = importlib.import_module(f"{name}.probes.targets")
+    measure = importlib.import_module(f"{name}.probes.core.measure")
+    targets = importlib.import_module(f"{name}.probes.core.targets")
     same = gpt.GPT(gpt.GPTConfig(**dataclasses.asdict(model.config))).eval()
     same.load_state_dict(model.state_dict())
     options = dataclasses.asdict(spec.probe_settings())
     known = {f.name for f in dataclasses.fields(measure.ProbeSettings)}
     settings = measure.ProbeSettings(**{k: v for k, v in options.items() if k in known})
     modules = {m: importlib.import_module(f"{name}.probes.{m}")
-               for m in ("aggregate", "plots", "table", "wandb_charts")}
+               for m in ("report.aggregate", "report.plots", "core.table", "report.wandb_charts")}
+    modules = {m.rpartition(".")[2]: module for m, module in modules.items()}
     return targets.probe_gpt, modules, same, settings
 
 

@@ -24,9 +24,13 @@ only after from a metric the before tree does not have (``--new-metrics``, defau
 rows of the new id_scales entry: ``twonn_dec<j>``, ``twonn_dec<j>_scale``, ``gride_k<k>_scale``,
 ``id_plateau``, ``id_plateau_lo``, ``id_plateau_hi``, and ``copy_share``, the copies guard's
 reading, a new row of the intrinsic-dimension entry); rows only after of any other metric make
-it DIFFERENT.
+it DIFFERENT. With ``--rtol r`` a table whose float columns differ but stay within
+``|before - after| <= r * |after|`` (numpy.isclose, atol 0) is "EQUAL within rtol r" instead:
+for a change that moves the last bits, such as issue 34's effective rank and RankMe from the
+Gram matrix, ``--rtol 1e-6``.
 
     python benchmarks/bench_tables_identical.py --before 26b6f28
+    python benchmarks/bench_tables_identical.py --before 2235cd6 --rtol 1e-6
     python benchmarks/bench_tables_identical.py --before 26b6f28 --only gpt2 trajectory
 
 Both trees run on one thread (``OMP_NUM_THREADS=1``) on the CPU, one command at a time. The
@@ -207,7 +211,8 @@ def _isnan(x) -> bool:
     return x is None or (isinstance(x, float) and np.isnan(x)) or x is pd.NA
 
 
-def compare(before: pd.DataFrame, after: pd.DataFrame, new_metrics: str) -> dict:
+def compare(before: pd.DataFrame, after: pd.DataFrame, new_metrics: str,
+            rtol: float = 0.0) -> dict:
     common = [c for c in before.columns if c in after.columns]
     only_before = [c for c in before.columns if c not in after.columns]
     only_after = [c for c in after.columns if c not in before.columns]
@@ -223,11 +228,16 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, new_metrics: str) -> dict
     rows_before_only = merged[merged["_merge"] == "left_only"]
     rows_after_only = merged[merged["_merge"] == "right_only"]
     both = merged[merged["_merge"] == "both"]
-    unequal_cols, largest = [], 0.0
+    unequal_cols, beyond_rtol, largest = [], [], 0.0
     for col in (c for c in common if c not in keys):
         x, y = both[f"{col}_before"], both[f"{col}_after"]
-        if not _equal(x, y).all():
+        equal = _equal(x, y)
+        if not equal.all():
             unequal_cols.append(col)
+            numeric = pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y)
+            if not numeric or not np.all(
+                    equal | np.isclose(x.to_numpy(float), y.to_numpy(float), rtol=rtol, atol=0)):
+                beyond_rtol.append(col)
         if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
             xv, yv = x.to_numpy(float), y.to_numpy(float)
             finite = np.isfinite(xv) & np.isfinite(yv)
@@ -240,8 +250,8 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, new_metrics: str) -> dict
                 largest = float("inf")
     new = rows_after_only["metric"].astype(str).str.fullmatch(new_metrics) \
         if "metric" in keys else pd.Series(False, index=rows_after_only.index)
-    identical = (not unequal_cols and rows_before_only.empty and bool(new.all()) and dup == 0
-                 and not both.empty)
+    same_rows = rows_before_only.empty and bool(new.all()) and dup == 0 and not both.empty
+    identical = same_rows and not unequal_cols
     return dict(
         rows=len(both), rows_before=len(before), rows_after=len(after), common=common,
         only_before=only_before, only_after=only_after, unequal=unequal_cols, dup=dup,
@@ -250,7 +260,7 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, new_metrics: str) -> dict
         after_only_metrics=sorted(rows_after_only["metric"].astype(str).unique())
         if "metric" in keys else [],
         after_only_rows=len(rows_after_only), before_only_rows=len(rows_before_only),
-        largest=largest, identical=identical,
+        largest=largest, identical=identical, within_rtol=same_rows and not beyond_rtol,
     )
 
 
@@ -260,7 +270,13 @@ def _metric_families(names: list[str]) -> str:
     return ",".join(stems)
 
 
-def line(name: str, part: str, r: dict) -> str:
+def verdict(r: dict, rtol: float) -> str:
+    if r["identical"]:
+        return "IDENTICAL"
+    return f"EQUAL within rtol {rtol:g}" if rtol > 0 and r["within_rtol"] else "DIFFERENT"
+
+
+def line(name: str, part: str, r: dict, rtol: float) -> str:
     label = CONFIGS[name].split(".")[0] + ". " + (name if part in (".", "probes")
                                                   else f"{name}[{part}]")
     extra = (f"; rows only after: {r['after_only_rows']} "
@@ -276,7 +292,7 @@ def line(name: str, part: str, r: dict) -> str:
             f"{r['rows_after']}), {len(r['common'])} common columns, only before "
             f"[{','.join(r['only_before'])}], only after [{','.join(r['only_after'])}]{extra}; "
             f"largest relative difference {r['largest']:.3g}: "
-            f"{'IDENTICAL' if r['identical'] else 'DIFFERENT'}")
+            f"{verdict(r, rtol)}")
 
 
 def main() -> None:
@@ -286,6 +302,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--new-metrics", default=NEW_METRICS,
                         help="regex of metrics that may appear only after (new rows)")
+    parser.add_argument("--rtol", type=float, default=0.0,
+                        help="accept float columns within this relative tolerance, |a - b| <= "
+                             "rtol * |b| (numpy.isclose, atol 0); 0 (default): bit for bit")
     args = parser.parse_args()
     work = claim(args.work, "bench_tables_identical.py")  # what it deletes inside is its own
     commit = make_before(args.before, work / "before")
@@ -298,7 +317,7 @@ def main() -> None:
     cmds = commands(paths)
     from hub_server import FakeHub
 
-    all_identical = True
+    all_identical = all_within = True
     served = {rev: paths[rev] for rev in REVISIONS}
     with FakeHub(REPO, served) as hub:
         for name in args.only:
@@ -316,14 +335,21 @@ def main() -> None:
                 if part not in found["before"] or part not in found["after"]:
                     where = "after" if part in found["after"] else "before"
                     print(f"{name}[{part}]: a table only {where}: DIFFERENT", flush=True)
-                    all_identical = False
+                    all_identical = all_within = False
                     continue
-                r = compare(found["before"][part], found["after"][part], args.new_metrics)
+                r = compare(found["before"][part], found["after"][part], args.new_metrics,
+                            args.rtol)
                 all_identical &= r["identical"]
-                print(line(name, part, r) + f" ({walls['before']:.0f} s / "
+                all_within &= r["within_rtol"]
+                print(line(name, part, r, args.rtol) + f" ({walls['before']:.0f} s / "
                       f"{walls['after']:.0f} s)", flush=True)
-    print("all IDENTICAL" if all_identical else "some DIFFERENT")
-    sys.exit(0 if all_identical else 1)
+    if all_identical:
+        print("all IDENTICAL")
+    elif args.rtol > 0 and all_within:
+        print(f"all EQUAL within rtol {args.rtol:g}")
+    else:
+        print("some DIFFERENT")
+    sys.exit(0 if all_identical or (args.rtol > 0 and all_within) else 1)
 
 
 if __name__ == "__main__":

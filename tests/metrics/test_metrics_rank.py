@@ -4,6 +4,7 @@ import torch
 from sklearn.decomposition import PCA
 
 from repgeom.metrics import effective_rank, pca_dimension, rankme
+from repgeom.metrics._spectrum import gram_eigh
 
 
 def frame(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -46,6 +47,87 @@ def test_effective_rank_of_k_equal_directions_is_k(k):
     # exact in exact arithmetic; float64 SVD noise on the zero singular values is ~1e-15
     # relative, contributing ~1e-13 to the entropy; the common offset is removed by centring
     assert effective_rank(torch.tensor(X)) == pytest.approx(k, abs=1e-9)
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 17])
+@pytest.mark.parametrize("copies", [1, 25])  # 2k < 40 rows (n x n Gram) and >= 40 (d x d)
+def test_effective_rank_of_k_equal_directions_is_exactly_k(k, copies):
+    X = np.tile(equal_spread(k, 40, np.random.default_rng(k), offset=50.0), (copies, 1))
+    # the Gram path reads the zero directions' eigenvalue noise as 0, so only the rounding of
+    # p_k = 1/k, log and exp is left: within 2 ulps of k (an SVD of the same data: 1e-12 off)
+    assert effective_rank(torch.tensor(X)) == pytest.approx(k, rel=1e-15)
+
+
+def test_the_spurious_singular_values_an_svd_was_kept_for_are_gone():
+    # rank.py kept the SVD because square roots of eigenvalues turn their rounding noise into
+    # spurious singular values. Rank 3 in 64 dimensions, a large offset, 2000 states:
+    X = np.tile(equal_spread(3, 64, np.random.default_rng(9), offset=100.0), (334, 1))
+    Xc = torch.tensor(X - X.mean(axis=0))
+    lam = torch.linalg.eigvalsh(Xc.T @ Xc)
+    noise = lam[:-3].abs().sqrt() / lam[-1].sqrt()  # the 61 zero directions
+    assert noise.max() > 1e-9  # the reason was real: spurious singular values (4e-8) ...
+    p = torch.cat([lam[-3:].sqrt(), noise * lam[-1].sqrt()])
+    p = p / p.sum()
+    assert float(torch.exp(-(p * torch.log(p)).sum())) - 3.0 > 1e-6  # ... move the rank 2e-5
+    refined, V = gram_eigh(Xc, float(np.linalg.norm(X)))  # the floor scaled as X's numbers
+    # recomputed from Xc: at most the float64 rounding of the offset, below the rank floor
+    assert bool((refined[:-3] == 0).all())
+    assert torch.allclose(refined[-3:], lam[-3:], rtol=1e-12, atol=0)  # 668 each, 1e-14 off
+    assert torch.allclose(V.T @ V, torch.eye(64, dtype=torch.float64), atol=1e-12)
+    assert effective_rank(torch.tensor(X)) == pytest.approx(3.0, rel=1e-15)
+
+
+def test_float32_rounding_directions_are_kept_as_an_svd_keeps_them():
+    # A layer norm's output sums to 0 over its features (before the affine map): centred, its
+    # float32 states span d - 1 directions and a last one of float32 rounding, ~1e-8 of the
+    # largest singular value. The SVD reads that direction (it is in the float64 data); the
+    # Gram matrix alone would put it at its rounding floor, up to 3e-7 off (BERT's post-LN
+    # layers in bench_tables_identical.py).
+    g = torch.Generator().manual_seed(12)
+    X = torch.randn(192, 32, generator=g) @ torch.randn(32, 32, generator=g)
+    X = torch.nn.functional.layer_norm(X, (32,))  # float32
+    ref = _erank_numpy(X.double().numpy(), centre=True)
+    s = np.linalg.svd(X.double().numpy() - X.double().numpy().mean(axis=0), compute_uv=False)
+    assert 1e-10 < s[-1] / s[0] < 1e-6  # the rounding direction is there
+    assert effective_rank(X) == pytest.approx(ref, rel=1e-10)
+    assert rankme(X) == pytest.approx(_rankme_numpy(X.double().numpy()), rel=1e-10)
+
+
+def _ill_conditioned(n: int, d: int, condition: float, offset: float, seed: int) -> np.ndarray:
+    """States with centred singular values log-spaced from 1 down to 1/condition, plus a common
+    offset of norm ``offset`` (hidden states share one much larger than their spread)."""
+    rng = np.random.default_rng(seed)
+    U, _ = np.linalg.qr(rng.normal(size=(n, d)))
+    U -= U.mean(axis=0)  # centred columns, still nearly orthonormal (n >> d)
+    V, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    mean = rng.normal(size=d)
+    return (U * np.logspace(0, -np.log10(condition), d)) @ V.T + offset * mean / np.linalg.norm(
+        mean)
+
+
+@pytest.mark.parametrize("shape", [(8192, 128), (4096, 512)])
+def test_ill_conditioned_states_match_the_svd(shape):
+    X = _ill_conditioned(*shape, condition=1e6, offset=1e3, seed=10)
+    s = np.linalg.svd(X - X.mean(axis=0), compute_uv=False)
+    assert s[0] / s[-1] > 1e6 * 0.9  # ill-conditioned as asked (centring moves it a little)
+    assert np.linalg.svd(X, compute_uv=False)[0] / s[0] > 100  # the offset dominates Z
+    # Today's values came from an SVD (the numpy functions above). Measured: 1e-11 relative
+    # for the effective rank, 1e-14 for RankMe; 1e-7 is the bound the probe tables need.
+    # A floor of n * eps * max would read the 1e-12 eigenvalues of 8192 x 128 as 0 and miss by
+    # 5e-6; RankMe from eigvalsh of the uncentred Z^T Z would miss by 2e-5 (8192 x 128) to 2e-4.
+    assert effective_rank(X) == pytest.approx(_erank_numpy(X, centre=True), rel=1e-7)
+    assert rankme(X) == pytest.approx(_rankme_numpy(X), rel=1e-7)
+    assert rankme(X, eps=0.0) == pytest.approx(_rankme_numpy(X, eps=0.0), rel=1e-7)
+
+
+def test_the_states_get_no_svd(monkeypatch):
+    shapes = []
+    svdvals = torch.linalg.svdvals
+    monkeypatch.setattr(torch.linalg, "svdvals", lambda A: shapes.append(A.shape) or svdvals(A))
+    X = torch.randn(2000, 48, generator=torch.Generator().manual_seed(11)) + 3.0
+    effective_rank(X)
+    rankme(X)
+    assert shapes == [(49, 48)]  # only RankMe's (d + 1) x d matrix, never the 2000 x 48 states
 
 
 def test_effective_rank_of_rank_one_is_one():
