@@ -17,8 +17,9 @@ in-process probe writes on the same weights.
   ``phases.csv``), or when the run died: no new snapshot and no live training process (the
   heartbeat in ``training.json``) for ``follow_timeout_s`` seconds; at once when the run is
   certainly gone (its state ``failed``, or its pid gone on this host).
-- One worker per run (a lock file): a second one waits for the first to finish (at most
-  ``follow_timeout_s``, then it says which one holds the run).
+- One worker per run (`repgeom.probes.run.offload.lock`: flock on a local file system, a lease
+  file with a heartbeat on a shared one or where flock is refused): a second one waits for the
+  first to finish (at most ``follow_timeout_s``, then it says which one holds the run).
 - Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
   the training step of the heartbeat. Nothing is dropped.
 """
@@ -44,6 +45,7 @@ from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload.lock import WorkerLock
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
@@ -104,7 +106,7 @@ class Follower:
     """One worker on one run folder (`follow`)."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
-                 keep_snapshots: bool, wandb: bool = True) -> None:
+                 keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
         if timeout_s <= 0:
             raise ValueError(f"follow_timeout_s must be > 0 seconds, got {timeout_s}")
         self.run_dir = Path(run_dir).expanduser().resolve()
@@ -119,6 +121,7 @@ class Follower:
         self.timeout_s = float(timeout_s)
         self.keep = keep_snapshots
         self.use_wandb = wandb
+        self.lock = WorkerLock(self.folder, kind=lock)
         state = snapshots.read_json(self.folder / snapshots.WORKER) or {}
         # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
         # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
@@ -134,11 +137,17 @@ class Follower:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> FollowResult:
-        probed: list[int] = []
-        last_news = time.monotonic()
         print(f"Following {self.run_dir}: probing its snapshots as they appear "
               f"({len(self.done)} probed before)", flush=True)
-        self._lock()
+        self.lock.acquire(self.timeout_s, str(self.run_dir))
+        try:
+            return self._follow()
+        finally:
+            self.lock.release()
+
+    def _follow(self) -> FollowResult:
+        probed: list[int] = []
+        last_news = time.monotonic()
         while True:
             finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
@@ -147,6 +156,7 @@ class Follower:
                 if self.done.get(step) != _written(path):
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
+                    self.lock.check()
                     snapshots.remove_snapshot(path)
             if todo:
                 step, path = todo[0]
@@ -175,37 +185,6 @@ class Follower:
                     f"run this worker again (it goes on from there)"
                 )
             time.sleep(POLL_S)
-
-    def _lock(self) -> None:
-        """One worker per run: an exclusive lock on ``snapshots/worker.lock`` while it runs (the
-        kernel drops it when the process dies, kill -9 included); wait for another's."""
-        import fcntl
-
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.folder / "worker.lock", "a+")  # noqa: SIM115 - held open
-        deadline = time.monotonic() + self.timeout_s
-        said = False
-        while True:
-            try:
-                fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                self._lock_file.seek(0)
-                other = self._lock_file.read().strip() or "?"
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"another probe worker (pid {other}) follows {self.run_dir} and did not "
-                    f"finish within {self.timeout_s:.0f} s (follow_timeout_s); two would probe "
-                    "each snapshot twice. Stop it first, or let it finish"
-                )
-            if not said:  # e.g. a resumed train.py's worker while the last start's finishes
-                print(f"Another probe worker (pid {other}) follows {self.run_dir}; waiting for "
-                      "it to finish", flush=True)
-                said = True
-            time.sleep(POLL_S)
-        self._lock_file.truncate(0)
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
 
     # -- one snapshot ---------------------------------------------------------------------------
 
@@ -240,6 +219,7 @@ class Follower:
         for message in dict.fromkeys(output.warnings):
             print(f"warning: {message}", flush=True)
         self.seconds += time.perf_counter() - started
+        self.lock.check()  # a worker that lost the run writes and deletes nothing more
         self.recorder.record(step, output, self.runs, n_done=len(self.done) + 1,
                              seconds=self.seconds)
         self.done[step] = _written(path)
@@ -303,7 +283,7 @@ def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
 
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
-           wandb: bool = True) -> FollowResult:
+           wandb: bool = True, lock: str = "auto") -> FollowResult:
     """Probe the snapshots of the training run in `run_dir` until it is done (see the module).
 
     Raises
@@ -311,9 +291,14 @@ def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
     TrainingDiedError
         The run stopped without its done marker (no heartbeat, no new snapshot for
         `timeout_s` seconds); everything that was complete is probed first.
+    repgeom.probes.run.offload.lock.LockLostError
+        Another worker took the run over (this one's lease heartbeat was judged stale).
+
+    `lock` is ``follow_lock``: ``auto`` (flock on a local file system, a lease file on a shared
+    one), ``flock`` or ``file`` (`repgeom.probes.run.offload.lock`).
     """
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
-                    keep_snapshots=keep_snapshots, wandb=wandb).run()
+                    keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()
 
 
 def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool

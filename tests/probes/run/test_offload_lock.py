@@ -1,0 +1,121 @@
+"""One probe worker per run (`repgeom.probes.run.offload.lock`): flock where it works, a lease
+file with a heartbeat where flock is refused or cannot be trusted (a shared file system), flock's
+other errors named as what they are, and no file descriptor left open on an error."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repgeom.probes.run.offload import lock as worker_lock
+from repgeom.probes.run.offload.lock import LockLostError, WorkerLock, lock_kind
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _refuse_flock(code: int):
+    def flock(fd, operation):
+        raise OSError(code, os.strerror(code))
+    return flock
+
+
+def test_a_refused_flock_falls_back_to_the_lease_at_once(tmp_path: Path, monkeypatch, capsys
+                                                         ) -> None:
+    # NFS without lockd answers ENOLCK: that is not another worker, and nobody is waited for.
+    monkeypatch.setattr(fcntl, "flock", _refuse_flock(errno.ENOLCK))
+    before = _open_fds()
+    held = WorkerLock(tmp_path, kind="flock")
+    started = time.monotonic()
+    held.acquire(timeout_s=600, what="the run")
+    assert time.monotonic() - started < 5
+    assert held.kind == "file" and held.lease.is_file()
+    assert "not supported here (ENOLCK" in capsys.readouterr().out
+    held.release()
+    assert not held.lease.exists() and _open_fds() == before
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EBADF])
+def test_other_flock_errors_are_named_and_close_the_file(tmp_path: Path, monkeypatch,
+                                                         code: int) -> None:
+    monkeypatch.setattr(fcntl, "flock", _refuse_flock(code))
+    before = _open_fds()
+    started = time.monotonic()
+    with pytest.raises(OSError, match=rf"cannot lock .*worker.lock.*\({errno.errorcode[code]}\);"
+                                      r" this is not another worker holding it"):
+        WorkerLock(tmp_path, kind="flock").acquire(timeout_s=600, what="the run")
+    assert time.monotonic() - started < 5  # raised at once, not after follow_timeout_s
+    assert _open_fds() == before  # the lock file's descriptor was closed
+
+
+def test_auto_takes_the_lease_on_a_shared_file_system(tmp_path: Path, monkeypatch) -> None:
+    assert lock_kind(tmp_path) in ("flock", "file")
+    # /proc/self/mountinfo as a node with its run folders on NFS and Lustre sees it.
+    mounts = tmp_path / "mountinfo"
+    mounts.write_text(
+        "22 1 0:21 / / rw,relatime - overlay overlay rw\n"
+        "40 22 0:40 / /scratch rw,relatime - lustre 10.0.0.1@o2ib:/scratch rw,localflock\n"
+        "41 22 0:41 / /home rw,relatime - nfs4 server:/home rw,local_lock=flock\n"
+    )
+    real = Path
+    monkeypatch.setattr(worker_lock, "Path", lambda p: mounts if p == "/proc/self/mountinfo"
+                        else real(p))
+    assert worker_lock.file_system_type(real("/scratch/me/run")) == "lustre"
+    assert worker_lock.file_system_type(real("/home/me/run")) == "nfs4"
+    assert worker_lock.file_system_type(real("/tmp/run")) == "overlay"
+    assert lock_kind(real("/home/me/run")) == "file" and lock_kind(real("/tmp")) == "flock"
+    with pytest.raises(ValueError, match="follow_lock must be one of auto, flock, file, got 'nfs'"):
+        lock_kind(tmp_path, "nfs")
+
+
+def test_a_second_worker_respects_a_live_lease_and_names_its_holder(tmp_path: Path) -> None:
+    first = WorkerLock(tmp_path, kind="file", stale_s=2.0, heartbeat_s=0.2)
+    first.acquire(timeout_s=5, what="the run")
+    second = WorkerLock(tmp_path, kind="file", stale_s=2.0, heartbeat_s=0.2)
+    # The first beats every 0.2 s: never stale, so the second waits out its limit.
+    with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()} on "
+                                           rf"{socket.gethostname()}\) follows the run"):
+        second.acquire(timeout_s=3, what="the run")
+    first.check()  # still the holder
+    first.release()
+    second.acquire(timeout_s=5, what="the run")  # released: taken at once
+    second.release()
+
+
+def test_a_lease_without_heartbeat_is_taken_over_and_its_holder_stops(tmp_path: Path) -> None:
+    first = WorkerLock(tmp_path, kind="file", stale_s=1.0, heartbeat_s=0.2)
+    first.acquire(timeout_s=5, what="the run")
+    first._stop.set()  # its heartbeat stops, as a hung worker's (or one on a cut-off node) does
+    first._beat.join()
+    second = WorkerLock(tmp_path, kind="file", stale_s=1.0, heartbeat_s=0.2)
+    started = time.monotonic()
+    second.acquire(timeout_s=30, what="the run")
+    # Taken over once the heartbeat stood still for the stale time, on the second's own clock.
+    assert 1.0 <= time.monotonic() - started < 10
+    with pytest.raises(LockLostError, match="another probe worker took over"):
+        first.check()  # the first writes and deletes nothing more
+    first.release()
+    assert second.lease.is_file()  # the first left the new holder's lease alone
+    second.check()
+    second.release()
+
+
+def test_the_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    lease = tmp_path / worker_lock.LEASE_NAME
+    lease.write_text(f'{{"host": "{socket.gethostname()}", "pid": {gone.pid}, "token": "x"}}')
+    held = WorkerLock(tmp_path, kind="file", stale_s=600, heartbeat_s=1)
+    started = time.monotonic()
+    held.acquire(timeout_s=600, what="the run")
+    assert time.monotonic() - started < 5
+    held.release()
