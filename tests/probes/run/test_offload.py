@@ -4,7 +4,9 @@ one, it resumes after kill -9 and stops when training dies, and under DDP only r
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -211,12 +213,81 @@ def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_p
 
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
-    first._lock()
+    first.lock.acquire(30, str(run_dir))
     # The second waits for the first (follow_timeout_s), then says which one holds the run.
     with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
         follow(run_dir, timeout_s=1)
-    first._lock_file.close()  # released: the next worker may follow
+    first.lock.release()  # released: the next worker may follow
     assert follow(run_dir, timeout_s=30).stopped == "done"
+
+
+@pytest.mark.parametrize("lock", ["flock", "file"])
+def test_two_workers_started_on_one_run_probe_each_step_once(snapshot_run, tmp_path: Path,
+                                                             lock: str) -> None:
+    # Two `probe.py follow=` on one run at once (a resubmitted worker job while the first still
+    # runs), with flock and with the lease file of a shared file system: one probes, the other
+    # waits for it, and the table is the one a single worker writes.
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    workers = [subprocess.Popen(
+        [PYTHON, "probe.py", f"follow={run_dir}", "follow_timeout_s=300", f"follow_lock={lock}",
+         f"hydra.run.dir={tmp_path / f'hydra{i}'}"], cwd=ROOT, env=subprocess_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert sum("waiting for it to finish" in out for out in outputs) == 1, outputs
+    assert sum(out.count("probed step") for out in outputs) == len(STEPS), outputs
+    both, single = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
+    pd.testing.assert_frame_equal(both[KEYS], single[KEYS])  # each step once, no duplicates
+    # rtol 1e-6: the same weights and code in another process; float summation order only.
+    np.testing.assert_allclose(both["value"], single["value"], rtol=1e-6, atol=1e-9)
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.snapshots(folder) == ([], []) and not (folder / "worker.lease").exists()
+
+
+def test_a_full_disk_skips_that_probe_and_training_goes_on(tmp_path: Path, caplog) -> None:
+    # ENOSPC in the middle of the weights file of step 4 (torch.save writes through the open
+    # file): that step's probe is skipped with a warning naming the folder and the free space,
+    # its half-written folder is removed, and training ends normally with the other snapshots.
+    original_save = torch.save
+
+    def save(obj, handle, *args, **kwargs):
+        if isinstance(obj, dict) and "offload" in obj and obj["global_step"] == 4:  # a snapshot
+            handle.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original_save(obj, handle, *args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING"):
+        patch.setattr(torch, "save", save)
+        result = train(compose_train(run_dir, ["logger=csv", *PROBE, "probe.offload=snapshots"]))
+    assert result.trainer.global_step == 20
+    folder = snapshots.snapshot_dir(run_dir)
+    complete, incomplete = snapshots.snapshots(folder)
+    assert [s for s, _ in complete] == [s for s in STEPS if s != 4] and not incomplete
+    assert not snapshots.step_dir(folder, 4).exists() and not list(folder.rglob("*.tmp"))
+    assert (folder / snapshots.DONE).is_file()  # training ended normally
+    warned = [r.getMessage() for r in caplog.records if "snapshot of step 4 is skipped" in
+              r.getMessage()]
+    assert warned and str(folder) in warned[0] and re.search(r"[\d.]+ GB free in", warned[0])
+    # The checkpoints were saved too: the error did not surface inside a checkpoint save.
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_too_little_free_space_skips_the_snapshot_before_writing(tmp_path: Path, caplog) -> None:
+    # The free-space check, as downloads do: a snapshot that would leave less than
+    # probe.worker.min_free_gb is not started (here more than any disk has).
+    run_dir = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        train(compose_train(run_dir, ["logger=csv", *PROBE, "probe.offload=snapshots",
+                                      "probe.worker.min_free_gb=1e9"]))
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.snapshots(folder) == ([], []) and (folder / snapshots.DONE).is_file()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    for step in STEPS:
+        assert f"snapshot of step {step} is skipped" in messages
+    assert "min_free_gb=1e+09 GB kept free" in messages and str(folder) in messages
 
 
 def test_a_snapshot_rewritten_by_a_resumed_training_start_is_probed_again(

@@ -265,7 +265,8 @@ class ProbeCallback(L.Callback):
     def _start_offload(self, trainer: L.Trainer) -> None:
         """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
         self.writer = snapshots.SnapshotWriter(
-            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
+            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]),
+            min_free_gb=float(self.worker_options["min_free_gb"]))
         self.writer.rank = trainer.global_rank
         self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
         if self.offload == "worker":
@@ -312,6 +313,10 @@ class ProbeCallback(L.Callback):
         ``probe.worker.wait``, wait for it to probe what is left."""
         writer, self.writer = self.writer, None
         writer.close(final_step=final_step)
+        if writer.skipped:
+            rank_zero_warn(f"the snapshots of steps {sorted(writer.skipped)} were skipped for "
+                           "lack of disk space, so those steps have no probe rows; see the "
+                           "warnings above")
         worker, self.worker = self.worker, None
         if worker is None:
             return

@@ -26,11 +26,19 @@ step. On a GPU it goes into pinned CPU buffers on a side stream, and the next
 sync), so the forward and backward of step N+1 overlap the copy; the writer thread waits for the
 copy's CUDA event before writing. Memory: one set of buffers; a snapshot that comes while the
 previous one is still being written waits for it (at most one waits), so snapshots never pile up.
+
+Full disk: before each write the writer checks the free space, as downloads do
+(`repgeom.models.hf.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
+are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
+names the folder and the free space, the half-written step folder is removed, and training goes
+on. The skipped steps are in `SnapshotWriter.skipped`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import shutil
 import socket
@@ -44,6 +52,7 @@ import torch
 
 from repgeom.probes.core import table
 
+log = logging.getLogger(__name__)
 SNAPSHOT_DIR = "snapshots"
 MARKER = ".repgeom-snapshots"
 """The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
@@ -129,6 +138,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _free_bytes(folder: Path) -> int | None:
+    """Free bytes on `folder`'s file system; None when it cannot be asked."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
 def remove_snapshot(path: Path) -> None:
     """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder)."""
     if step_of(path) is None or not (path.parent / MARKER).is_file():
@@ -145,11 +162,17 @@ class SnapshotWriter:
         The training run's folder.
     heartbeat_s : float
         Seconds between two writes of ``training.json`` (the worker's sign that training lives).
+    min_free_gb : float
+        Free disk space (GB) a snapshot must leave; a snapshot that would leave less is skipped.
     """
 
-    def __init__(self, run_dir: Path, *, heartbeat_s: float) -> None:
+    def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"probe.worker.heartbeat_s must be > 0, got {heartbeat_s}")
+        if min_free_gb < 0:
+            raise ValueError(f"probe.worker.min_free_gb must be >= 0 GB, got {min_free_gb}")
+        self.min_free_bytes = int(min_free_gb * 1e9)
+        self.skipped: dict[int, str] = {}  # step -> why its snapshot was not written
         self.folder = snapshot_dir(run_dir)
         self.heartbeat_s = heartbeat_s
         self.step = 0  # the training step, for the heartbeat (set by the callback)
@@ -288,6 +311,32 @@ class SnapshotWriter:
         folder = step_dir(self.folder, step)
         if folder.exists():  # an earlier start's snapshot of this step: replaced
             remove_snapshot(folder)
+        needed = sum(t.nbytes for t in weights.values())
+        free = _free_bytes(self.folder)
+        if free is not None and needed + self.min_free_bytes > free:
+            self._skip(step, f"{needed / 1e9:.2f} GB needed plus probe.worker.min_free_gb="
+                             f"{self.min_free_bytes / 1e9:g} GB kept free")
+            return
+        try:
+            self._write_files(folder, step, weights, meta)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            shutil.rmtree(folder, ignore_errors=True)  # nothing half-written stays
+            self._skip(step, f"{error.strerror or error} while writing")
+
+    def _skip(self, step: int, why: str) -> None:
+        """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
+        free = _free_bytes(self.folder)
+        where = "unknown" if free is None else f"{free / 1e9:.2f} GB"
+        self.skipped[step] = why
+        log.warning(
+            "disk full: the snapshot of step %d is skipped, so that step is not probed (%s; "
+            "%s free in %s); training goes on. Free some space, or write the run to a larger "
+            "disk", step, why, where, self.folder)
+
+    def _write_files(self, folder: Path, step: int, weights: dict[str, torch.Tensor],
+                     meta: dict[str, Any]) -> None:
         folder.mkdir(parents=True)
         checkpoint = {**meta, "global_step": int(step),
                       "state_dict": {f"model.{k}": v for k, v in weights.items()}}
