@@ -220,6 +220,7 @@ class WorkerConf:
     keep_snapshots: bool = False  # keep each snapshot once probed (else deleted)
     heartbeat_s: float = 10.0  # how often training says it is alive (training.json)
     wait: bool = True  # train.py waits at the end for its worker to probe the last snapshots
+    wait_timeout_s: float = 3600.0  # at most this long; then it stops it (probe.py follow= resumes)
 
 
 @dataclass
