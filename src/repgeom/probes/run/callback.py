@@ -217,9 +217,10 @@ class ProbeCallback(L.Callback):
             self._end_offload(trainer, final_step=None)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """Every way out of fit (Lightning calls it last): nothing left "running", no worker
-        left behind. A skipped fit (a finished run, rerun) starts the worker only when the
-        run's probing is unfinished (a worker killed before its end-of-run work was done)."""
+        """The end of a fit that did not raise (Lightning calls it last; an exception goes
+        through `on_exception`): nothing left "running", no worker left behind. A skipped fit (a
+        finished run, rerun) starts the worker only when the run's probing is unfinished (its
+        worker was killed before its end-of-run work was done), and waits for it."""
         if stage != "fit" or not trainer.is_global_zero:
             return
         if self.writer is not None:  # on_train_end and on_exception did not close it

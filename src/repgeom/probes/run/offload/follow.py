@@ -169,10 +169,10 @@ class Follower:
         last_news = time.monotonic()
         print(f"Following {self.run_dir}: probing its snapshots as they appear "
               f"({len(self.done)} probed before)", flush=True)
-        self._lock()
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         if "heartbeat_s" in beat:
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)
+        self._lock()
         while True:
             finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
