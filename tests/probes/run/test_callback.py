@@ -285,5 +285,5 @@ def test_a_finished_offloaded_run_stays_finished_when_rerun(tmp_path: Path) -> N
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
     assert not [t for t in threading.enumerate() if t.name == "snapshot-heartbeat"]
     # so a worker started now probes the run and ends "done", not "died"
-    result = follow(tmp_path, timeout_s=5, wandb=False)
+    result = follow(tmp_path, timeout_s=30, wandb=False)
     assert result.stopped == "done" and result.probed == [0, 1, 2, 4, 10, 20]
