@@ -389,7 +389,6 @@ def test_a_replayed_step_never_rewrites_the_complete_snapshot_the_worker_probes(
         if not seen:
             writer = snapshots.SnapshotWriter(run_dir, heartbeat_s=60)
             writer.start({"wandb": None})
-            writer.progress(10)
             writer.snapshot(10, other, {"hyper_parameters": {}})
             writer.wait()  # raises if the write failed: training would crash at its next save
             seen["marker"] = snapshots.read_json(snapshots.step_dir(folder, 10)
@@ -529,17 +528,19 @@ def test_a_worker_killed_during_its_end_of_run_work_does_it_when_rerun(
 def test_the_worker_judges_progress_not_only_the_heartbeat(tmp_path: Path) -> None:
     writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
     writer.start({"wandb": None})
-    writer.progress(7)
-    writer._beat("running")
     folder = snapshots.snapshot_dir(tmp_path)
-    beat = snapshots.read_json(folder / snapshots.TRAINING)
-    assert beat["step"] == 7 and abs(beat["step_time"] - time.time()) < 60
-    assert training_alive(folder, 60)[0] is True
+    beat = {**snapshots.read_json(folder / snapshots.TRAINING), "step": 7}
     # A deadlocked trainer: its heartbeat thread beats on, its step has not moved for 100 s.
     snapshots.write_json(folder / snapshots.TRAINING, {**beat, "time": time.time(),
                                                    "step_time": time.time() - 100})
     alive, why = training_alive(folder, 60)
     assert not alive and why.startswith("the training process beats but has been at step 7")
+    # The heartbeat says when training reached its step (the callback reports each step).
+    writer.progress(8)
+    writer._beat("running")
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    assert beat["step"] == 8 and abs(beat["step_time"] - time.time()) < 60
+    assert training_alive(folder, 60)[0] is True
     writer.close(final_step=None)
 
 
@@ -556,7 +557,7 @@ def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Pat
 
 
 def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: Path) -> None:
-    from repgeom.probes.run.offload.follow import start_worker, stop_worker
+    from repgeom.probes.run.offload.follow import start_worker
 
     (tmp_path / "probes").mkdir()
     options = {"threads": 1, "device": "cpu", "cpus": [0], "timeout_s": 600,
@@ -566,6 +567,8 @@ def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: 
         # start_new_session (no preexec_fn): its own session and process group
         assert os.getsid(process.pid) == process.pid
         assert os.sched_getaffinity(process.pid) == {0}
+        from repgeom.probes.run.offload.follow import stop_worker
+
         started = time.monotonic()
         # it waits for a run that never starts (600 s); stopped after the stated limit
         assert stop_worker(process, 0.5) is None
