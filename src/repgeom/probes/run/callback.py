@@ -108,7 +108,7 @@ class ProbeCallback(L.Callback):
         if unknown:
             raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
                              f"{sorted(WorkerConf().__dict__)}")
-        if self.offload:
+        if self.offload == "worker":  # probe.py follow= checks its own follow_timeout_s
             follow.check_heartbeat(float(self.worker_options["heartbeat_s"]),
                                    float(self.worker_options["timeout_s"]))
         self.spec = ProbeSpec(**spec)
