@@ -602,3 +602,34 @@ def test_a_finished_run_rerun_starts_a_worker_only_for_unfinished_probing(tmp_pa
     assert "its probing is not: probe worker started" in third.stdout
     assert phases.is_file() and "is done" in log.read_text()[len(before):]
     assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
+
+
+def test_the_pairwise_rows_against_the_final_step_come_when_the_worker_is_rerun(
+    tmp_path: Path,
+) -> None:
+    trained = tmp_path / "trained"
+    train(compose_train(trained, ["logger=csv", *PROBE, "probe.offload=snapshots",
+                                  "probe.metrics=[anisotropy,linear_cka]"]))
+    reference = _copy_run(trained, tmp_path / "reference")
+    follow(reference, timeout_s=30, wandb=False)
+    run_dir = _copy_run(trained, tmp_path / "run")
+    worker = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=False,
+                      wandb=False)
+
+    def killed(self, *args, **kwargs):
+        raise _Killed  # after the last probe, before the comparison with the final step
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeRecorder, "_vs_final", killed)
+        worker.run()
+    worker._lock_file.close()  # as the kernel does for a killed process
+    assert "step_b" not in table.read_table(run_dir).columns
+    follow(run_dir, timeout_s=30, wandb=False)
+    got, expected = table.read_table(run_dir), table.read_table(reference)
+    keys = [c for c in expected.columns if c not in ("value", "std")]
+    got = got.sort_values(keys).reset_index(drop=True)
+    expected = expected.sort_values(keys).reset_index(drop=True)
+    assert expected["step_b"].notna().any()  # the pairwise rows against the final step
+    pd.testing.assert_frame_equal(got[keys], expected[keys])
+    # rtol 1e-6: the same weights and states; only float summation order may differ.
+    np.testing.assert_allclose(got["value"], expected["value"], rtol=1e-6, atol=1e-9)
