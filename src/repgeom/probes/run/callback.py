@@ -335,7 +335,8 @@ class ProbeCallback(L.Callback):
 
     def _end_offload(self, trainer: L.Trainer, *, final_step: int | None) -> None:
         """Write the done marker (or mark the run failed) and, for a worker of our own with
-        ``probe.worker.wait``, wait for it to probe what is left."""
+        ``probe.worker.wait``, wait for it to probe what is left (at most
+        ``probe.worker.wait_timeout_s``); after a failure our worker is stopped instead."""
         writer, self.writer = self.writer, None
         writer.close(final_step=final_step)
         if self.worker is None:

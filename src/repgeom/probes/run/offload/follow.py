@@ -329,16 +329,17 @@ class Follower:
         except FileNotFoundError:
             frame = table.rows_to_frame([])
         final = (snapshots.read_json(self.folder / snapshots.DONE) or {}).get("step")
-        plots: list[Path] = []
-        if self.recorder is None and self._spec_state and self.finished != final:
-            # killed during the end-of-run work after its last probe: this start probed nothing
-            self._recorder(ProbeSpec.from_checkpoint({"spec": self._spec_state}))
-        if self.recorder is not None and not frame.empty and self.finished != final:
-            self.recorder.finish(self.runs, n_done=len(self.done), seconds=self.seconds,
-                                 where=" by the worker")
-            frame = table.read_table(self.run_dir)
-        if self.finished != final:
-            self.finished = final
+        if self.finished != final and not frame.empty:
+            if self.recorder is None and self._spec_state:
+                # killed during the end-of-run work after its last probe: this start probed
+                # nothing, so the recorder comes from the spec worker.json keeps
+                self._recorder(ProbeSpec.from_checkpoint({"spec": self._spec_state}))
+            if self.recorder is not None:
+                self.recorder.finish(self.runs, n_done=len(self.done), seconds=self.seconds,
+                                     where=" by the worker")
+                frame = table.read_table(self.run_dir)
+        if self.finished != final and (self.recorder is not None or frame.empty):
+            self.finished = final  # written only once the work is on disk
             self._save()
         plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
