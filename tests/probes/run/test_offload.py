@@ -23,8 +23,15 @@ from hydra_configs import compose_train
 
 from repgeom.probes.core import table
 from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.offload import follow as follow_module
 from repgeom.probes.run.offload import snapshots
-from repgeom.probes.run.offload.follow import TrainingDiedError, follow, training_alive
+from repgeom.probes.run.offload.follow import (
+    Follower,
+    TrainingDiedError,
+    follow,
+    training_alive,
+)
+from repgeom.probes.run.recorder import ProbeRecorder
 from repgeom.train import train
 
 pytestmark = pytest.mark.slow
@@ -80,12 +87,14 @@ def _snapshot_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def _pretend_training_runs(run_dir: Path, *, pid: int | None = None) -> None:
-    """The run folder as a live training run leaves it: no done marker, a fresh heartbeat."""
+    """The run folder as a live training run leaves it: no done marker, a fresh heartbeat, a
+    step that just moved."""
     folder = snapshots.snapshot_dir(run_dir)
     (folder / snapshots.DONE).unlink(missing_ok=True)
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     snapshots.write_json(folder / snapshots.TRAINING, {
-        **beat, "state": "running", "time": time.time(), "pid": pid or os.getpid()})
+        **beat, "state": "running", "time": time.time(), "step_time": time.time(),
+        "pid": pid or os.getpid()})
 
 
 def test_each_snapshot_holds_the_weights_of_exactly_its_step(snapshot_run) -> None:
@@ -209,8 +218,6 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
 
 
 def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
-    from repgeom.probes.run.offload.follow import Follower
-
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
     first.lock.acquire(30, str(run_dir))
@@ -417,3 +424,281 @@ def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_ta
     pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
     np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
     assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
+
+
+# -- issue 33: requeues, kills during the end-of-run work, finished reruns, bounded waits ---------
+
+
+def _reference_table(snapshot_run, tmp_path: Path) -> pd.DataFrame:
+    """The table of an uninterrupted worker on an untouched copy of the run."""
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    return _sorted(table.read_table(reference))
+
+
+def _assert_same_table(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(_sorted(got)[KEYS], expected[KEYS])
+    # rtol 1e-6: the same weights, probe set and code; only float summation order may differ.
+    np.testing.assert_allclose(_sorted(got)["value"], expected["value"], rtol=1e-6, atol=1e-9)
+
+
+def test_a_replayed_step_never_rewrites_the_complete_snapshot_the_worker_probes(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # A requeued training start replays step 10 (other weights: its replay need not be
+    # bitwise the same) while the lagging worker probes step 10's snapshot.
+    reference = _reference_table(snapshot_run, tmp_path)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    _pretend_training_runs(run_dir)
+    folder = snapshots.snapshot_dir(run_dir)
+    marker = snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE)
+    other = torch.nn.Linear(2, 2)
+    seen: dict[str, object] = {}
+    original = follow_module.probe_gpt
+
+    def probe_while_training_replays(model, *args, **kwargs):
+        if not seen:
+            writer = snapshots.SnapshotWriter(run_dir, heartbeat_s=60)
+            writer.start({"wandb": None})
+            writer.snapshot(10, other, {"hyper_parameters": {}})
+            writer.wait()  # raises if the write failed: training would crash at its next save
+            seen["marker"] = snapshots.read_json(snapshots.step_dir(folder, 10)
+                                                 / snapshots.COMPLETE)
+            writer.close(final_step=20)
+        return original(model, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "probe_gpt", probe_while_training_replays)
+        result = follow(run_dir, timeout_s=30)
+    assert seen["marker"] == marker  # the complete snapshot stayed as it was
+    assert result.stopped == "done" and result.probed == STEPS
+    _assert_same_table(table.read_table(run_dir), reference)
+    state = snapshots.read_json(folder / snapshots.WORKER)
+    assert state["done"]["10"] == marker["time"]
+    assert snapshots.snapshots(folder) == ([], []) and not snapshots.leftovers(folder)
+
+
+def test_a_snapshot_replaced_while_probed_is_probed_again_under_its_step(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # Step 10's snapshot is replaced by a new generation (here: the weights of step 20) while
+    # the worker probes the old one, as a training start writes a step again once the first
+    # generation was deleted. The old probe must not be recorded as the new generation's, and
+    # the new one, never probed, must not be deleted.
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    step_10, step_20 = snapshots.step_dir(folder, 10), snapshots.step_dir(folder, 20)
+    calls: list[int] = []
+    original = follow_module.probe_gpt
+
+    def probe_while_replaced(model, *args, **kwargs):
+        output = original(model, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == STEPS.index(10) + 1:
+            shutil.rmtree(step_10)
+            staging = folder / "staging"
+            shutil.copytree(step_20, staging)
+            snapshots.write_json(staging / snapshots.COMPLETE, {
+                **snapshots.read_json(staging / snapshots.COMPLETE), "step": 10,
+                "time": time.time()})
+            os.rename(staging, step_10)
+        return output
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "probe_gpt", probe_while_replaced)
+        follow(run_dir, timeout_s=30)
+    frame = table.read_table(run_dir)
+    at_10 = _sorted(frame[frame["step"] == 10]).drop(columns="step").reset_index(drop=True)
+    at_20 = _sorted(frame[frame["step"] == 20]).drop(columns="step").reset_index(drop=True)
+    # Step 10's rows are those of the weights now labelled step 10 (the new generation).
+    np.testing.assert_allclose(at_10["value"], at_20["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(folder) == ([], [])
+
+
+def test_the_worker_reads_each_snapshot_file_once(snapshot_run, tmp_path: Path) -> None:
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    loads: list[str] = []
+    original = torch.load
+
+    def counted(path, *args, **kwargs):
+        loads.append(str(path))
+        return original(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "load", counted)
+        follow(run_dir, timeout_s=30)
+    weights = [p for p in loads if p.endswith(snapshots.WEIGHTS)]
+    assert len(weights) == len(STEPS) == len(set(weights)), weights
+
+
+def test_a_worker_deleting_a_step_never_touches_a_write_in_progress(tmp_path: Path) -> None:
+    # The worker that probed step 10's previous generation deletes "step_10" while a
+    # requeued training start writes step 10 again.
+    folder = snapshots.snapshot_dir(tmp_path)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    model = torch.nn.Linear(3, 2)
+    original = torch.save
+
+    def save_then_worker_deletes(obj, handle, *args, **kwargs):
+        original(obj, handle, *args, **kwargs)
+        target = snapshots.step_dir(folder, 10)
+        if target.exists():
+            snapshots.remove_snapshot(target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "save", save_then_worker_deletes)
+        writer.snapshot(10, model, {"hyper_parameters": {}})
+        writer.close(final_step=10)  # waits for the write: an error would surface here
+    complete, incomplete = snapshots.snapshots(folder)
+    assert [s for s, _ in complete] == [10] and not incomplete
+    got = _snapshot_weights(tmp_path, 10)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=0)
+
+
+class _Killed(BaseException):
+    """A kill -9 at that moment (nothing after it runs)."""
+
+
+def test_a_worker_killed_during_its_end_of_run_work_does_it_when_rerun(
+    snapshot_run, tmp_path: Path
+) -> None:
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+
+    def killed(self, *args, **kwargs):
+        raise _Killed  # after the last probe, before the figures and phases.csv
+
+    worker = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=False,
+                      wandb=False)
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeRecorder, "finish", killed)
+        worker.run()
+    assert not (table.probe_dir(run_dir) / "phases.csv").exists()
+    # The same command again: nothing left to probe, the end-of-run work still done.
+    result = follow(run_dir, timeout_s=30)
+    assert result.stopped == "done" and result.probed == []
+    phases = table.probe_dir(run_dir) / "phases.csv"
+    assert phases.is_file()
+    pd.testing.assert_frame_equal(pd.read_csv(phases),
+                                  pd.read_csv(table.probe_dir(reference) / "phases.csv"))
+    figures = sorted(p.name for p in table.plot_dir(run_dir).glob("*.png"))
+    assert figures == sorted(p.name for p in table.plot_dir(reference).glob("*.png"))
+    _assert_same_table(table.read_table(run_dir), _sorted(table.read_table(reference)))
+    # Done once, not again at every rerun.
+    assert snapshots.read_json(snapshots.snapshot_dir(run_dir) / snapshots.WORKER)[
+        "finished"] == 20
+    (table.probe_dir(run_dir) / "phases.csv").unlink()
+    follow(run_dir, timeout_s=30)
+    assert not phases.exists()
+
+
+def test_the_worker_judges_progress_not_only_the_heartbeat(tmp_path: Path) -> None:
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    folder = snapshots.snapshot_dir(tmp_path)
+    beat = {**snapshots.read_json(folder / snapshots.TRAINING), "step": 7}
+    # A deadlocked trainer: its heartbeat thread beats on, its step has not moved for 100 s.
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "time": time.time(),
+                                                   "step_time": time.time() - 100})
+    alive, why = training_alive(folder, 60)
+    assert not alive and why.startswith("the training process beats but has been at step 7")
+    # The heartbeat says when training reached its step (the callback reports each step).
+    writer.progress(8)
+    writer._beat("running")
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    assert beat["step"] == 8 and abs(beat["step_time"] - time.time()) < 60
+    assert training_alive(folder, 60)[0] is True
+    writer.close(final_step=None)
+
+
+def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"at least 2 heartbeats.*heartbeat_s=400 s"):
+        ProbeCallback(offload="worker", worker={"heartbeat_s": 400, "timeout_s": 600})
+    # probe.py follow= reads the run's own heartbeat_s (training.json)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "heartbeat_s": 60})
+    with pytest.raises(ValueError, match=r"timeout \(30 s.*follow_timeout_s"):
+        follow(run_dir, timeout_s=30)
+
+
+def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: Path) -> None:
+    from repgeom.probes.run.offload.follow import start_worker
+
+    (tmp_path / "probes").mkdir()
+    options = {"threads": 1, "device": "cpu", "cpus": [0], "timeout_s": 600,
+               "keep_snapshots": False, "heartbeat_s": 10}
+    process = start_worker(tmp_path, options)
+    try:
+        # start_new_session (no preexec_fn): its own session and process group
+        assert os.getsid(process.pid) == process.pid
+        assert os.sched_getaffinity(process.pid) == {0}
+        from repgeom.probes.run.offload.follow import stop_worker
+
+        started = time.monotonic()
+        # it waits for a run that never starts (600 s); stopped after the stated limit
+        assert stop_worker(process, 0.5) is None
+        assert time.monotonic() - started < 60 and process.poll() is not None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_finished_run_rerun_starts_a_worker_only_for_unfinished_probing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides(), "logger=csv", "probe.offload=worker", f"hydra.run.dir={run_dir}"]
+    first = run_train(args)
+    assert "at most 3600 s (probe.worker.wait_timeout_s)" in first.stdout  # a stated limit
+    log = table.probe_dir(run_dir) / "worker.log"
+    before = log.read_text()
+    folder = snapshots.snapshot_dir(run_dir)
+    # Rerun of the finished run: nothing to probe, no worker (one would find no training).
+    again = run_train(args)
+    assert "worker started" not in again.stdout
+    assert log.read_text() == before
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    # Its worker was killed during the end-of-run work (worker.json says it is not done): the
+    # rerun starts a worker that does it, and waits for it.
+    phases = table.probe_dir(run_dir) / "phases.csv"
+    phases.unlink()
+    state = snapshots.read_json(folder / snapshots.WORKER)
+    snapshots.write_json(folder / snapshots.WORKER, {**state, "finished": None})
+    third = run_train(args)
+    assert "its probing is not: probe worker started" in third.stdout
+    assert phases.is_file() and "is done" in log.read_text()[len(before):]
+    assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
+
+
+def test_the_pairwise_rows_against_the_final_step_come_when_the_worker_is_rerun(
+    tmp_path: Path,
+) -> None:
+    trained = tmp_path / "trained"
+    train(compose_train(trained, ["logger=csv", *PROBE, "probe.offload=snapshots",
+                                  "probe.metrics=[anisotropy,linear_cka]"]))
+    reference = _copy_run(trained, tmp_path / "reference")
+    follow(reference, timeout_s=30, wandb=False)
+    run_dir = _copy_run(trained, tmp_path / "run")
+    worker = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=False,
+                      wandb=False)
+
+    def killed(self, *args, **kwargs):
+        raise _Killed  # after the last probe, before the comparison with the final step
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeRecorder, "_vs_final", killed)
+        worker.run()
+    assert "step_b" not in table.read_table(run_dir).columns
+    follow(run_dir, timeout_s=30, wandb=False)
+    got, expected = table.read_table(run_dir), table.read_table(reference)
+    keys = [c for c in expected.columns if c not in ("value", "std")]
+    got = got.sort_values(keys).reset_index(drop=True)
+    expected = expected.sort_values(keys).reset_index(drop=True)
+    assert expected["step_b"].notna().any()  # the pairwise rows against the final step
+    pd.testing.assert_frame_equal(got[keys], expected[keys])
+    # rtol 1e-6: the same weights and states; only float summation order may differ.
+    np.testing.assert_allclose(got["value"], expected["value"], rtol=1e-6, atol=1e-9)

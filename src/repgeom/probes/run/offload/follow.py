@@ -10,13 +10,19 @@ in-process probe writes on the same weights.
 
 - Never an incomplete snapshot (no ``complete.json``): it is skipped, and named when the run
   ends.
-- A probed snapshot is deleted (``keep_snapshots=true`` keeps it); the steps probed are in
-  ``snapshots/worker.json``, written after the table, so after a kill -9 the same command goes on
-  where it stopped and ends with the table an uninterrupted worker writes.
-- It stops when the run writes ``done.json`` (then it draws the figures, the summary and
-  ``phases.csv``), or when the run died: no new snapshot and no live training process (the
-  heartbeat in ``training.json``) for ``follow_timeout_s`` seconds; at once when the run is
-  certainly gone (its state ``failed``, or its pid gone on this host).
+- Each snapshot is read once (`read_checkpoint`, the model built from what it read), between
+  two reads of its ``complete.json``: a snapshot that changed meanwhile is not recorded under
+  its step. A probed snapshot is deleted (``keep_snapshots=true`` keeps it), and only the one
+  probed (the same ``complete.json``); the steps probed are in ``snapshots/worker.json``,
+  written after the table, so after a kill -9 the same command goes on where it stopped and ends
+  with the table an uninterrupted worker writes.
+- It stops when the run writes ``done.json``, after the end-of-run work (the pairwise rows
+  against the final step, the figures, the summary and ``phases.csv``); ``worker.json`` says
+  when that work is done, so a worker killed during it does it again when rerun. Or it stops
+  when the run died: no new snapshot and no live training process for ``follow_timeout_s``
+  seconds, where live means a fresh heartbeat in ``training.json`` and a training step that
+  moved within that time (a deadlocked trainer's heartbeat thread still beats); at once when the
+  run is certainly gone (its state ``failed``, or its pid gone on this host).
 - One worker per run (`repgeom.probes.run.offload.lock`: flock on a local file system, a lease
   file with a heartbeat on a shared one or where flock is refused): a second one waits for the
   first to finish (at most ``follow_timeout_s``, then it says which one holds the run).
@@ -38,7 +44,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from repgeom.models.checkpoints import load_gpt, read_checkpoint, validation_windows_for
+from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint, validation_windows_for
 from repgeom.probes.core import table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
@@ -50,6 +56,10 @@ from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
 """Seconds between two looks at the snapshot folder while nothing is waiting."""
+BEATS_PER_TIMEOUT = 2
+"""The fewest heartbeats that fit in ``follow_timeout_s``: one late beat is not a death."""
+WORKER_STOP_S = 30.0
+"""Seconds a worker stopped by train.py (SIGTERM) gets to exit before it is killed."""
 
 
 class TrainingDiedError(RuntimeError):
@@ -83,11 +93,24 @@ def _written(path: Path) -> float:
     return float((snapshots.read_json(path / snapshots.COMPLETE) or {}).get("time", 0.0))
 
 
+def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
+    """A ValueError unless `timeout_s` holds `BEATS_PER_TIMEOUT` heartbeats of `heartbeat_s`."""
+    if timeout_s < BEATS_PER_TIMEOUT * heartbeat_s:
+        raise ValueError(
+            f"the worker's timeout ({timeout_s:g} s: probe.worker.timeout_s, or probe.py's "
+            f"follow_timeout_s) must be at least {BEATS_PER_TIMEOUT} heartbeats of the training "
+            f"run (probe.worker.heartbeat_s={heartbeat_s:g} s), or a late beat reads as a dead "
+            f"run; raise the timeout to >= {BEATS_PER_TIMEOUT * heartbeat_s:g} s or lower "
+            "heartbeat_s"
+        )
+
+
 def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> tuple[bool, str]:
     """Whether the training process of `folder` (``training.json``) lives, and why not.
 
-    Alive: its state is ``running``, its heartbeat is less than `timeout_s` old, and, on this
-    host, its pid exists.
+    Alive: its state is ``running``, its heartbeat is less than `timeout_s` old, its training
+    step moved less than `timeout_s` ago (the heartbeat thread of a deadlocked trainer still
+    beats), and, on this host, its pid exists.
     """
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     if beat is None:
@@ -96,9 +119,14 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> 
         return False, f"the training process {beat.get('state')}"
     if beat.get("host") == socket.gethostname() and not _alive(int(beat.get("pid", -1))):
         return False, f"the training process (pid {beat.get('pid')}) is gone"
-    age = (time.time() if now is None else now) - float(beat.get("time", 0))
+    now = time.time() if now is None else now
+    age = now - float(beat.get("time", 0))
     if age > timeout_s:
         return False, f"no heartbeat from the training process for {age:.0f} s"
+    stuck = now - float(beat.get("step_time", beat.get("time", 0)))
+    if stuck > timeout_s:
+        return False, (f"the training process beats but has been at step {beat.get('step')} for "
+                       f"{stuck:.0f} s (no progress)")
     return True, ""
 
 
@@ -129,6 +157,9 @@ class Follower:
                                        (state.get("done") or {}).items()}
         self.seconds = float(state.get("seconds", 0.0))
         self._phase_state = state.get("phase_alerts", [])
+        self._spec_state = state.get("spec")  # the recorder's, for an end-of-run work alone
+        self._options = state.get("options") or {}
+        self.finished = state.get("finished")  # the final step whose end-of-run work is done
         self.recorder: ProbeRecorder | None = None
         self.probes: ProbeSet | None = None
         self.spec: ProbeSpec | None = None
@@ -139,6 +170,9 @@ class Follower:
     def run(self) -> FollowResult:
         print(f"Following {self.run_dir}: probing its snapshots as they appear "
               f"({len(self.done)} probed before)", flush=True)
+        beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
+        if "heartbeat_s" in beat:
+            check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
             return self._follow()
@@ -151,17 +185,20 @@ class Follower:
         while True:
             finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
+            for path in snapshots.leftovers(self.folder):  # probed; deleting it was cut
+                self.lock.check()
+                snapshots.remove_snapshot(path)
             todo = []
             for step, path in complete:
                 if self.done.get(step) != _written(path):
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
                     self.lock.check()
-                    snapshots.remove_snapshot(path)
+                    self._remove(path, self.done[step])
             if todo:
                 step, path = todo[0]
-                self._probe(step, path, waiting=len(todo) - 1)
-                probed.append(step)
+                if self._probe(step, path, waiting=len(todo) - 1):
+                    probed.append(step)
                 last_news = time.monotonic()
                 continue
             if finished:
@@ -195,24 +232,39 @@ class Follower:
             raise ValueError(f"{path} carries no training probe spec; was it written by "
                              "repgeom's ProbeCallback (probe.offload)?")
         block_size = int(ckpt["hyper_parameters"]["model"]["block_size"])
-        self.spec = spec
         self.probes = probe_set(validation_windows_for(ckpt, self.run_dir, block_size), spec)
-        options = ckpt.get("offload") or {}
+        self._options = dict(ckpt.get("offload") or {})
+        self._recorder(spec)
+
+    def _recorder(self, spec: ProbeSpec) -> None:
+        """The recorder and W&B runs of `spec` (the probe set is only needed to probe)."""
+        self.spec = spec
         self.recorder = ProbeRecorder(
-            self.run_dir, spec, plot_every_n_probes=int(options.get("plot_every_n_probes", 0)),
-            plot_metrics=options.get("plot_metrics"))
+            self.run_dir, spec,
+            plot_every_n_probes=int(self._options.get("plot_every_n_probes", 0)),
+            plot_metrics=self._options.get("plot_metrics"))
         self.recorder.load_state_dict(self._phase_state)
         if self.use_wandb:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
 
-    def _probe(self, step: int, path: Path, *, waiting: int) -> None:
+    def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
+        """Probe and record one snapshot, then delete it; False when it changed or vanished
+        while being read (nothing recorded: the next look sees what is there now)."""
         started = time.perf_counter()
-        weights = path / snapshots.WEIGHTS
-        ckpt = read_checkpoint(weights)
-        if self.recorder is None:
-            self._prepare(path, ckpt)
-        model = load_gpt(weights, self.device).model
+        marker = snapshots.read_json(path / snapshots.COMPLETE)
+        try:
+            ckpt = read_checkpoint(path / snapshots.WEIGHTS)
+            if self.recorder is None:
+                self._prepare(path, ckpt)
+            model = gpt_from_checkpoint(ckpt, self.device).model  # the file read once
+        except FileNotFoundError:
+            ckpt = model = None
         del ckpt
+        if marker is None or model is None or snapshots.read_json(
+                path / snapshots.COMPLETE) != marker:
+            print(f"snapshot of step {step} changed or vanished while being read; looking "
+                  "again", flush=True)
+            return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
                            settings=self.recorder.settings, keep_states=bool(self.recorder.pairs))
         del model
@@ -222,10 +274,11 @@ class Follower:
         self.lock.check()  # a worker that lost the run writes and deletes nothing more
         self.recorder.record(step, output, self.runs, n_done=len(self.done) + 1,
                              seconds=self.seconds)
-        self.done[step] = _written(path)
+        self.done[step] = float(marker.get("time", 0.0))
+        self.finished = None  # a step probed after the end-of-run work: that work again
         self._save()
         if not self.keep:
-            snapshots.remove_snapshot(path)
+            self._remove(path, self.done[step])
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         lag = max(0, int(beat.get("step", step)) - step)
         print(f"probed step {step} in {time.perf_counter() - started:.1f} s; "
@@ -233,13 +286,22 @@ class Follower:
         for run in self.runs:
             run.log({"probe/step": step, "probe/worker/waiting": waiting,
                      "probe/worker/lag_steps": lag})
+        return True
+
+    def _remove(self, path: Path, probed: float) -> None:
+        """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time)."""
+        if _written(path) == probed:
+            snapshots.remove_snapshot(path)
 
     def _save(self) -> None:
         snapshots.write_json(self.folder / snapshots.WORKER, {
             "done": {str(k): v for k, v in sorted(self.done.items())}, "seconds": self.seconds,
-            "phase_alerts": self.recorder.state_dict() if self.recorder else self._phase_state})
+            "phase_alerts": self.recorder.state_dict() if self.recorder else self._phase_state,
+            "spec": self.spec.to_dict() if self.spec else self._spec_state,
+            "options": self._options, "finished": self.finished})
 
     def _finish(self, probed: list[int], skipped: list[int]) -> FollowResult:
+        """The end-of-run work, unless ``worker.json`` says it is done for this final step."""
         if skipped:
             print(f"warning: incomplete snapshots of steps {skipped} (no {snapshots.COMPLETE}: "
                   "training was killed while writing them) were not probed", flush=True)
@@ -247,12 +309,20 @@ class Follower:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
             frame = table.rows_to_frame([])
-        plots: list[Path] = []
-        if self.recorder is not None and not frame.empty:
-            self.recorder.finish(self.runs, n_done=len(self.done), seconds=self.seconds,
-                                 where=" by the worker")
-            plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
-            frame = table.read_table(self.run_dir)
+        final = (snapshots.read_json(self.folder / snapshots.DONE) or {}).get("step")
+        if self.finished != final and not frame.empty:
+            if self.recorder is None and self._spec_state:
+                # killed during the end-of-run work after its last probe: this start probed
+                # nothing, so the recorder comes from the spec worker.json keeps
+                self._recorder(ProbeSpec.from_checkpoint({"spec": self._spec_state}))
+            if self.recorder is not None:
+                self.recorder.finish(self.runs, n_done=len(self.done), seconds=self.seconds,
+                                     where=" by the worker")
+                frame = table.read_table(self.run_dir)
+        if self.finished != final and (self.recorder is not None or frame.empty):
+            self.finished = final  # written only once the work is on disk
+            self._save()
+        plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
         print(f"Run {self.run_dir} is done; probes in {table.probe_dir(self.run_dir)}", flush=True)
         return FollowResult(self.run_dir, probed, "done", frame, skipped, plots)
@@ -261,6 +331,19 @@ class Follower:
         for run in self.runs:
             run.finish()
         self.runs = []
+
+
+def work_left(run_dir: Path) -> bool:
+    """Whether a finished run (``done.json``) still has probing to do: a complete snapshot
+    not probed, or the end-of-run work not done (``worker.json``)."""
+    folder = snapshots.snapshot_dir(run_dir)
+    done = snapshots.read_json(folder / snapshots.DONE)
+    if done is None:
+        return False
+    state = snapshots.read_json(folder / snapshots.WORKER) or {}
+    probed = {int(k): float(v) for k, v in (state.get("done") or {}).items()}
+    waiting = [s for s, path in snapshots.snapshots(folder)[0] if probed.get(s) != _written(path)]
+    return bool(waiting) or state.get("finished") != done.get("step")
 
 
 def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
@@ -320,6 +403,8 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
     Its output goes to ``<run_dir>/probes/worker.log``.
     """
     threads = int(options.get("threads") or 1)
+    check_heartbeat(float(options.get("heartbeat_s") or 10.0),
+                    float(options.get("timeout_s") or 600.0))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cpus = options.get("cpus")
     affinity = None if cpus is None else {int(c) for c in cpus}
@@ -331,7 +416,28 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
                              timeout_s=float(options.get("timeout_s") or 600.0),
                              keep_snapshots=bool(options.get("keep_snapshots")))
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env,
-            preexec_fn=None if affinity is None else (lambda: os.sched_setaffinity(0, affinity)),
-        )
+        # start_new_session, not preexec_fn: preexec_fn is unsafe once threads run (the
+        # heartbeat, Lightning's) (https://docs.python.org/3/library/subprocess.html#popen-
+        # constructor); the worker's own session also keeps a Ctrl-C for train.py from it: it
+        # stops on the failed state or when train.py's pid is gone, or train.py stops it
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    if affinity is not None:  # before its interpreter has started any thread of its own
+        os.sched_setaffinity(process.pid, affinity)
+    return process
+
+
+def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
+    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
+    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
+    try:
+        return process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        pass
+    process.terminate()
+    try:
+        process.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return None
