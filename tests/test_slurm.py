@@ -283,6 +283,8 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
     # requeued mid-run (`scontrol requeue`: SIGTERM, back to the queue, the same job id and run
     # folder, resumed from last.ckpt, so it replays steps and rewrites their snapshots), then the
     # worker goes on. The final table is the one the in-process probe writes.
+    import os
+    import signal
     import time
 
     import numpy as np
@@ -321,15 +323,25 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
         return int((snapshots.read_json(folder / snapshots.TRAINING) or {}).get("step", 0))
 
     wait_for("the worker's first probe", lambda: probed() >= 1)
-    slurm.run(["scontrol", "suspend", worker])  # it lags from here on
-    # Mid-run, after a checkpoint, with snapshots waiting for the stopped worker.
-    wait_for("training past step 120", lambda: training_step() >= 120
-             and (run_dir / "checkpoints" / "last.ckpt").is_file())
-    assert training_step() < steps, "training ended before the requeue; give it more steps"
-    slurm.run(["scontrol", "requeue", job])
-    slurm.wait(job, timeout=300, until=lambda r: int(r.get("Restarts", 0)) >= 1
-               and r.get("JobState") == "RUNNING")
-    slurm.run(["scontrol", "resume", worker])
+    # The worker lags from here on: stopped (SIGSTOP). `scontrol suspend` would be the cluster's
+    # way, but on this test node (proctrack/linuxproc, no cgroups) it leaves a batch job running.
+    worker_pid = int((folder / "worker.lock").read_text().strip())
+    os.kill(worker_pid, signal.SIGSTOP)
+    try:
+        # Mid-run, after a checkpoint, with snapshots waiting for the stopped worker.
+        wait_for("training past step 120", lambda: training_step() >= 120
+                 and (run_dir / "checkpoints" / "last.ckpt").is_file())
+        assert training_step() < steps, "training ended before the requeue; give it more steps"
+        first_pid = snapshots.read_json(folder / snapshots.TRAINING)["pid"]
+        slurm.run(["scontrol", "requeue", job])
+        # Lightning turns the requeue's SIGTERM into SIGTERMException: the run is "stopped", not
+        # "failed", and the worker, going on now, waits for it to come back.
+        wait_for("the stopped state", lambda: (snapshots.read_json(folder / snapshots.TRAINING)
+                                               or {}).get("state") == "stopped")
+    finally:
+        os.kill(worker_pid, signal.SIGCONT)
+    wait_for("the requeued start", lambda: (snapshots.read_json(folder / snapshots.TRAINING)
+                                            or {}).get("pid") not in (None, first_pid), 600)
     assert slurm.wait(job, timeout=600)["JobState"] == "COMPLETED", job_output(log)
     record = slurm.wait(worker, timeout=600)
     assert record["JobState"] == "COMPLETED", job_output(worker_log)

@@ -702,3 +702,28 @@ def test_the_pairwise_rows_against_the_final_step_come_when_the_worker_is_rerun(
     pd.testing.assert_frame_equal(got[keys], expected[keys])
     # rtol 1e-6: the same weights and states; only float summation order may differ.
     np.testing.assert_allclose(got["value"], expected["value"], rtol=1e-6, atol=1e-9)
+
+
+def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: Path) -> None:
+    # SLURM's requeue (and preemption, scancel) sends SIGTERM; Lightning raises SIGTERMException
+    # out of fit. That run comes back under the same folder, so the worker must not stop at once
+    # as it does for a failed run: it waits for a heartbeat or a snapshot up to its timeout.
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    callback = ProbeCallback(offload="snapshots")
+    callback.run_dir = tmp_path
+    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    callback.writer.start({"wandb": None})
+    callback.on_exception(None, None, SIGTERMException())
+    folder = snapshots.snapshot_dir(tmp_path)
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+    assert not (folder / snapshots.DONE).exists()
+    started = time.monotonic()
+    with pytest.raises(TrainingDiedError, match="stopped.*no new snapshot for 2 s"):
+        follow(tmp_path, timeout_s=2, wandb=False)
+    assert time.monotonic() - started >= 2  # waited for the run to come back
+    # Any other exception is a failure: the worker stops at once.
+    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    callback.writer.start({"wandb": None})
+    callback.on_exception(None, None, RuntimeError("boom"))
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "failed"

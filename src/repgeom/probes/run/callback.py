@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
@@ -213,8 +214,12 @@ class ProbeCallback(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        if self.writer is not None:  # the worker sees "failed" and stops at once
-            self._end_offload(trainer, final_step=None)
+        if self.writer is not None:
+            # SIGTERM (a SLURM requeue or preemption, scancel): "stopped", the run may come back
+            # and a worker waits for it (follow_timeout_s); any other exception: "failed", and
+            # the worker stops at once.
+            self._end_offload(trainer, final_step=None,
+                              stopped=isinstance(exception, SIGTERMException))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """The end of a fit that did not raise (Lightning calls it last; an exception goes
@@ -334,12 +339,13 @@ class ProbeCallback(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
-    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None) -> None:
+    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None,
+                     stopped: bool = False) -> None:
         """Write the done marker (or mark the run failed) and, for a worker of our own with
         ``probe.worker.wait``, wait for it to probe what is left (at most
         ``probe.worker.wait_timeout_s``); after a failure our worker is stopped instead."""
         writer, self.writer = self.writer, None
-        writer.close(final_step=final_step)
+        writer.close(final_step=final_step, stopped=stopped)
         if writer.skipped:
             rank_zero_warn(f"the snapshots of steps {sorted(writer.skipped)} were skipped for "
                            "lack of disk space, so those steps have no probe rows; see the "

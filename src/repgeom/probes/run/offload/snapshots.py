@@ -20,8 +20,9 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   never half-deleted under a training process's eyes;
 - ``training.json``: the training process (pid, host, step, the time that step was reached,
   time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
-  ``"state": "failed"`` after an exception: how a worker tells a live run from a dead one, and a
-  run that makes progress from a stuck one;
+  ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
+  preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
+  worker tells a live run from a dead one, and a run that makes progress from a stuck one;
 - ``done.json``: training ended (the final step);
 - ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
 - ``worker.json``: the worker's own progress (steps probed), for its resume.
@@ -266,9 +267,10 @@ class SnapshotWriter:
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
                 pass
 
-    def close(self, *, final_step: int | None) -> None:
+    def close(self, *, final_step: int | None, stopped: bool = False) -> None:
         """Wait for the last write, stop the heartbeat; with `final_step` write ``done.json``
-        (training ended), without it mark the run ``failed`` (an exception ended it)."""
+        (training ended), without it mark the run ``failed`` (an exception ended it), or with
+        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back)."""
         failed = False
         try:
             self.wait()
@@ -283,7 +285,7 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             if final_step is None or failed:
-                self._beat("failed")
+                self._beat("stopped" if stopped and not failed else "failed")
             else:  # the done marker first: a worker that sees "finished" finds it
                 write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
                 self._beat("finished")
