@@ -55,9 +55,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
 
 
 def sbatch(slurm: LocalSlurm, options: list[str], script: str, overrides: list[str], run_dir: Path,
-           log: Path) -> str:
+           log: Path, **env_extra: str) -> str:
     """Submit `script` as a user does, with this Python's environment; return the job id."""
-    env = subprocess_env(RUN_DIR=str(run_dir))
+    env = subprocess_env(RUN_DIR=str(run_dir), **env_extra)
     proc = slurm.run(
         ["sbatch", "--parsable", *CPU_JOB, f"--output={log}", *options, script, *overrides],
         cwd=ROOT, env=env,
@@ -285,6 +285,7 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
     # worker goes on. The final table is the one the in-process probe writes.
     import os
     import signal
+    import socket
     import time
 
     import numpy as np
@@ -298,9 +299,14 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
         "trainer.val_check_interval=50", "trainer.log_every_n_steps=10",
         "probe.every_n_steps=50", "probe.log_spaced_until=50", "probe.n_log_spaced=3",
     ]
+    # Lightning's SLURM port is 15000 + the job id's last digits; each test cluster numbers its
+    # jobs from 1, so another session's job may hold it: a free port instead, kept on requeue.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
     job = sbatch(slurm, ["--ntasks-per-node=1"], "slurm/train.sbatch",
                  [*overrides, "probe.offload=snapshots", "probe.worker.heartbeat_s=0.5"],
-                 run_dir, log)
+                 run_dir, log, MASTER_PORT=port)
     worker = slurm.run(
         ["sbatch", "--parsable", *CPU_JOB, f"--output={worker_log}", f"--dependency=after:{job}",
          "slurm/probe_worker.sbatch", str(run_dir), "device=cpu"],
