@@ -221,6 +221,8 @@ def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_p
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
     first.lock.acquire(30, str(run_dir))
+    training = snapshots.snapshot_dir(run_dir) / snapshots.TRAINING  # beats fit a 1-s timeout
+    snapshots.write_json(training, {**snapshots.read_json(training), "heartbeat_s": 0.2})
     # The second waits for the first (follow_timeout_s), then says which one holds the run.
     with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
         follow(run_dir, timeout_s=1)
