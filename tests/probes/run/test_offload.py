@@ -624,6 +624,8 @@ def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Pat
     folder = snapshots.snapshot_dir(run_dir)
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     snapshots.write_json(folder / snapshots.TRAINING, {**beat, "heartbeat_s": 60})
+    assert follow(run_dir, timeout_s=30).stopped == "done"  # finished: no beats to judge
+    _pretend_training_runs(run_dir)  # a live run with a 60 s heartbeat
     with pytest.raises(ValueError, match=r"timeout \(30 s.*follow_timeout_s"):
         follow(run_dir, timeout_s=30)
 

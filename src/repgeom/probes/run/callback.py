@@ -299,6 +299,7 @@ class ProbeCallback(L.Callback):
             self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]),
             min_free_gb=float(self.worker_options["min_free_gb"]))
         self.writer.rank = trainer.global_rank
+        self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
         self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
         if self.offload == "worker":
             self.worker = follow.start_worker(self.run_dir, self.worker_options)

@@ -171,7 +171,7 @@ class Follower:
         print(f"Following {self.run_dir}: probing its snapshots as they appear "
               f"({len(self.done)} probed before)", flush=True)
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-        if "heartbeat_s" in beat:
+        if beat.get("state") == "running" and "heartbeat_s" in beat:  # judged by its beats
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
