@@ -255,6 +255,26 @@ def test_two_workers_started_on_one_run_probe_each_step_once(snapshot_run, tmp_p
     assert snapshots.snapshots(folder) == ([], []) and not (folder / "worker.lease").exists()
 
 
+def test_a_worker_where_flock_is_refused_follows_at_once_with_the_lease(
+    snapshot_run, tmp_path: Path, capsys
+) -> None:
+    # NFS without lockd: flock answers ENOLCK. That is no other worker; the worker takes the
+    # lease file instead and probes at once, rather than waiting follow_timeout_s for nobody.
+    import fcntl
+
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+
+    def no_lockd(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fcntl, "flock", no_lockd)
+        result = follow(run_dir, timeout_s=30, wandb=False)
+    assert result.stopped == "done" and result.probed == STEPS
+    assert "using a lease file" in capsys.readouterr().out
+    assert not (snapshots.snapshot_dir(run_dir) / "worker.lease").exists()  # released
+
+
 def test_a_full_disk_skips_that_probe_and_training_goes_on(tmp_path: Path, caplog) -> None:
     # ENOSPC in the middle of the weights file of step 4 (torch.save writes through the open
     # file): that step's probe is skipped with a warning naming the folder and the free space,
