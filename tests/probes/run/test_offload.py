@@ -751,3 +751,45 @@ def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: P
     callback.writer.start({"wandb": None})
     callback.on_exception(None, None, RuntimeError("boom"))
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "failed"
+
+
+def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, monkeypatch,
+                                                             caplog) -> None:
+    # On a full disk (or a quota: EDQUOT while disk_usage still shows free space) the real
+    # torch.save does not raise the OSError: its zip writer turns the failed write into a
+    # RuntimeError ("unexpected pos ..."), the ENOSPC only its __context__. Here the real
+    # torch.save writes through a file that runs out of space after 1000 bytes.
+    original_save = torch.save
+
+    class FullFile:
+        def __init__(self, handle) -> None:
+            self.handle, self.written = handle, 0
+
+        def write(self, data) -> int:
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.handle.write(data)
+
+        def flush(self) -> None:
+            self.handle.flush()
+
+    def save(obj, handle, *args, **kwargs):
+        return original_save(obj, FullFile(handle) if obj["global_step"] == 2 else handle,
+                             *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60, min_free_gb=0)
+    writer.start({"wandb": None})
+    model = torch.nn.Linear(64, 64)
+    with caplog.at_level("WARNING"):
+        for step in (1, 2, 3):
+            writer.snapshot(step, model, {"offload": {}})  # a failed write surfaced here
+        writer.close(final_step=3)
+    folder = writer.folder
+    assert [s for s, _ in snapshots.snapshots(folder)[0]] == [1, 3]
+    assert snapshots.snapshots(folder)[1] == [] and not list(folder.glob(".*.tmp"))
+    assert list(writer.skipped) == [2] and "No space left on device" in writer.skipped[2]
+    warned = [r.getMessage() for r in caplog.records if "snapshot of step 2 is skipped" in
+              r.getMessage()]
+    assert warned and str(folder) in warned[0] and re.search(r"[\d.]+ GB free in", warned[0])

@@ -173,6 +173,19 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
+def _disk_full(error: BaseException) -> OSError | None:
+    """The ENOSPC or EDQUOT behind `error`, if any. torch.save does not raise it as such: its
+    zip writer turns the OSError of the file's write into a RuntimeError ("unexpected pos"),
+    with the OSError as its ``__context__``; so the whole chain is searched."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def remove_snapshot(path: Path) -> None:
     """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
     one of its hidden forms): renamed to ``.step_<N>.<pid>.removed`` first, so ``step_<N>`` is
@@ -369,11 +382,12 @@ class SnapshotWriter:
         tmp = self.folder / f".{folder.name}.{os.getpid()}{WRITING}"
         try:
             self._write_files(folder, tmp, step, weights, meta)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        except Exception as error:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, whatever failed
+            full = _disk_full(error)
+            if full is None:
                 raise
-            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays
-            self._skip(step, f"{error.strerror or error} while writing")
+            self._skip(step, f"{full.strerror or full} while writing")
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
