@@ -793,3 +793,16 @@ def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, mon
     warned = [r.getMessage() for r in caplog.records if "snapshot of step 2 is skipped" in
               r.getMessage()]
     assert warned and str(folder) in warned[0] and re.search(r"[\d.]+ GB free in", warned[0])
+
+
+def test_a_json_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    # ENOSPC at fsync (as NFS reports a full disk): the heartbeat thread swallows it and tries
+    # again, so a half-written `.training.json.<pid>.tmp` must not stay behind each time.
+    def full(fd) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        snapshots.write_json(tmp_path / snapshots.TRAINING, {"state": "running"})
+    assert list(tmp_path.iterdir()) == []

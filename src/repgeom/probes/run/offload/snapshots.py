@@ -136,11 +136,15 @@ def leftovers(folder: Path) -> list[Path]:
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """`data` as JSON at `path`, atomically: a temporary file, fsync, rename, fsync the folder."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary file stays
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
