@@ -119,3 +119,22 @@ def test_the_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Pat
     held.acquire(timeout_s=600, what="the run")
     assert time.monotonic() - started < 5
     held.release()
+
+
+def test_mountinfo_escapes_are_read_for_the_longest_mount(tmp_path: Path, monkeypatch) -> None:
+    # The kernel writes a space, tab, newline and backslash in a mount point as \040, \011,
+    # \012 and \134 (octal); a run folder under such an NFS mount must still be found on it.
+    mounts = tmp_path / "mountinfo"
+    mounts.write_text(
+        "22 1 0:21 / / rw,relatime - ext4 /dev/sda1 rw\n"
+        "41 22 0:41 / /home/my\\040lab rw - nfs4 server:/home rw\n"
+        "42 22 0:42 / /data/a\\134b rw - lustre 10.0.0.1@o2ib:/data rw\n"
+        "43 22 0:43 / /data/tab\\011dir rw - gpfs gpfs0 rw\n"
+    )
+    real = Path
+    monkeypatch.setattr(worker_lock, "Path", lambda p: mounts if p == "/proc/self/mountinfo"
+                        else real(p))
+    assert worker_lock.file_system_type(real("/home/my lab/run")) == "nfs4"
+    assert worker_lock.file_system_type(real("/data/a\\b/run")) == "lustre"
+    assert worker_lock.file_system_type(real("/data/tab\tdir/run")) == "gpfs"
+    assert worker_lock.file_system_type(real("/data/ab/run")) == "ext4"

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import socket
 import threading
 import time
@@ -59,6 +60,12 @@ class LockLostError(RuntimeError):
     """Another worker took this worker's lease over (its heartbeat was judged stale)."""
 
 
+def _unescape(field: str) -> str:
+    """A mount point as ``/proc/self/mountinfo`` writes it, with its octal escapes (``\\040``
+    space, ``\\011`` tab, ``\\012`` newline, ``\\134`` backslash) read back."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def file_system_type(path: Path) -> str | None:
     """The type of the file system holding `path` (``/proc/self/mountinfo``); None off Linux."""
     try:
@@ -71,7 +78,7 @@ def file_system_type(path: Path) -> str | None:
         fields = left.split()
         if len(fields) < 5 or not right:
             continue
-        mount = fields[4].replace("\\040", " ")
+        mount = _unescape(fields[4])
         inside = target == mount or target.startswith(mount.rstrip("/") + "/")
         if inside and len(mount) >= len(best):
             best, kind = mount, right.split()[0]
