@@ -138,3 +138,36 @@ def test_mountinfo_escapes_are_read_for_the_longest_mount(tmp_path: Path, monkey
     assert worker_lock.file_system_type(real("/data/a\\b/run")) == "lustre"
     assert worker_lock.file_system_type(real("/data/tab\tdir/run")) == "gpfs"
     assert worker_lock.file_system_type(real("/data/ab/run")) == "ext4"
+
+
+def test_two_takeovers_of_one_stale_lease_at_once_leave_it_to_the_first(tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    # Two waiters judge the lease of a dead host stale on the same tick. The first moves it
+    # aside and writes its own; the second, which read the dead one just before, then renames.
+    # It must not move the first's fresh lease away: the first may already probe and delete.
+    from repgeom.probes.run.offload.snapshots import read_json
+
+    lease = tmp_path / worker_lock.LEASE_NAME
+    lease.write_text('{"host": "elsewhere", "pid": 1, "token": "dead"}')
+    first = WorkerLock(tmp_path, kind="file", stale_s=60, heartbeat_s=30)
+    second = WorkerLock(tmp_path, kind="file", stale_s=60, heartbeat_s=30)
+
+    def stale() -> dict:  # what a waiter has seen: the dead lease, its heartbeat still 61 s
+        return {"beat": lease.stat().st_mtime, "seen": time.monotonic() - 61, "token": "dead"}
+
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if str(dst).endswith(second.token):  # the second's move of the lease it judged stale
+            monkeypatch.setattr(os, "rename", real_rename)
+            assert first._judge(stale()) is None  # ... comes just after the first's takeover
+        return real_rename(src, dst)
+
+    second_saw = stale()
+    monkeypatch.setattr(os, "rename", rename)
+    assert second._judge(second_saw) is not None  # the second waits: the lease is live
+    assert read_json(lease)["token"] == first.token
+    first.check()  # still the holder
+    assert not list(tmp_path.glob(".worker.lease.stale.*"))
+    first.release()
+    assert not lease.exists()

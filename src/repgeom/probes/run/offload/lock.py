@@ -228,12 +228,30 @@ class WorkerLock:
             os.rename(self.lease, aside)
         except FileNotFoundError:
             return name
+        moved = read_json(aside) or {}
+        if moved.get("token") != holder.get("token"):
+            # Another waiter took the stale lease over between our look and our rename: what we
+            # moved is its fresh lease, and it may be at work already. Put it back, and wait.
+            self._put_back(aside)
+            return f"pid {moved.get('pid', '?')} on {moved.get('host', '?')}"
         aside.unlink(missing_ok=True)
         print(f"The probe worker lease of {name} is stale ("
               + ("its process is gone" if gone else
                  f"no heartbeat for {now - watch['seen']:.0f} s") + "); taking it over",
               flush=True)
         return self._try_lease(watch)
+
+    def _put_back(self, aside: Path) -> None:
+        """Return another's lease moved to `aside` by mistake (`_judge`), never over a newer one."""
+        try:
+            os.link(aside, self.lease)  # fails where a lease is there again: that one stays
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links here (some FUSE file systems): a rename instead
+            if not self.lease.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(aside, self.lease)
+        aside.unlink(missing_ok=True)
 
     # -- hold ------------------------------------------------------------------------------------
 
