@@ -806,3 +806,41 @@ def test_a_json_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: P
     with pytest.raises(OSError, match="No space left"):
         snapshots.write_json(tmp_path / snapshots.TRAINING, {"state": "running"})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # The worker runs on another node than training (slurm/probe_worker.sbatch), whose clock is
+    # two hours behind. Its heartbeat moves, its step moves: it lives, whatever its clock says.
+    # The worker must wait for its done marker, not stop after follow_timeout_s.
+    import threading
+
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    (folder / snapshots.DONE).unlink()
+    base = snapshots.read_json(folder / snapshots.TRAINING)
+    stop = threading.Event()
+
+    def trainer_elsewhere() -> None:
+        skew, step = -7200.0, 20
+        for _ in range(48):  # beats every 0.25 s, for more than twice the worker's timeout
+            step += 1
+            snapshots.write_json(folder / snapshots.TRAINING, {
+                **base, "host": "node-elsewhere", "pid": 1, "state": "running",
+                "heartbeat_s": 0.25, "step": step, "step_time": time.time() + skew,
+                "time": time.time() + skew})
+            if stop.wait(0.25):
+                return
+        snapshots.write_json(folder / snapshots.DONE, {"step": 20, "time": time.time() + skew})
+        snapshots.write_json(folder / snapshots.TRAINING, {
+            **base, "host": "node-elsewhere", "state": "finished", "time": time.time() + skew})
+
+    thread = threading.Thread(target=trainer_elsewhere)
+    thread.start()
+    try:
+        result = follow(run_dir, timeout_s=5, wandb=False)
+    finally:
+        stop.set()
+        thread.join()
+    assert result.stopped == "done" and result.probed == STEPS

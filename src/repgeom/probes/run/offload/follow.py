@@ -21,7 +21,9 @@ in-process probe writes on the same weights.
   when that work is done, so a worker killed during it does it again when rerun. Or it stops
   when the run died: no new snapshot and no live training process for ``follow_timeout_s``
   seconds, where live means a fresh heartbeat in ``training.json`` and a training step that
-  moved within that time (a deadlocked trainer's heartbeat thread still beats); at once when the
+  moved within that time (a deadlocked trainer's heartbeat thread still beats; a trainer on
+  another node is judged on the worker's own clock, from when it saw them change, since two
+  nodes' clocks may differ by more than the timeout); at once when the
   run is certainly gone (its state ``failed``, or its pid gone on this host).
 - One worker per run (`repgeom.probes.run.offload.lock`: flock on a local file system, a lease
   file with a heartbeat on a shared one or where flock is refused): a second one waits for the
@@ -105,12 +107,18 @@ def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
         )
 
 
-def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> tuple[bool, str]:
+def training_alive(folder: Path, timeout_s: float, now: float | None = None,
+                   watch: dict[str, Any] | None = None) -> tuple[bool, str]:
     """Whether the training process of `folder` (``training.json``) lives, and why not.
 
     Alive: its state is ``running``, its heartbeat is less than `timeout_s` old, its training
     step moved less than `timeout_s` ago (the heartbeat thread of a deadlocked trainer still
     beats), and, on this host, its pid exists.
+
+    The ages are read from the trainer's clock against this host's. With `watch` (kept by the
+    caller between looks) a trainer on another host is judged on this host's clock alone, as
+    the worker lease is: the ages count from when this process saw its heartbeat, and its step,
+    last change. Two nodes' clocks can be minutes apart.
     """
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     if beat is None:
@@ -119,11 +127,19 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None) -> 
         return False, f"the training process {beat.get('state')}"
     if beat.get("host") == socket.gethostname() and not _alive(int(beat.get("pid", -1))):
         return False, f"the training process (pid {beat.get('pid')}) is gone"
-    now = time.time() if now is None else now
-    age = now - float(beat.get("time", 0))
+    if watch is not None and beat.get("host") != socket.gethostname():
+        seen = time.monotonic()
+        if watch.get("time") != beat.get("time"):
+            watch.update(time=beat.get("time"), seen=seen)
+        if watch.get("step") != beat.get("step"):
+            watch.update(step=beat.get("step"), step_seen=seen)
+        age, stuck = seen - watch["seen"], seen - watch["step_seen"]
+    else:
+        now = time.time() if now is None else now
+        age = now - float(beat.get("time", 0))
+        stuck = now - float(beat.get("step_time", beat.get("time", 0)))
     if age > timeout_s:
         return False, f"no heartbeat from the training process for {age:.0f} s"
-    stuck = now - float(beat.get("step_time", beat.get("time", 0)))
     if stuck > timeout_s:
         return False, (f"the training process beats but has been at step {beat.get('step')} for "
                        f"{stuck:.0f} s (no progress)")
@@ -164,6 +180,7 @@ class Follower:
         self.probes: ProbeSet | None = None
         self.spec: ProbeSpec | None = None
         self.runs: list = []
+        self._beats: dict[str, Any] = {}  # another host's heartbeat, judged on this clock
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -203,7 +220,7 @@ class Follower:
                 continue
             if finished:
                 return self._finish(probed, [s for s, _ in incomplete])
-            alive, why = training_alive(self.folder, self.timeout_s)
+            alive, why = training_alive(self.folder, self.timeout_s, watch=self._beats)
             beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
             # A failed run or a vanished process on this host is gone for sure: stop now, once
             # a last look has found nothing new (the done marker is written before "finished").
