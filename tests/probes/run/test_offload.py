@@ -844,3 +844,26 @@ def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
         stop.set()
         thread.join()
     assert result.stopped == "done" and result.probed == STEPS
+
+
+def test_a_validation_run_counts_as_progress_in_the_heartbeat(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    # No optimizer step moves during a validation run (or the checkpoint save after it); a long
+    # one must not read as a deadlocked trainer, or the worker stops (TrainingDiedError) while
+    # training is fine. Each validation batch that ends is progress.
+    from repgeom.models.lightning_module import CharLM
+
+    seen: list[tuple[int, float, float]] = []  # (batch, when it started, step_time then)
+    original = CharLM.validation_step
+
+    def validation_step(self, batch, batch_idx):
+        callback = next(c for c in self.trainer.callbacks if isinstance(c, ProbeCallback))
+        if callback.writer is not None:  # not the sanity check before training starts
+            seen.append((batch_idx, time.time(), callback.writer.step_time))
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(CharLM, "validation_step", validation_step)
+    train(compose_train(tmp_path / "run", ["logger=csv", *PROBE, "probe.offload=snapshots"]))
+    assert [b for b, _, _ in seen] == [0, 1, 0, 1]  # validation at steps 10 and 20
+    for (_, started, _), (_, _, progress) in zip(seen[0::2], seen[1::2], strict=True):
+        assert progress >= started  # the first validation batch moved the heartbeat's clock

@@ -198,6 +198,14 @@ class ProbeCallback(L.Callback):
             self.writer.progress(trainer.global_step)
         self._maybe_probe(trainer, pl_module)
 
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        # No optimizer step moves during a validation run; each batch of it is progress all the
+        # same, so a long one is not judged a deadlock by the worker (follow.training_alive).
+        if self.writer is not None:
+            self.writer.progress(trainer.global_step, busy=True)
+
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: Any) -> None:
         if self.writer is not None:  # a GPU copy still in flight finishes before the update

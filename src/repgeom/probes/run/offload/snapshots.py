@@ -266,9 +266,10 @@ class SnapshotWriter:
                                            daemon=True)
         self._heartbeat.start()
 
-    def progress(self, step: int) -> None:
-        """Training is at `step` (the next heartbeat says so, with when it got there)."""
-        if step != self.step:
+    def progress(self, step: int, *, busy: bool = False) -> None:
+        """Training is at `step` (the next heartbeat says so, with when it got there); `busy`:
+        it is still there but works (a validation batch ended), which counts as progress too."""
+        if step != self.step or busy:
             self.step, self.step_time = int(step), time.time()
 
     def _beat(self, state: str) -> None:
