@@ -171,3 +171,30 @@ def test_two_takeovers_of_one_stale_lease_at_once_leave_it_to_the_first(tmp_path
     assert not list(tmp_path.glob(".worker.lease.stale.*"))
     first.release()
     assert not lease.exists()
+
+
+def test_one_unreadable_look_at_its_own_lease_does_not_lose_it(tmp_path: Path,
+                                                               monkeypatch) -> None:
+    # NFS answers EIO (or ESTALE) to one read of the lease: that is not another worker taking
+    # it over. The holder keeps the run; it stops only for a lease gone or another's.
+    import threading
+
+    held = WorkerLock(tmp_path, kind="file", stale_s=10, heartbeat_s=0.05)
+    held.acquire(timeout_s=5, what="the run")
+    real_read, failed, beaten = Path.read_text, threading.Event(), threading.Event()
+
+    def read_text(self, *args, **kwargs):
+        if self == held.lease and threading.current_thread() is held._beat:
+            if not failed.is_set():
+                failed.set()
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            beaten.set()  # a beat after the failed one
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert beaten.wait(30)
+    monkeypatch.setattr(Path, "read_text", real_read)
+    held.check()  # still the holder
+    assert not held.lost
+    held.release()
+    assert not held.lease.exists()  # released as its own

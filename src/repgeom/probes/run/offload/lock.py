@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import socket
@@ -257,8 +258,15 @@ class WorkerLock:
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            holder = read_json(self.lease)
-            if holder is None or holder.get("token") != self.token:
+            try:
+                holder = json.loads(self.lease.read_text())
+            except FileNotFoundError:  # removed: taken over (moved aside) by another
+                holder = None
+            except OSError:  # EIO, ESTALE: one failed look on a shared file system; next beat
+                continue
+            except ValueError:  # another's lease still being written
+                holder = None
+            if not isinstance(holder, dict) or holder.get("token") != self.token:
                 self.lost = True
                 return
             with contextlib.suppress(OSError):  # a full disk: the next beat tries again
