@@ -867,3 +867,29 @@ def test_a_validation_run_counts_as_progress_in_the_heartbeat(tmp_path: Path,
     assert [b for b, _, _ in seen] == [0, 1, 0, 1]  # validation at steps 10 and 20
     for (_, started, _), (_, _, progress) in zip(seen[0::2], seen[1::2], strict=True):
         assert progress >= started  # the first validation batch moved the heartbeat's clock
+
+
+def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_path: Path
+                                                                          ) -> None:
+    # step_1 says complete but its weights.ckpt is gone (deleted by hand to free space, or lost
+    # by the file system). The worker named it "changed or vanished" and looked again at once,
+    # forever (a busy loop writing worker.log), even for a failed run. It must skip it, say so,
+    # and stop as for any failed run.
+    run_dir = tmp_path / "run"
+    folder = snapshots.snapshot_dir(run_dir)
+    snapshots.step_dir(folder, 1).mkdir(parents=True)
+    (folder / snapshots.MARKER).write_text("repgeom")
+    snapshots.write_json(snapshots.step_dir(folder, 1) / snapshots.COMPLETE,
+                         {"step": 1, "time": time.time()})
+    snapshots.write_json(folder / snapshots.TRAINING,
+                         {"state": "failed", "pid": 1, "host": "elsewhere", "time": time.time()})
+    code = ("from repgeom.probes.run.offload.follow import follow; "
+            f"follow({str(run_dir)!r}, timeout_s=5, wandb=False)")
+    try:
+        done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                              env=subprocess_env(PYTHONPATH=str(ROOT / "src")))
+    except subprocess.TimeoutExpired as spinning:
+        pytest.fail(f"the worker never stopped: {str(spinning.stdout)[-300:]}")
+    assert "TrainingDiedError" in done.stderr and "training process failed" in done.stderr
+    assert done.stdout.count("step 1") <= 2
+    assert "has no weights.ckpt" in done.stdout

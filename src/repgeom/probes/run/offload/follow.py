@@ -181,6 +181,7 @@ class Follower:
         self.spec: ProbeSpec | None = None
         self.runs: list = []
         self._beats: dict[str, Any] = {}  # another host's heartbeat, judged on this clock
+        self.broken: dict[int, float] = {}  # step -> the time of a marker without its weights
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -207,7 +208,10 @@ class Follower:
                 snapshots.remove_snapshot(path)
             todo = []
             for step, path in complete:
-                if self.done.get(step) != _written(path):
+                written = _written(path)
+                if self.broken.get(step) == written:  # complete.json without weights: skipped
+                    continue
+                if self.done.get(step) != written:
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
                     self.lock.check()
@@ -219,7 +223,7 @@ class Follower:
                 last_news = time.monotonic()
                 continue
             if finished:
-                return self._finish(probed, [s for s, _ in incomplete])
+                return self._finish(probed, sorted({*(s for s, _ in incomplete), *self.broken}))
             alive, why = training_alive(self.folder, self.timeout_s, watch=self._beats)
             beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
             # A failed run or a vanished process on this host is gone for sure: stop now, once
@@ -277,8 +281,16 @@ class Follower:
         except FileNotFoundError:
             ckpt = model = None
         del ckpt
-        if marker is None or model is None or snapshots.read_json(
-                path / snapshots.COMPLETE) != marker:
+        again = snapshots.read_json(path / snapshots.COMPLETE)
+        if model is None and marker is not None and again == marker:
+            # the same complete.json before and after, its weights file missing: not a snapshot
+            # being replaced (that changes complete.json) but one broken for good (its file
+            # deleted by hand or lost); looking again would spin forever
+            self.broken[step] = float(marker.get("time", 0.0))
+            print(f"warning: the snapshot of step {step} ({path}) is complete but has no "
+                  f"{snapshots.WEIGHTS}; it is not probed", flush=True)
+            return False
+        if marker is None or model is None or again != marker:
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
             return False
