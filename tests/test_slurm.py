@@ -19,6 +19,7 @@ from cli_runs import (
     assert_complete_run,
     csv_metrics,
     probe_table,
+    run_train,
     subprocess_env,
     tiny_overrides,
     wandb_run_id,
@@ -54,9 +55,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
 
 
 def sbatch(slurm: LocalSlurm, options: list[str], script: str, overrides: list[str], run_dir: Path,
-           log: Path) -> str:
+           log: Path, **env_extra: str) -> str:
     """Submit `script` as a user does, with this Python's environment; return the job id."""
-    env = subprocess_env(RUN_DIR=str(run_dir))
+    env = subprocess_env(RUN_DIR=str(run_dir), **env_extra)
     proc = slurm.run(
         ["sbatch", "--parsable", *CPU_JOB, f"--output={log}", *options, script, *overrides],
         cwd=ROOT, env=env,
@@ -272,3 +273,96 @@ def test_a_probe_worker_job_follows_the_training_job(slurm: LocalSlurm, tmp_path
     assert record["JobState"] == "COMPLETED", job_output(worker_log)
     assert sorted(probe_table(run_dir)["step"].unique()) == [0, 20]
     assert "is done" in job_output(worker_log)
+
+
+def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_table(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    # Issue 33, item 7: slurm/train.sbatch with probe.offload=snapshots and its companion
+    # slurm/probe_worker.sbatch. The worker is suspended (it lags, snapshots pile up), training is
+    # requeued mid-run (`scontrol requeue`: SIGTERM, back to the queue, the same job id and run
+    # folder, resumed from last.ckpt, so it replays steps and rewrites their snapshots), then the
+    # worker goes on. The final table is the one the in-process probe writes.
+    import os
+    import signal
+    import socket
+    import time
+
+    import numpy as np
+
+    from repgeom.probes.run.offload import snapshots
+
+    run_dir, log, worker_log = tmp_path / "run", tmp_path / "job.out", tmp_path / "worker.out"
+    steps = 600
+    overrides = [
+        *tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={steps}",
+        "trainer.val_check_interval=50", "trainer.log_every_n_steps=10",
+        "probe.every_n_steps=50", "probe.log_spaced_until=50", "probe.n_log_spaced=3",
+    ]
+    # Lightning's SLURM port is 15000 + the job id's last digits; each test cluster numbers its
+    # jobs from 1, so another session's job may hold it: a free port instead, kept on requeue.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    job = sbatch(slurm, ["--ntasks-per-node=1"], "slurm/train.sbatch",
+                 [*overrides, "probe.offload=snapshots", "probe.worker.heartbeat_s=0.5"],
+                 run_dir, log, MASTER_PORT=port)
+    worker = slurm.run(
+        ["sbatch", "--parsable", *CPU_JOB, f"--output={worker_log}", f"--dependency=after:{job}",
+         "slurm/probe_worker.sbatch", str(run_dir), "device=cpu"],
+        cwd=ROOT, env=subprocess_env(),
+    ).stdout.strip().split(";")[0]
+    folder = snapshots.snapshot_dir(run_dir)
+
+    def wait_for(what: str, ready, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not within {timeout:.0f} s\n{job_output(log)}\n"
+                                   f"{job_output(worker_log)}")
+            time.sleep(0.2)
+
+    def probed() -> int:
+        return len((snapshots.read_json(folder / snapshots.WORKER) or {}).get("done", {}))
+
+    def training_step() -> int:
+        return int((snapshots.read_json(folder / snapshots.TRAINING) or {}).get("step", 0))
+
+    wait_for("the worker's first probe", lambda: probed() >= 1)
+    # The worker lags from here on: stopped (SIGSTOP). `scontrol suspend` would be the cluster's
+    # way, but on this test node (proctrack/linuxproc, no cgroups) it leaves a batch job running.
+    worker_pid = int((folder / "worker.lock").read_text().strip())
+    os.kill(worker_pid, signal.SIGSTOP)
+    try:
+        # Mid-run, after a checkpoint, with snapshots waiting for the stopped worker.
+        wait_for("training past step 120", lambda: training_step() >= 120
+                 and (run_dir / "checkpoints" / "last.ckpt").is_file())
+        assert training_step() < steps, "training ended before the requeue; give it more steps"
+        first_pid = snapshots.read_json(folder / snapshots.TRAINING)["pid"]
+        slurm.run(["scontrol", "requeue", job])
+        # Lightning turns the requeue's SIGTERM into SIGTERMException: the run is "stopped", not
+        # "failed", and the worker, going on now, waits for it to come back.
+        wait_for("the stopped state", lambda: (snapshots.read_json(folder / snapshots.TRAINING)
+                                               or {}).get("state") == "stopped")
+    finally:
+        os.kill(worker_pid, signal.SIGCONT)
+    wait_for("the requeued start", lambda: (snapshots.read_json(folder / snapshots.TRAINING)
+                                            or {}).get("pid") not in (None, first_pid), 600)
+    assert slurm.wait(job, timeout=600)["JobState"] == "COMPLETED", job_output(log)
+    record = slurm.wait(worker, timeout=600)
+    assert record["JobState"] == "COMPLETED", job_output(worker_log)
+    assert int(slurm.job(job).get("Restarts", 0)) == 1
+    assert "is done" in job_output(worker_log)
+
+    # The in-process probe of the same run, uninterrupted (CPU training is deterministic, and
+    # a resume from last.ckpt replays the same batches: the same weights at each step).
+    reference = tmp_path / "reference"
+    run_train([*overrides, "trainer.devices=1", "trainer.num_nodes=1",
+               f"hydra.run.dir={reference}"], timeout=900)
+    keys = ["step", "layer", "head", "metric"]
+    got, want = (probe_table(d).sort_values(keys).reset_index(drop=True)
+                 for d in (run_dir, reference))
+    pd.testing.assert_frame_equal(got[keys], want[keys])  # each step once, none missing
+    # rtol 1e-6: the same weights and probe code in other processes; float summation order only.
+    np.testing.assert_allclose(got["value"], want["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(folder) == ([], [])

@@ -169,7 +169,11 @@ class CheckpointModel:
 def load_gpt(path: str | os.PathLike, device: torch.device | str = "cpu") -> CheckpointModel:
     """The `GPT` of checkpoint `path` (weights only, on `device`, eval mode) and its vocabulary,
     rebuilt from the checkpoint's ``hyper_parameters`` as `CharLM` would, without Lightning."""
-    ckpt = read_checkpoint(path)
+    return gpt_from_checkpoint(read_checkpoint(path), device)
+
+
+def gpt_from_checkpoint(ckpt: dict, device: torch.device | str = "cpu") -> CheckpointModel:
+    """`load_gpt` on the contents `read_checkpoint` returned (the file is read once)."""
     hparams = ckpt["hyper_parameters"]
     config = {k: v for k, v in dict(hparams["model"]).items() if k != "_target_"}
     model = GPT(GPTConfig(**config))

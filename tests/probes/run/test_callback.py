@@ -264,3 +264,26 @@ def test_out_of_range_setting_fails_before_training(tmp_path: Path) -> None:
     with pytest.raises(InstantiationException, match=message):
         train(cfg)
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_offloaded_run_stays_finished_when_rerun(tmp_path: Path) -> None:
+    import threading
+
+    from repgeom.probes.run.offload import snapshots
+    from repgeom.probes.run.offload.follow import follow
+
+    overrides = [*PROBE, "trainer.max_steps=20", "logger=csv", "probe.offload=snapshots"]
+    train(compose_train(tmp_path, overrides))
+    folder = snapshots.snapshot_dir(tmp_path)
+    done = snapshots.read_json(folder / snapshots.DONE)
+    assert done["step"] == 20
+    # train.py resumes from last.ckpt at step 20: Lightning's fit loop is skipped (no
+    # on_train_start, no on_train_end); the run must not be turned back into "running".
+    train(compose_train(tmp_path, overrides))
+    assert snapshots.read_json(folder / snapshots.DONE) == done
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    assert not [t for t in threading.enumerate() if t.name == "snapshot-heartbeat"]
+    # so a worker started now probes the run and ends "done", not "died"
+    result = follow(tmp_path, timeout_s=30, wandb=False)
+    assert result.stopped == "done" and result.probed == [0, 1, 2, 4, 10, 20]

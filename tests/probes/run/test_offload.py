@@ -4,7 +4,9 @@ one, it resumes after kill -9 and stops when training dies, and under DDP only r
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,8 +23,15 @@ from hydra_configs import compose_train
 
 from repgeom.probes.core import table
 from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.offload import follow as follow_module
 from repgeom.probes.run.offload import snapshots
-from repgeom.probes.run.offload.follow import TrainingDiedError, follow, training_alive
+from repgeom.probes.run.offload.follow import (
+    Follower,
+    TrainingDiedError,
+    follow,
+    training_alive,
+)
+from repgeom.probes.run.recorder import ProbeRecorder
 from repgeom.train import train
 
 pytestmark = pytest.mark.slow
@@ -78,12 +87,14 @@ def _snapshot_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 
 def _pretend_training_runs(run_dir: Path, *, pid: int | None = None) -> None:
-    """The run folder as a live training run leaves it: no done marker, a fresh heartbeat."""
+    """The run folder as a live training run leaves it: no done marker, a fresh heartbeat, a
+    step that just moved."""
     folder = snapshots.snapshot_dir(run_dir)
     (folder / snapshots.DONE).unlink(missing_ok=True)
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     snapshots.write_json(folder / snapshots.TRAINING, {
-        **beat, "state": "running", "time": time.time(), "pid": pid or os.getpid()})
+        **beat, "state": "running", "time": time.time(), "step_time": time.time(),
+        "pid": pid or os.getpid()})
 
 
 def test_each_snapshot_holds_the_weights_of_exactly_its_step(snapshot_run) -> None:
@@ -207,16 +218,105 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
 
 
 def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
-    from repgeom.probes.run.offload.follow import Follower
-
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
     first = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True)
-    first._lock()
+    first.lock.acquire(30, str(run_dir))
+    training = snapshots.snapshot_dir(run_dir) / snapshots.TRAINING  # beats fit a 1-s timeout
+    snapshots.write_json(training, {**snapshots.read_json(training), "heartbeat_s": 0.2})
     # The second waits for the first (follow_timeout_s), then says which one holds the run.
     with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
         follow(run_dir, timeout_s=1)
-    first._lock_file.close()  # released: the next worker may follow
+    first.lock.release()  # released: the next worker may follow
     assert follow(run_dir, timeout_s=30).stopped == "done"
+
+
+@pytest.mark.parametrize("lock", ["flock", "file"])
+def test_two_workers_started_on_one_run_probe_each_step_once(snapshot_run, tmp_path: Path,
+                                                             lock: str) -> None:
+    # Two `probe.py follow=` on one run at once (a resubmitted worker job while the first still
+    # runs), with flock and with the lease file of a shared file system: one probes, the other
+    # waits for it, and the table is the one a single worker writes.
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    workers = [subprocess.Popen(
+        [PYTHON, "probe.py", f"follow={run_dir}", "follow_timeout_s=300", f"follow_lock={lock}",
+         f"hydra.run.dir={tmp_path / f'hydra{i}'}"], cwd=ROOT, env=subprocess_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    assert sum("waiting for it to finish" in out for out in outputs) == 1, outputs
+    assert sum(out.count("probed step") for out in outputs) == len(STEPS), outputs
+    both, single = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
+    pd.testing.assert_frame_equal(both[KEYS], single[KEYS])  # each step once, no duplicates
+    # rtol 1e-6: the same weights and code in another process; float summation order only.
+    np.testing.assert_allclose(both["value"], single["value"], rtol=1e-6, atol=1e-9)
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.snapshots(folder) == ([], []) and not (folder / "worker.lease").exists()
+
+
+def test_a_worker_where_flock_is_refused_follows_at_once_with_the_lease(
+    snapshot_run, tmp_path: Path, capsys
+) -> None:
+    # NFS without lockd: flock answers ENOLCK. That is no other worker; the worker takes the
+    # lease file instead and probes at once, rather than waiting follow_timeout_s for nobody.
+    import fcntl
+
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+
+    def no_lockd(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fcntl, "flock", no_lockd)
+        result = follow(run_dir, timeout_s=30, wandb=False)
+    assert result.stopped == "done" and result.probed == STEPS
+    assert "using a lease file" in capsys.readouterr().out
+    assert not (snapshots.snapshot_dir(run_dir) / "worker.lease").exists()  # released
+
+
+def test_a_full_disk_skips_that_probe_and_training_goes_on(tmp_path: Path, caplog) -> None:
+    # ENOSPC in the middle of the weights file of step 4 (torch.save writes through the open
+    # file): that step's probe is skipped with a warning naming the folder and the free space,
+    # its half-written folder is removed, and training ends normally with the other snapshots.
+    original_save = torch.save
+
+    def save(obj, handle, *args, **kwargs):
+        if isinstance(obj, dict) and "offload" in obj and obj["global_step"] == 4:  # a snapshot
+            handle.write(b"half a checkpoint")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original_save(obj, handle, *args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    with pytest.MonkeyPatch.context() as patch, caplog.at_level("WARNING"):
+        patch.setattr(torch, "save", save)
+        result = train(compose_train(run_dir, ["logger=csv", *PROBE, "probe.offload=snapshots"]))
+    assert result.trainer.global_step == 20
+    folder = snapshots.snapshot_dir(run_dir)
+    complete, incomplete = snapshots.snapshots(folder)
+    assert [s for s, _ in complete] == [s for s in STEPS if s != 4] and not incomplete
+    assert not snapshots.step_dir(folder, 4).exists() and not list(folder.rglob("*.tmp"))
+    assert (folder / snapshots.DONE).is_file()  # training ended normally
+    warned = [r.getMessage() for r in caplog.records if "snapshot of step 4 is skipped" in
+              r.getMessage()]
+    assert warned and str(folder) in warned[0] and re.search(r"[\d.]+ GB free in", warned[0])
+    # The checkpoints were saved too: the error did not surface inside a checkpoint save.
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_too_little_free_space_skips_the_snapshot_before_writing(tmp_path: Path, caplog) -> None:
+    # The free-space check, as downloads do: a snapshot that would leave less than
+    # probe.worker.min_free_gb is not started (here more than any disk has).
+    run_dir = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        train(compose_train(run_dir, ["logger=csv", *PROBE, "probe.offload=snapshots",
+                                      "probe.worker.min_free_gb=1e9"]))
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.snapshots(folder) == ([], []) and (folder / snapshots.DONE).is_file()
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    for step in STEPS:
+        assert f"snapshot of step {step} is skipped" in messages
+    assert "min_free_gb=1e+09 GB kept free" in messages and str(folder) in messages
 
 
 def test_a_snapshot_rewritten_by_a_resumed_training_start_is_probed_again(
@@ -346,3 +446,450 @@ def test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_ta
     pd.testing.assert_frame_equal(resumed[KEYS], whole[KEYS])
     np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
     assert snapshots.snapshots(snapshots.snapshot_dir(run_dir)) == ([], [])
+
+
+# -- issue 33: requeues, kills during the end-of-run work, finished reruns, bounded waits ---------
+
+
+def _reference_table(snapshot_run, tmp_path: Path) -> pd.DataFrame:
+    """The table of an uninterrupted worker on an untouched copy of the run."""
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    return _sorted(table.read_table(reference))
+
+
+def _assert_same_table(got: pd.DataFrame, expected: pd.DataFrame) -> None:
+    pd.testing.assert_frame_equal(_sorted(got)[KEYS], expected[KEYS])
+    # rtol 1e-6: the same weights, probe set and code; only float summation order may differ.
+    np.testing.assert_allclose(_sorted(got)["value"], expected["value"], rtol=1e-6, atol=1e-9)
+
+
+def test_a_replayed_step_never_rewrites_the_complete_snapshot_the_worker_probes(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # A requeued training start replays step 10 (other weights: its replay need not be
+    # bitwise the same) while the lagging worker probes step 10's snapshot.
+    reference = _reference_table(snapshot_run, tmp_path)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    _pretend_training_runs(run_dir)
+    folder = snapshots.snapshot_dir(run_dir)
+    marker = snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE)
+    other = torch.nn.Linear(2, 2)
+    seen: dict[str, object] = {}
+    original = follow_module.probe_gpt
+
+    def probe_while_training_replays(model, *args, **kwargs):
+        if not seen:
+            writer = snapshots.SnapshotWriter(run_dir, heartbeat_s=60)
+            writer.start({"wandb": None})
+            writer.snapshot(10, other, {"hyper_parameters": {}})
+            writer.wait()  # raises if the write failed: training would crash at its next save
+            seen["marker"] = snapshots.read_json(snapshots.step_dir(folder, 10)
+                                                 / snapshots.COMPLETE)
+            writer.close(final_step=20)
+        return original(model, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "probe_gpt", probe_while_training_replays)
+        result = follow(run_dir, timeout_s=30)
+    assert seen["marker"] == marker  # the complete snapshot stayed as it was
+    assert result.stopped == "done" and result.probed == STEPS
+    _assert_same_table(table.read_table(run_dir), reference)
+    state = snapshots.read_json(folder / snapshots.WORKER)
+    assert state["done"]["10"] == marker["time"]
+    assert snapshots.snapshots(folder) == ([], []) and not snapshots.leftovers(folder)
+
+
+def test_a_snapshot_replaced_while_probed_is_probed_again_under_its_step(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # Step 10's snapshot is replaced by a new generation (here: the weights of step 20) while
+    # the worker probes the old one, as a training start writes a step again once the first
+    # generation was deleted. The old probe must not be recorded as the new generation's, and
+    # the new one, never probed, must not be deleted.
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    step_10, step_20 = snapshots.step_dir(folder, 10), snapshots.step_dir(folder, 20)
+    calls: list[int] = []
+    original = follow_module.probe_gpt
+
+    def probe_while_replaced(model, *args, **kwargs):
+        output = original(model, *args, **kwargs)
+        calls.append(1)
+        if len(calls) == STEPS.index(10) + 1:
+            shutil.rmtree(step_10)
+            staging = folder / "staging"
+            shutil.copytree(step_20, staging)
+            snapshots.write_json(staging / snapshots.COMPLETE, {
+                **snapshots.read_json(staging / snapshots.COMPLETE), "step": 10,
+                "time": time.time()})
+            os.rename(staging, step_10)
+        return output
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "probe_gpt", probe_while_replaced)
+        follow(run_dir, timeout_s=30)
+    frame = table.read_table(run_dir)
+    at_10 = _sorted(frame[frame["step"] == 10]).drop(columns="step").reset_index(drop=True)
+    at_20 = _sorted(frame[frame["step"] == 20]).drop(columns="step").reset_index(drop=True)
+    # Step 10's rows are those of the weights now labelled step 10 (the new generation).
+    np.testing.assert_allclose(at_10["value"], at_20["value"], rtol=1e-6, atol=1e-9)
+    assert snapshots.snapshots(folder) == ([], [])
+
+
+def test_the_worker_reads_each_snapshot_file_once(snapshot_run, tmp_path: Path) -> None:
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    loads: list[str] = []
+    original = torch.load
+
+    def counted(path, *args, **kwargs):
+        loads.append(str(path))
+        return original(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "load", counted)
+        follow(run_dir, timeout_s=30)
+    weights = [p for p in loads if p.endswith(snapshots.WEIGHTS)]
+    assert len(weights) == len(STEPS) == len(set(weights)), weights
+
+
+def test_a_worker_deleting_a_step_never_touches_a_write_in_progress(tmp_path: Path) -> None:
+    # The worker that probed step 10's previous generation deletes "step_10" while a
+    # requeued training start writes step 10 again.
+    folder = snapshots.snapshot_dir(tmp_path)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    model = torch.nn.Linear(3, 2)
+    original = torch.save
+
+    def save_then_worker_deletes(obj, handle, *args, **kwargs):
+        original(obj, handle, *args, **kwargs)
+        target = snapshots.step_dir(folder, 10)
+        if target.exists():
+            snapshots.remove_snapshot(target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "save", save_then_worker_deletes)
+        writer.snapshot(10, model, {"hyper_parameters": {}})
+        writer.close(final_step=10)  # waits for the write: an error would surface here
+    complete, incomplete = snapshots.snapshots(folder)
+    assert [s for s, _ in complete] == [10] and not incomplete
+    got = _snapshot_weights(tmp_path, 10)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=0)
+
+
+class _Killed(BaseException):
+    """A kill -9 at that moment (nothing after it runs)."""
+
+
+def test_a_worker_killed_during_its_end_of_run_work_does_it_when_rerun(
+    snapshot_run, tmp_path: Path
+) -> None:
+    reference = _copy_run(snapshot_run[0], tmp_path / "reference")
+    follow(reference, timeout_s=30)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+
+    def killed(self, *args, **kwargs):
+        raise _Killed  # after the last probe, before the figures and phases.csv
+
+    worker = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=False,
+                      wandb=False)
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeRecorder, "finish", killed)
+        worker.run()
+    assert not (table.probe_dir(run_dir) / "phases.csv").exists()
+    # The same command again: nothing left to probe, the end-of-run work still done.
+    result = follow(run_dir, timeout_s=30)
+    assert result.stopped == "done" and result.probed == []
+    phases = table.probe_dir(run_dir) / "phases.csv"
+    assert phases.is_file()
+    pd.testing.assert_frame_equal(pd.read_csv(phases),
+                                  pd.read_csv(table.probe_dir(reference) / "phases.csv"))
+    figures = sorted(p.name for p in table.plot_dir(run_dir).glob("*.png"))
+    assert figures == sorted(p.name for p in table.plot_dir(reference).glob("*.png"))
+    _assert_same_table(table.read_table(run_dir), _sorted(table.read_table(reference)))
+    # Done once, not again at every rerun.
+    assert snapshots.read_json(snapshots.snapshot_dir(run_dir) / snapshots.WORKER)[
+        "finished"] == 20
+    (table.probe_dir(run_dir) / "phases.csv").unlink()
+    follow(run_dir, timeout_s=30)
+    assert not phases.exists()
+
+
+def test_the_worker_judges_progress_not_only_the_heartbeat(tmp_path: Path) -> None:
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    folder = snapshots.snapshot_dir(tmp_path)
+    beat = {**snapshots.read_json(folder / snapshots.TRAINING), "step": 7}
+    # A deadlocked trainer: its heartbeat thread beats on, its step has not moved for 100 s.
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "time": time.time(),
+                                                   "step_time": time.time() - 100})
+    alive, why = training_alive(folder, 60)
+    assert not alive and why.startswith("the training process beats but has been at step 7")
+    # The heartbeat says when training reached its step (the callback reports each step).
+    writer.progress(8)
+    writer._beat("running")
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    assert beat["step"] == 8 and abs(beat["step_time"] - time.time()) < 60
+    assert training_alive(folder, 60)[0] is True
+    writer.close(final_step=None)
+
+
+def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"at least 2 heartbeats.*heartbeat_s=400 s"):
+        ProbeCallback(offload="worker", worker={"heartbeat_s": 400, "timeout_s": 600})
+    # probe.py follow= reads the run's own heartbeat_s (training.json)
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "heartbeat_s": 60})
+    assert follow(run_dir, timeout_s=30).stopped == "done"  # finished: no beats to judge
+    _pretend_training_runs(run_dir)  # a live run with a 60 s heartbeat
+    with pytest.raises(ValueError, match=r"timeout \(30 s.*follow_timeout_s"):
+        follow(run_dir, timeout_s=30)
+
+
+def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: Path) -> None:
+    from repgeom.probes.run.offload.follow import start_worker
+
+    (tmp_path / "probes").mkdir()
+    options = {"threads": 1, "device": "cpu", "cpus": [0], "timeout_s": 600,
+               "keep_snapshots": False, "heartbeat_s": 10}
+    process = start_worker(tmp_path, options)
+    try:
+        # start_new_session (no preexec_fn): its own session and process group
+        assert os.getsid(process.pid) == process.pid
+        assert os.sched_getaffinity(process.pid) == {0}
+        from repgeom.probes.run.offload.follow import stop_worker
+
+        started = time.monotonic()
+        # it waits for a run that never starts (600 s); stopped after the stated limit
+        assert stop_worker(process, 0.5) is None
+        assert time.monotonic() - started < 60 and process.poll() is not None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_a_finished_run_rerun_starts_a_worker_only_for_unfinished_probing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [*tiny_overrides(), "logger=csv", "probe.offload=worker", f"hydra.run.dir={run_dir}"]
+    first = run_train(args)
+    assert "at most 3600 s (probe.worker.wait_timeout_s)" in first.stdout  # a stated limit
+    log = table.probe_dir(run_dir) / "worker.log"
+    before = log.read_text()
+    folder = snapshots.snapshot_dir(run_dir)
+    # Rerun of the finished run: nothing to probe, no worker (one would find no training).
+    again = run_train(args)
+    assert "worker started" not in again.stdout
+    assert log.read_text() == before
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    # Its worker was killed during the end-of-run work (worker.json says it is not done): the
+    # rerun starts a worker that does it, and waits for it.
+    phases = table.probe_dir(run_dir) / "phases.csv"
+    phases.unlink()
+    state = snapshots.read_json(folder / snapshots.WORKER)
+    snapshots.write_json(folder / snapshots.WORKER, {**state, "finished": None})
+    third = run_train(args)
+    assert "its probing is not: probe worker started" in third.stdout
+    assert phases.is_file() and "is done" in log.read_text()[len(before):]
+    assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
+
+
+def test_the_pairwise_rows_against_the_final_step_come_when_the_worker_is_rerun(
+    tmp_path: Path,
+) -> None:
+    trained = tmp_path / "trained"
+    train(compose_train(trained, ["logger=csv", *PROBE, "probe.offload=snapshots",
+                                  "probe.metrics=[anisotropy,linear_cka]"]))
+    reference = _copy_run(trained, tmp_path / "reference")
+    follow(reference, timeout_s=30, wandb=False)
+    run_dir = _copy_run(trained, tmp_path / "run")
+    worker = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=False,
+                      wandb=False)
+
+    def killed(self, *args, **kwargs):
+        raise _Killed  # after the last probe, before the comparison with the final step
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeRecorder, "_vs_final", killed)
+        worker.run()
+    assert "step_b" not in table.read_table(run_dir).columns
+    follow(run_dir, timeout_s=30, wandb=False)
+    got, expected = table.read_table(run_dir), table.read_table(reference)
+    keys = [c for c in expected.columns if c not in ("value", "std")]
+    got = got.sort_values(keys).reset_index(drop=True)
+    expected = expected.sort_values(keys).reset_index(drop=True)
+    assert expected["step_b"].notna().any()  # the pairwise rows against the final step
+    pd.testing.assert_frame_equal(got[keys], expected[keys])
+    # rtol 1e-6: the same weights and states; only float summation order may differ.
+    np.testing.assert_allclose(got["value"], expected["value"], rtol=1e-6, atol=1e-9)
+
+
+def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: Path) -> None:
+    # SLURM's requeue (and preemption, scancel) sends SIGTERM; Lightning raises SIGTERMException
+    # out of fit. That run comes back under the same folder, so the worker must not stop at once
+    # as it does for a failed run: it waits for a heartbeat or a snapshot up to its timeout.
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    callback = ProbeCallback(offload="snapshots")
+    callback.run_dir = tmp_path
+    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    callback.writer.start({"wandb": None})
+    callback.on_exception(None, None, SIGTERMException())
+    folder = snapshots.snapshot_dir(tmp_path)
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+    assert not (folder / snapshots.DONE).exists()
+    started = time.monotonic()
+    with pytest.raises(TrainingDiedError, match="stopped.*no new snapshot for 2 s"):
+        follow(tmp_path, timeout_s=2, wandb=False)
+    assert time.monotonic() - started >= 2  # waited for the run to come back
+    # Any other exception is a failure: the worker stops at once.
+    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    callback.writer.start({"wandb": None})
+    callback.on_exception(None, None, RuntimeError("boom"))
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "failed"
+
+
+def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, monkeypatch,
+                                                             caplog) -> None:
+    # On a full disk (or a quota: EDQUOT while disk_usage still shows free space) the real
+    # torch.save does not raise the OSError: its zip writer turns the failed write into a
+    # RuntimeError ("unexpected pos ..."), the ENOSPC only its __context__. Here the real
+    # torch.save writes through a file that runs out of space after 1000 bytes.
+    original_save = torch.save
+
+    class FullFile:
+        def __init__(self, handle) -> None:
+            self.handle, self.written = handle, 0
+
+        def write(self, data) -> int:
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.handle.write(data)
+
+        def flush(self) -> None:
+            self.handle.flush()
+
+    def save(obj, handle, *args, **kwargs):
+        return original_save(obj, FullFile(handle) if obj["global_step"] == 2 else handle,
+                             *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60, min_free_gb=0)
+    writer.start({"wandb": None})
+    model = torch.nn.Linear(64, 64)
+    with caplog.at_level("WARNING"):
+        for step in (1, 2, 3):
+            writer.snapshot(step, model, {"offload": {}})  # a failed write surfaced here
+        writer.close(final_step=3)
+    folder = writer.folder
+    assert [s for s, _ in snapshots.snapshots(folder)[0]] == [1, 3]
+    assert snapshots.snapshots(folder)[1] == [] and not list(folder.glob(".*.tmp"))
+    assert list(writer.skipped) == [2] and "No space left on device" in writer.skipped[2]
+    warned = [r.getMessage() for r in caplog.records if "snapshot of step 2 is skipped" in
+              r.getMessage()]
+    assert warned and str(folder) in warned[0] and re.search(r"[\d.]+ GB free in", warned[0])
+
+
+def test_a_json_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    # ENOSPC at fsync (as NFS reports a full disk): the heartbeat thread swallows it and tries
+    # again, so a half-written `.training.json.<pid>.tmp` must not stay behind each time.
+    def full(fd) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        snapshots.write_json(tmp_path / snapshots.TRAINING, {"state": "running"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
+    snapshot_run, tmp_path: Path
+) -> None:
+    # The worker runs on another node than training (slurm/probe_worker.sbatch), whose clock is
+    # two hours behind. Its heartbeat moves, its step moves: it lives, whatever its clock says.
+    # The worker must wait for its done marker, not stop after follow_timeout_s.
+    import threading
+
+    run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    (folder / snapshots.DONE).unlink()
+    base = snapshots.read_json(folder / snapshots.TRAINING)
+    stop = threading.Event()
+
+    def trainer_elsewhere() -> None:
+        skew, step = -7200.0, 20
+        for _ in range(48):  # beats every 0.25 s, for more than twice the worker's timeout
+            step += 1
+            snapshots.write_json(folder / snapshots.TRAINING, {
+                **base, "host": "node-elsewhere", "pid": 1, "state": "running",
+                "heartbeat_s": 0.25, "step": step, "step_time": time.time() + skew,
+                "time": time.time() + skew})
+            if stop.wait(0.25):
+                return
+        snapshots.write_json(folder / snapshots.DONE, {"step": 20, "time": time.time() + skew})
+        snapshots.write_json(folder / snapshots.TRAINING, {
+            **base, "host": "node-elsewhere", "state": "finished", "time": time.time() + skew})
+
+    thread = threading.Thread(target=trainer_elsewhere)
+    thread.start()
+    try:
+        result = follow(run_dir, timeout_s=5, wandb=False)
+    finally:
+        stop.set()
+        thread.join()
+    assert result.stopped == "done" and result.probed == STEPS
+
+
+def test_a_validation_run_counts_as_progress_in_the_heartbeat(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    # No optimizer step moves during a validation run (or the checkpoint save after it); a long
+    # one must not read as a deadlocked trainer, or the worker stops (TrainingDiedError) while
+    # training is fine. Each validation batch that ends is progress.
+    from repgeom.models.lightning_module import CharLM
+
+    seen: list[tuple[int, float, float]] = []  # (batch, when it started, step_time then)
+    original = CharLM.validation_step
+
+    def validation_step(self, batch, batch_idx):
+        callback = next(c for c in self.trainer.callbacks if isinstance(c, ProbeCallback))
+        if callback.writer is not None:  # not the sanity check before training starts
+            seen.append((batch_idx, time.time(), callback.writer.step_time))
+        return original(self, batch, batch_idx)
+
+    monkeypatch.setattr(CharLM, "validation_step", validation_step)
+    train(compose_train(tmp_path / "run", ["logger=csv", *PROBE, "probe.offload=snapshots"]))
+    assert [b for b, _, _ in seen] == [0, 1, 0, 1]  # validation at steps 10 and 20
+    for (_, started, _), (_, _, progress) in zip(seen[0::2], seen[1::2], strict=True):
+        assert progress >= started  # the first validation batch moved the heartbeat's clock
+
+
+def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_path: Path
+                                                                          ) -> None:
+    # step_1 says complete but its weights.ckpt is gone (deleted by hand to free space, or lost
+    # by the file system). The worker named it "changed or vanished" and looked again at once,
+    # forever (a busy loop writing worker.log), even for a failed run. It must skip it, say so,
+    # and stop as for any failed run.
+    run_dir = tmp_path / "run"
+    folder = snapshots.snapshot_dir(run_dir)
+    snapshots.step_dir(folder, 1).mkdir(parents=True)
+    (folder / snapshots.MARKER).write_text("repgeom")
+    snapshots.write_json(snapshots.step_dir(folder, 1) / snapshots.COMPLETE,
+                         {"step": 1, "time": time.time()})
+    snapshots.write_json(folder / snapshots.TRAINING,
+                         {"state": "failed", "pid": 1, "host": "elsewhere", "time": time.time()})
+    code = ("from repgeom.probes.run.offload.follow import follow; "
+            f"follow({str(run_dir)!r}, timeout_s=5, wandb=False)")
+    try:
+        done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                              env=subprocess_env(PYTHONPATH=str(ROOT / "src")))
+    except subprocess.TimeoutExpired as spinning:
+        pytest.fail(f"the worker never stopped: {str(spinning.stdout)[-300:]}")
+    assert "TrainingDiedError" in done.stderr and "training process failed" in done.stderr
+    assert done.stdout.count("step 1") <= 2
+    assert "has no weights.ckpt" in done.stdout

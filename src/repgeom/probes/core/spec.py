@@ -219,7 +219,9 @@ class WorkerConf:
     timeout_s: float = 600.0  # stop after this long without a heartbeat or a new snapshot
     keep_snapshots: bool = False  # keep each snapshot once probed (else deleted)
     heartbeat_s: float = 10.0  # how often training says it is alive (training.json)
+    min_free_gb: float = 1.0  # a snapshot that would leave less free disk is skipped, warned
     wait: bool = True  # train.py waits at the end for its worker to probe the last snapshots
+    wait_timeout_s: float = 3600.0  # at most this long; then it stops it (probe.py follow= resumes)
 
 
 @dataclass

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
@@ -108,6 +109,9 @@ class ProbeCallback(L.Callback):
         if unknown:
             raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
                              f"{sorted(WorkerConf().__dict__)}")
+        if self.offload == "worker":  # probe.py follow= checks its own follow_timeout_s
+            follow.check_heartbeat(float(self.worker_options["heartbeat_s"]),
+                                   float(self.worker_options["timeout_s"]))
         self.spec = ProbeSpec(**spec)
         self.schedule_options = dict(
             every_n_steps=every_n_steps,
@@ -133,6 +137,7 @@ class ProbeCallback(L.Callback):
         self._phase_state: list = []
         self.writer: snapshots.SnapshotWriter | None = None  # probe.offload, rank 0
         self.worker: subprocess.Popen | None = None  # probe.offload=worker, rank 0
+        self._trained = False  # on_train_start ran: Lightning's fit loop was not skipped
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -146,8 +151,7 @@ class ProbeCallback(L.Callback):
                                       plot_every_n_probes=self.plot_every_n_probes,
                                       plot_metrics=self.plot_metrics)
         self.recorder.load_state_dict(self._phase_state)
-        if self.offload and trainer.is_global_zero:
-            self._start_offload(trainer)
+        self._trained = False
         if trainer.is_global_zero:
             table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
@@ -177,6 +181,12 @@ class ProbeCallback(L.Callback):
     # -- scheduling ---------------------------------------------------------------------------
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The snapshot folder is touched only here, once training really runs: a rerun of a
+        # finished run (Lightning's fit loop restores the last step and skips training, with no
+        # on_train_start or on_train_end) leaves its done marker and "finished" state alone.
+        self._trained = True
+        if self.offload and trainer.is_global_zero and self.writer is None:
+            self._start_offload(trainer)
         self._maybe_probe(trainer, pl_module)
 
     def on_train_batch_end(
@@ -184,9 +194,17 @@ class ProbeCallback(L.Callback):
     ) -> None:
         # After optimizer step N (global_step == N) and before step N + 1: a snapshot taken
         # here holds exactly the weights of step N.
-        if self.writer is not None:
-            self.writer.step = trainer.global_step  # for the heartbeat: the worker's lag
+        if self.writer is not None:  # for the heartbeat: the worker's lag, and progress
+            self.writer.progress(trainer.global_step)
         self._maybe_probe(trainer, pl_module)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                                outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        # No optimizer step moves during a validation run; each batch of it is progress all the
+        # same, so a long one is not judged a deadlock by the worker (follow.training_alive).
+        if self.writer is not None:
+            self.writer.progress(trainer.global_step, busy=True)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                  optimizer: Any) -> None:
@@ -204,8 +222,29 @@ class ProbeCallback(L.Callback):
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      exception: BaseException) -> None:
-        if self.writer is not None:  # the worker sees "failed" and stops at once
+        if self.writer is not None:
+            # SIGTERM (a SLURM requeue or preemption, scancel): "stopped", the run may come back
+            # and a worker waits for it (follow_timeout_s); any other exception: "failed", and
+            # the worker stops at once.
+            self._end_offload(trainer, final_step=None,
+                              stopped=isinstance(exception, SIGTERMException))
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The end of a fit that did not raise (Lightning calls it last; an exception goes
+        through `on_exception`): nothing left "running", no worker left behind. A skipped fit (a
+        finished run, rerun) starts the worker only when the run's probing is unfinished (its
+        worker was killed before its end-of-run work was done), and waits for it."""
+        if stage != "fit" or not trainer.is_global_zero:
+            return
+        if self.writer is not None:  # on_train_end and on_exception did not close it
             self._end_offload(trainer, final_step=None)
+        elif (not self._trained and self.offload == "worker" and self.run_dir is not None
+              and follow.work_left(self.run_dir)):
+            self.worker = follow.start_worker(self.run_dir, self.worker_options)
+            print(f"This run is finished, its probing is not: probe worker started (pid "
+                  f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
+            folder = snapshots.snapshot_dir(self.run_dir)
+            self._wait_for_worker(left=len(snapshots.snapshots(folder)[0]))
 
     def _maybe_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -265,8 +304,10 @@ class ProbeCallback(L.Callback):
     def _start_offload(self, trainer: L.Trainer) -> None:
         """Rank 0: the snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
         self.writer = snapshots.SnapshotWriter(
-            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]))
+            self.run_dir, heartbeat_s=float(self.worker_options["heartbeat_s"]),
+            min_free_gb=float(self.worker_options["min_free_gb"]))
         self.writer.rank = trainer.global_rank
+        self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
         self.writer.start({"wandb": self._wandb_info(trainer), "schedule": self.schedule})
         if self.offload == "worker":
             self.worker = follow.start_worker(self.run_dir, self.worker_options)
@@ -307,23 +348,45 @@ class ProbeCallback(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)
 
-    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None) -> None:
+    def _end_offload(self, trainer: L.Trainer, *, final_step: int | None,
+                     stopped: bool = False) -> None:
         """Write the done marker (or mark the run failed) and, for a worker of our own with
-        ``probe.worker.wait``, wait for it to probe what is left."""
+        ``probe.worker.wait``, wait for it to probe what is left (at most
+        ``probe.worker.wait_timeout_s``); after a failure our worker is stopped instead."""
         writer, self.writer = self.writer, None
-        writer.close(final_step=final_step)
-        worker, self.worker = self.worker, None
-        if worker is None:
+        writer.close(final_step=final_step, stopped=stopped)
+        if writer.skipped:
+            rank_zero_warn(f"the snapshots of steps {sorted(writer.skipped)} were skipped for "
+                           "lack of disk space, so those steps have no probe rows; see the "
+                           "warnings above")
+        if self.worker is None:
             return
-        if final_step is None or not self.worker_options["wait"]:
-            return  # it stops by itself: on the failed state, or after the done marker
-        left = len(writer.waiting())
-        print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left")
-        code = worker.wait()
-        if code != 0:
+        if final_step is None:  # training failed: the worker is stopped (follow= resumes it)
+            worker, self.worker = self.worker, None
+            print(f"Stopping the probe worker (pid {worker.pid}), at most "
+                  f"{follow.WORKER_STOP_S:.0f} s; python probe.py follow={self.run_dir} goes on "
+                  "where it stopped")
+            follow.stop_worker(worker, 0.0)
+            return
+        if not self.worker_options["wait"]:
+            self.worker = None
+            return  # it stops by itself after the done marker
+        self._wait_for_worker(left=len(writer.waiting()))
+
+    def _wait_for_worker(self, *, left: int) -> None:
+        """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""
+        worker, self.worker = self.worker, None
+        limit = float(self.worker_options["wait_timeout_s"])
+        print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left; at "
+              f"most {limit:.0f} s (probe.worker.wait_timeout_s), then it is stopped")
+        code = follow.stop_worker(worker, limit)
+        again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        if code is None:
+            rank_zero_warn(f"the probe worker did not finish within {limit:.0f} s "
+                           f"(probe.worker.wait_timeout_s) and was stopped; {again}")
+        elif code != 0:
             rank_zero_warn(f"the probe worker exited with {code}; its log: "
-                           f"{table.probe_dir(self.run_dir) / 'worker.log'}. Rerun it with "
-                           f"python probe.py follow={self.run_dir}")
+                           f"{table.probe_dir(self.run_dir) / 'worker.log'}. {again}")
 
 
 def _plain(value: Any) -> Any:

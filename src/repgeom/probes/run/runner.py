@@ -255,7 +255,7 @@ def _follow(cfg: DictConfig) -> ProbeRunResult:
     result = follow(
         str(cfg.follow), device=resolve_device(cfg.get("device")),
         timeout_s=float(cfg.get("follow_timeout_s") or 600.0),
-        keep_snapshots=bool(cfg.get("keep_snapshots")),
+        keep_snapshots=bool(cfg.get("keep_snapshots")), lock=str(cfg.get("follow_lock") or "auto"),
     )
     return ProbeRunResult(result.run_dir, result.frame, [], result.plots)
 

@@ -9,13 +9,20 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
 
 - ``step_<N>/weights.ckpt``: the model after N optimizer steps, as a checkpoint
   `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
-  ``state_dict``, ``global_step``, the probe's spec and the data's state): written to a temporary
-  file, fsynced, renamed;
-- ``step_<N>/complete.json``: written last, the same way: a snapshot without it is incomplete
-  (training was killed while writing) and no worker reads it;
-- ``training.json``: the training process (pid, host, step, time), rewritten every
-  ``heartbeat_s`` seconds by a daemon thread while training runs, ``"state": "failed"`` after an
-  exception: how a worker tells a live run from a dead one;
+  ``state_dict``, ``global_step``, the probe's spec and the data's state);
+- ``step_<N>/complete.json``: written after the weights (both fsynced), with the time that names
+  this snapshot. Both are written in a hidden folder ``.step_<N>.<pid>.tmp`` that is renamed to
+  ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
+- a complete ``step_<N>`` is never rewritten: a requeued or resumed training start that replays
+  step N keeps it (the worker may be reading it); it is written again only after the worker has
+  probed and deleted it, and then carries a new time, so the worker probes it again. A worker
+  deletes a snapshot by renaming it to ``.step_<N>.<pid>.removed`` first: it vanishes at once,
+  never half-deleted under a training process's eyes;
+- ``training.json``: the training process (pid, host, step, the time that step was reached,
+  time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
+  ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
+  preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
+  worker tells a live run from a dead one, and a run that makes progress from a stuck one;
 - ``done.json``: training ended (the final step);
 - ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
 - ``worker.json``: the worker's own progress (steps probed), for its resume.
@@ -26,11 +33,19 @@ step. On a GPU it goes into pinned CPU buffers on a side stream, and the next
 sync), so the forward and backward of step N+1 overlap the copy; the writer thread waits for the
 copy's CUDA event before writing. Memory: one set of buffers; a snapshot that comes while the
 previous one is still being written waits for it (at most one waits), so snapshots never pile up.
+
+Full disk: before each write the writer checks the free space, as downloads do
+(`repgeom.models.hf.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
+are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
+names the folder and the free space, the half-written step folder is removed, and training goes
+on. The skipped steps are in `SnapshotWriter.skipped`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import shutil
 import socket
@@ -44,6 +59,7 @@ import torch
 
 from repgeom.probes.core import table
 
+log = logging.getLogger(__name__)
 SNAPSHOT_DIR = "snapshots"
 MARKER = ".repgeom-snapshots"
 """The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
@@ -76,35 +92,59 @@ def step_dir(folder: Path, step: int) -> Path:
     return folder / f"step_{step:09d}"
 
 
+WRITING = ".tmp"
+"""The suffix of a hidden snapshot folder being written (``.step_<N>.<pid>.tmp``)."""
+REMOVED = ".removed"
+"""The suffix of a hidden snapshot folder being deleted (``.step_<N>.<pid>.removed``)."""
+
+
 def step_of(path: Path) -> int | None:
-    """``step_000000125`` -> 125; None for any other name."""
+    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``/``.removed``) -> 125;
+    None for any other name."""
     name = path.name
+    if name.startswith(".") and name.endswith((WRITING, REMOVED)):
+        name = name[1:].split(".", 1)[0]
     if not name.startswith("step_") or not name[5:].isdigit():
         return None
     return int(name[5:])
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
-    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order."""
+    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order.
+
+    Incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one still being written
+    (``.step_<N>.<pid>.tmp``: a training process writes it now, or was killed while writing)."""
     complete, incomplete = [], []
     if not folder.is_dir():
         return complete, incomplete
-    for path in sorted(folder.iterdir()):
+    for path in sorted(folder.iterdir(), key=lambda p: p.name.lstrip(".")):
         step = step_of(path)
-        if step is None or not path.is_dir():
+        if step is None or not path.is_dir() or path.name.endswith(REMOVED):
             continue
-        (complete if (path / COMPLETE).is_file() else incomplete).append((step, path))
+        whole = not path.name.startswith(".") and (path / COMPLETE).is_file()
+        (complete if whole else incomplete).append((step, path))
     return complete, incomplete
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Snapshots a worker renamed to delete them and was killed before it could."""
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.name.endswith(REMOVED) and step_of(p) is not None]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """`data` as JSON at `path`, atomically: a temporary file, fsync, rename, fsync the folder."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(data, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: no half-written temporary file stays
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -129,11 +169,44 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _free_bytes(folder: Path) -> int | None:
+    """Free bytes on `folder`'s file system; None when it cannot be asked."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    """The ENOSPC or EDQUOT behind `error`, if any. torch.save does not raise it as such: its
+    zip writer turns the OSError of the file's write into a RuntimeError ("unexpected pos"),
+    with the OSError as its ``__context__``; so the whole chain is searched."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def remove_snapshot(path: Path) -> None:
-    """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder)."""
+    """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
+    one of its hidden forms): renamed to ``.step_<N>.<pid>.removed`` first, so ``step_<N>`` is
+    gone at once and a training start never finds it half-deleted; a folder already gone is
+    fine."""
     if step_of(path) is None or not (path.parent / MARKER).is_file():
         raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
-    shutil.rmtree(path, ignore_errors=True)
+    gone = path
+    if not path.name.endswith(REMOVED):
+        gone = path.with_name(f".{path.name.lstrip('.').split('.', 1)[0]}.{os.getpid()}"
+                              f"{REMOVED}")
+        shutil.rmtree(gone, ignore_errors=True)  # this pid's own earlier, interrupted try
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:  # deleted meanwhile (another look at the same folder)
+            return
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 class SnapshotWriter:
@@ -145,14 +218,21 @@ class SnapshotWriter:
         The training run's folder.
     heartbeat_s : float
         Seconds between two writes of ``training.json`` (the worker's sign that training lives).
+    min_free_gb : float
+        Free disk space (GB) a snapshot must leave; a snapshot that would leave less is skipped.
     """
 
-    def __init__(self, run_dir: Path, *, heartbeat_s: float) -> None:
+    def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
             raise ValueError(f"probe.worker.heartbeat_s must be > 0, got {heartbeat_s}")
+        if min_free_gb < 0:
+            raise ValueError(f"probe.worker.min_free_gb must be >= 0 GB, got {min_free_gb}")
+        self.min_free_bytes = int(min_free_gb * 1e9)
+        self.skipped: dict[int, str] = {}  # step -> why its snapshot was not written
         self.folder = snapshot_dir(run_dir)
         self.heartbeat_s = heartbeat_s
-        self.step = 0  # the training step, for the heartbeat (set by the callback)
+        self.step = 0  # the training step, for the heartbeat (`progress`)
+        self.step_time = time.time()  # when training reached `step`: the worker judges progress
         self.rank = 0  # the writing process's global rank, in each completion marker
         self.waited = 0.0  # seconds training waited for a previous snapshot's write
         self.copy_seconds = 0.0  # seconds in the copies themselves (on the training thread)
@@ -176,6 +256,8 @@ class SnapshotWriter:
                               "probe worker; deleted once probed.\n")
         for _, path in snapshots(self.folder)[1]:
             remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes again
+        for path in leftovers(self.folder):
+            remove_snapshot(path)  # probed, and its worker killed while deleting it
         (self.folder / DONE).unlink(missing_ok=True)
         write_json(self.folder / RUN, run_info)
         self._stop.clear()
@@ -184,10 +266,17 @@ class SnapshotWriter:
                                            daemon=True)
         self._heartbeat.start()
 
+    def progress(self, step: int, *, busy: bool = False) -> None:
+        """Training is at `step` (the next heartbeat says so, with when it got there); `busy`:
+        it is still there but works (a validation batch ended), which counts as progress too."""
+        if step != self.step or busy:
+            self.step, self.step_time = int(step), time.time()
+
     def _beat(self, state: str) -> None:
         write_json(self.folder / TRAINING, {
             "pid": os.getpid(), "host": socket.gethostname(), "step": int(self.step),
-            "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s})
+            "step_time": self.step_time, "time": time.time(), "state": state,
+            "heartbeat_s": self.heartbeat_s})
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
@@ -196,9 +285,10 @@ class SnapshotWriter:
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
                 pass
 
-    def close(self, *, final_step: int | None) -> None:
+    def close(self, *, final_step: int | None, stopped: bool = False) -> None:
         """Wait for the last write, stop the heartbeat; with `final_step` write ``done.json``
-        (training ended), without it mark the run ``failed`` (an exception ended it)."""
+        (training ended), without it mark the run ``failed`` (an exception ended it), or with
+        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back)."""
         failed = False
         try:
             self.wait()
@@ -213,7 +303,7 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             if final_step is None or failed:
-                self._beat("failed")
+                self._beat("stopped" if stopped and not failed else "failed")
             else:  # the done marker first: a worker that sees "finished" finds it
                 write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
                 self._beat("finished")
@@ -286,19 +376,56 @@ class SnapshotWriter:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
         folder = step_dir(self.folder, step)
-        if folder.exists():  # an earlier start's snapshot of this step: replaced
-            remove_snapshot(folder)
-        folder.mkdir(parents=True)
+        if (folder / COMPLETE).is_file():  # immutable: a replayed step keeps its snapshot
+            return
+        needed = sum(t.nbytes for t in weights.values())
+        free = _free_bytes(self.folder)
+        if free is not None and needed + self.min_free_bytes > free:
+            self._skip(step, f"{needed / 1e9:.2f} GB needed plus probe.worker.min_free_gb="
+                             f"{self.min_free_bytes / 1e9:g} GB kept free")
+            return
+        tmp = self.folder / f".{folder.name}.{os.getpid()}{WRITING}"
+        try:
+            self._write_files(folder, tmp, step, weights, meta)
+        except Exception as error:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, whatever failed
+            full = _disk_full(error)
+            if full is None:
+                raise
+            self._skip(step, f"{full.strerror or full} while writing")
+
+    def _skip(self, step: int, why: str) -> None:
+        """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
+        free = _free_bytes(self.folder)
+        where = "unknown" if free is None else f"{free / 1e9:.2f} GB"
+        self.skipped[step] = why
+        log.warning(
+            "disk full: the snapshot of step %d is skipped, so that step is not probed (%s; "
+            "%s free in %s); training goes on. Free some space, or write the run to a larger "
+            "disk", step, why, where, self.folder)
+
+    def _write_files(self, folder: Path, tmp: Path, step: int,
+                     weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        """The snapshot written into `tmp`, then renamed to `folder` whole."""
+        shutil.rmtree(tmp, ignore_errors=True)  # this process's own cut write: never a worker's
+        tmp.mkdir(parents=True)
         checkpoint = {**meta, "global_step": int(step),
                       "state_dict": {f"model.{k}": v for k, v in weights.items()}}
-        path = folder / WEIGHTS
-        tmp = folder / f".{WEIGHTS}.tmp"
-        with open(tmp, "wb") as handle:
+        path = tmp / WEIGHTS
+        with open(path, "wb") as handle:
             torch.save(checkpoint, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(folder)
-        write_json(folder / COMPLETE, {"step": int(step), "time": time.time(),
-                                       "rank": int(self.rank), "pid": os.getpid(),
-                                       "bytes": path.stat().st_size})
+        write_json(tmp / COMPLETE, {"step": int(step), "time": time.time(),
+                                    "rank": int(self.rank), "pid": os.getpid(),
+                                    "bytes": path.stat().st_size})
+        if folder.exists() and not (folder / COMPLETE).is_file():
+            remove_snapshot(folder)  # an incomplete one of the old layout: ours, never read
+        try:
+            os.rename(tmp, folder)  # the whole snapshot appears at once
+        except OSError:  # ENOTEMPTY/EEXIST: a complete one is there; it stays as it is
+            if not (folder / COMPLETE).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        _fsync_dir(self.folder)
