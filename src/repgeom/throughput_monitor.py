@@ -1,0 +1,45 @@
+"""Lightning's `ThroughputMonitor` without a host sync per step when `recipe.sync_free_logging`.
+
+Lightning's monitor calls `torch.cuda.synchronize()` after every training batch, so that its
+clock reads finished work; that stalls the host once a step, and the next step's kernels are
+queued only after the GPU has drained. Sync-free (conf/recipe/: on CUDA by default), this
+monitor counts every batch but synchronizes and reads the clock only at the steps the loggers
+write (trainer.log_every_n_steps): the tokens between two such steps over the seconds between
+them, which is the same quantity measured over longer intervals. Off (the CPU, `recipe=off`),
+it is Lightning's monitor unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ThroughputMonitor as _LightningThroughputMonitor
+from lightning.pytorch.utilities import rank_zero_only
+
+from repgeom.models.recipe import switch_on
+
+
+def sync_free(pl_module: L.LightningModule) -> bool:
+    """Whether the module's `sync_free_logging` switch is on for the device it trains on."""
+    return switch_on(pl_module.hparams.get("sync_free_logging", False), pl_module.device)
+
+
+class ThroughputMonitor(_LightningThroughputMonitor):
+    """`lightning.pytorch.callbacks.ThroughputMonitor`, synchronizing only at logging steps when
+    the module's `sync_free_logging` is on (see the module docstring)."""
+
+    @rank_zero_only
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+        *args: Any,
+    ) -> None:
+        if not sync_free(pl_module) or trainer._logger_connector.should_update_logs:
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
+            return
+        # Count the batch without reading the clock: the next logging step's update covers it.
+        stage = trainer.state.stage
+        if self.length_fn is not None:
+            self._lengths[stage] += self.length_fn(batch)
+        self._samples[stage] += self.batch_size_fn(batch)
+        self._batches[stage] += 1
