@@ -150,3 +150,74 @@ def test_non_finite_loss_stops_with_a_message_and_keeps_the_checkpoint(tmp_path:
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 10
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
+
+
+# gpt_tiny's own sizes (4 x 128, context 256), a few steps: what compile=true trains on the CPU.
+GPT_TINY = ["model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=256",
+            "data.batch_size=4", "trainer.max_steps=6", "trainer.val_check_interval=6",
+            "probe=none", "logger=csv"]
+
+
+def test_compile_trains_gpt_tiny_like_eager_with_the_same_checkpoint_keys(tmp_path: Path) -> None:
+    train(compose_train(tmp_path / "eager", [*GPT_TINY, "recipe.compile=false"]))
+    train(compose_train(tmp_path / "compiled", [*GPT_TINY, "recipe.compile=true"]))
+    eager, compiled = _train_losses(tmp_path / "eager"), _train_losses(tmp_path / "compiled")
+    assert list(compiled.index) == list(range(6))
+    # Inductor's fused kernels sum in another order than eager's: float32 rounding (~1e-7
+    # relative an op) that six AdamW steps carry forward; 1e-4 is 100x what was seen here.
+    pd.testing.assert_series_equal(compiled, eager, rtol=1e-4, atol=0)
+    keys = {name: list(torch.load(tmp_path / name / "checkpoints" / "last.ckpt",
+                                  weights_only=False)["state_dict"])
+            for name in ("eager", "compiled")}
+    assert keys["compiled"] == keys["eager"]  # no `_orig_mod.` copies of the weights
+    assert all(key.startswith("model.") for key in keys["compiled"])
+
+
+def test_a_sparse_nan_check_stops_at_its_step_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # recipe.finite_check_every_n_steps=5 (what "auto" gives on CUDA with log_every_n_steps=5):
+    # the loss is read on the host at steps 4, 9, 14, ...; the weights go NaN after step 12.
+    cfg = compose_train(
+        tmp_path,
+        ["logger=csv", "trainer.max_steps=40", "recipe.finite_check_every_n_steps=5",
+         "+callbacks.poison._target_=test_train.PoisonWeights", "+callbacks.poison.after_step=12"],
+    )
+    with pytest.raises(NonFiniteLossError, match="last good checkpoint") as error:
+        train(cfg)
+    assert "at or before step 14" in str(error.value)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 10
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
+
+
+def test_a_nan_before_a_checkpoint_stops_the_checkpoint_whatever_the_check_interval(
+    tmp_path: Path,
+) -> None:
+    # Checked every 100 steps, a NaN at step 12 would reach the checkpoint of step 20; the check
+    # before every checkpoint (on_save_checkpoint) stops it there.
+    cfg = compose_train(
+        tmp_path,
+        ["logger=csv", "trainer.max_steps=40", "recipe.finite_check_every_n_steps=100",
+         "+callbacks.poison._target_=test_train.PoisonWeights", "+callbacks.poison.after_step=12"],
+    )
+    with pytest.raises(NonFiniteLossError, match="at or before step 20"):
+        train(cfg)
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 10
+
+
+def test_sync_free_logging_logs_the_same_numbers_at_the_logging_steps(tmp_path: Path) -> None:
+    common = ["logger=csv", "trainer.log_every_n_steps=5", "probe=none"]
+    train(compose_train(tmp_path / "every", [*common, "recipe.sync_free_logging=false"]))
+    train(compose_train(tmp_path / "sparse", [*common, "recipe.sync_free_logging=true"]))
+    frames = {name: _csv_metrics(tmp_path / name).dropna(subset=["train/loss"]).set_index("step")
+              for name in ("every", "sparse")}
+    assert list(frames["sparse"].index) == [4, 9, 14, 19]
+    # The throughput monitor counted every batch, not only the logged ones.
+    columns = ["train/tokens_seen", "train/lengths", "train/samples", "train/batches"]
+    pd.testing.assert_frame_equal(frames["sparse"][columns], frames["every"][columns])
+    assert (frames["sparse"]["train/device/items_per_sec"].dropna() > 0).all()
+    # The same training; CPU thread scheduling alone moves the last float32 bit between runs.
+    pd.testing.assert_series_equal(frames["sparse"]["train/loss"], frames["every"]["train/loss"],
+                                   rtol=1e-5)

@@ -38,7 +38,7 @@ class TokensProgressBar(RichProgressBar):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:
-        if sync_free(pl_module) and not trainer._logger_connector.should_update_logs:
+        if sync_free(trainer, pl_module) and not trainer._logger_connector.should_update_logs:
             return  # the loss stays on the GPU until a logging step reads it
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 

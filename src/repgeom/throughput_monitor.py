@@ -5,8 +5,9 @@ clock reads finished work; that stalls the host once a step, and the next step's
 queued only after the GPU has drained. Sync-free (conf/recipe/: on CUDA by default), this
 monitor counts every batch but synchronizes and reads the clock only at the steps the loggers
 write (trainer.log_every_n_steps): the tokens between two such steps over the seconds between
-them, which is the same quantity measured over longer intervals. Off (the CPU, `recipe=off`),
-it is Lightning's monitor unchanged.
+them, which is the same quantity measured over longer intervals; its rolling window
+(`window_size`, in updates) is divided by the logging interval, so that it still spans the same
+number of steps. Off (the CPU, `recipe=off`), it is Lightning's monitor unchanged.
 """
 
 from __future__ import annotations
@@ -20,21 +21,29 @@ from lightning.pytorch.utilities import rank_zero_only
 from repgeom.models.recipe import switch_on
 
 
-def sync_free(pl_module: L.LightningModule) -> bool:
-    """Whether the module's `sync_free_logging` switch is on for the device it trains on."""
-    return switch_on(pl_module.hparams.get("sync_free_logging", False), pl_module.device)
+def sync_free(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """Whether the module's `sync_free_logging` switch is on for the device the run trains on."""
+    value = pl_module.hparams.get("sync_free_logging", False)
+    return switch_on(value, trainer.strategy.root_device)
 
 
 class ThroughputMonitor(_LightningThroughputMonitor):
     """`lightning.pytorch.callbacks.ThroughputMonitor`, synchronizing only at logging steps when
     the module's `sync_free_logging` is on (see the module docstring)."""
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if sync_free(trainer, pl_module):  # one update per logging step: a window as many steps
+            every = max(1, trainer.log_every_n_steps)
+            window = self.kwargs.get("window_size", 100)
+            self.kwargs = {**self.kwargs, "window_size": max(2, window // every)}
+        super().setup(trainer, pl_module, stage)
+
     @rank_zero_only
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
         *args: Any,
     ) -> None:
-        if not sync_free(pl_module) or trainer._logger_connector.should_update_logs:
+        if not sync_free(trainer, pl_module) or trainer._logger_connector.should_update_logs:
             super().on_train_batch_end(trainer, pl_module, outputs, batch, *args)
             return
         # Count the batch without reading the clock: the next logging step's update covers it.

@@ -163,8 +163,8 @@ class CharLM(L.LightningModule):
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         """Stop on a NaN or infinite loss; reading it is a host sync, so on CUDA the check runs
-        every `finite_check_every_n_steps` steps (over every loss since the last check) and
-        before each checkpoint is written (`on_save_checkpoint`)."""
+        every `finite_check_every_n_steps` steps (over every loss since the last check), before
+        each validation, before each checkpoint is written and at the end of training."""
         every = finite_check_interval(
             self.hparams.get("finite_check_every_n_steps", 1), self.device,
             self.trainer.log_every_n_steps,
@@ -196,6 +196,12 @@ class CharLM(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """No checkpoint of weights trained on a non-finite loss the sparse check has not seen."""
         self._raise_if_nonfinite_since_last_check()
+
+    def on_validation_start(self) -> None:
+        self._raise_if_nonfinite_since_last_check()  # before the validation that checkpoints
+
+    def on_train_end(self) -> None:
+        self._raise_if_nonfinite_since_last_check()  # a run does not end "done" on NaN weights
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         loss, count = self._loss(batch, generator_seed=self.hparams.seed * 7919 + batch_idx)
