@@ -60,9 +60,10 @@ def test_compile_leaves_the_state_dict_keys_and_the_loss_unchanged(tmp_path: Pat
     compiled = _module(tmp_path, compile=True)
     compiled.load_state_dict(eager.state_dict())
     # Before issue 34 `torch.compile(self.model)` was an attribute of the module, which
-    # registered it as a submodule: every weight appeared twice, the second time under
-    # `_forward._orig_mod.`, in every checkpoint a compile=true run wrote.
+    # registered it as a submodule: a compile=true run's checkpoints held `_forward._orig_mod.`
+    # keys where an eager run's hold `_forward.` (the eager alias of the model, kept).
     assert list(compiled.state_dict()) == list(eager.state_dict())
+    assert not any("_orig_mod" in key for key in compiled.state_dict())
     window = torch.randint(0, 37, (2, compiled.model.config.block_size + 1),
                            generator=torch.Generator().manual_seed(0))
     want, _ = eager._loss(window, generator_seed=0)

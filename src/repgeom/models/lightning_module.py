@@ -81,8 +81,11 @@ class CharLM(L.LightningModule):
         config = {k: v for k, v in _plain(model).items() if k != "_target_"}
         self.model = GPT(GPTConfig(**config))
         self.causal = self.model.config.causal
-        # The compiled training loss, made at the first training step (when the device is
-        # known). A function, not a module attribute: the state_dict keeps the eager keys.
+        # An alias that registers the model a second time, under `_forward.`: every checkpoint
+        # written so far holds those keys, and Lightning's strict load of one (a resume) needs
+        # them, so it stays. The compiled training loss is a function beside it, made at the
+        # first training step (when the device is known): no `_orig_mod.` keys, nothing else.
+        self._forward = self.model
         self._compiled_loss = None
         self._nonfinite: torch.Tensor | None = None  # any non-finite loss since the last check
         tokens = self.model.config.block_size
