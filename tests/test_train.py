@@ -221,3 +221,22 @@ def test_sync_free_logging_logs_the_same_numbers_at_the_logging_steps(tmp_path: 
     # The same training; CPU thread scheduling alone moves the last float32 bit between runs.
     pd.testing.assert_series_equal(frames["sparse"]["train/loss"], frames["every"]["train/loss"],
                                    rtol=1e-5)
+
+
+def test_fused_adamw_under_bf16_autocast_clips_the_gradients_like_the_for_each_adamw(
+    tmp_path: Path,
+) -> None:
+    # What the recipe does on a GPU, on the CPU: bf16-mixed, fused AdamW, gradient_clip_val=1.0.
+    # Lightning's mixed-precision plugin refused to clip for a fused optimizer ("does not allow
+    # for gradient clipping"), which would have stopped every CUDA run at its first step.
+    common = ["logger=csv", "probe=none", "trainer.precision=bf16-mixed", "trainer.max_steps=8",
+              "optim.optimizer.lr=3e-3"]
+    train(compose_train(tmp_path / "fused", [*common, "recipe.fused_adamw=true"]))
+    train(compose_train(tmp_path / "foreach", [*common, "recipe.fused_adamw=false"]))
+    fused, foreach = _train_losses(tmp_path / "fused"), _train_losses(tmp_path / "foreach")
+    assert list(fused.index) == list(range(8))
+    # The same update in another kernel (fused sums in another order): float32 rounding of
+    # the weights, which bf16 autocast of the next forwards may round to the next bf16 step
+    # (2^-8 relative); 1e-2 stays well under what a skipped clip moves (the first steps'
+    # gradient norms are above 1 here).
+    pd.testing.assert_series_equal(fused, foreach, rtol=1e-2)

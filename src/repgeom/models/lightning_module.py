@@ -9,6 +9,8 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from omegaconf import DictConfig, OmegaConf
 
 from repgeom.data.masking import mlm_mask
@@ -229,14 +231,39 @@ class CharLM(L.LightningModule):
                 "weight_decay": 0.0,
             },  # biases, norms (nanoGPT)
         ]
-        # recipe.fused_adamw: one fused kernel for the update of every parameter (CUDA).
-        fused = {"fused": True} if self._recipe_on("fused_adamw") else {}
+        # recipe.fused_adamw: one fused kernel for the update of every parameter (CUDA). Not
+        # under a GradScaler (16-mixed): a fused step unscales the gradients itself, after
+        # clipping would have read them scaled (Lightning refuses that pair).
+        plugin = self._trainer.precision_plugin if self._trainer is not None else None
+        scaled = getattr(plugin, "scaler", None) is not None
+        fused = {"fused": True} if self._recipe_on("fused_adamw") and not scaled else {}
         optimizer = instantiate(optim["optimizer"], _partial_=True)(groups, **fused)
         scheduler = warmup_cosine(optimizer, **optim["scheduler"])
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
+
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Lightning's clipping, also for a fused optimizer under bf16 autocast.
+
+        Lightning's mixed-precision plugin refuses to clip for any optimizer that unscales
+        inside its step (fused AdamW), because under a GradScaler the gradients it would clip
+        are still scaled. bf16-mixed has no scaler, so the gradients are the true ones: they
+        are clipped by the plain `Precision.clip_gradients` (`torch.nn.utils.clip_grad_norm_`),
+        what any other optimizer gets.
+        """
+        plugin = self.trainer.precision_plugin
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if gradient_clip_val and fused and getattr(plugin, "scaler", None) is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            Precision.clip_gradients(plugin, optimizer, float(gradient_clip_val), algorithm)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
 
 def _plain(config: Any) -> dict[str, Any]:
