@@ -73,7 +73,8 @@ def test_two_cpu_processes_train_with_the_gpu_recipe_switched_on(tmp_path: Path)
     steps = 10
     ddp_dir = tmp_path / "ddp"
     run_train(
-        [*tiny_overrides(trainer="ddp"), "trainer.devices=2", "trainer.accelerator=cpu",
+        [*(o for o in tiny_overrides(trainer="ddp") if not o.startswith("probe.")),
+         "trainer.devices=2", "trainer.accelerator=cpu",
          "trainer.precision=32-true", "data.batch_size=8", f"trainer.max_steps={steps}",
          "trainer.log_every_n_steps=5", "recipe.compile=true",
          "recipe.finite_check_every_n_steps=5", "recipe.sync_free_logging=true", "probe=none",
