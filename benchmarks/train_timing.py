@@ -42,11 +42,17 @@ class StepTimer(L.Callback):
         if self._start is not None:
             self.tokens += token_count(batch) * trainer.world_size
             self.steps += 1
+            if 0 < trainer.max_steps <= trainer.global_step:  # the last step: stop the clock
+                self._stop(pl_module)  # here, not after Lightning's end-of-fit work
 
     def on_train_end(self, trainer, pl_module) -> None:
         if self._start is None:
             raise RuntimeError(f"StepTimer: the run had no step after its {self.warmup} warm-up "
                                "steps; give it more steps (trainer.max_steps)")
+        if self.seconds is None:  # a run that ended before max_steps
+            self._stop(pl_module)
+
+    def _stop(self, pl_module) -> None:
         sync(pl_module.device)
         self.seconds = time.perf_counter() - self._start
 
