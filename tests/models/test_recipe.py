@@ -87,3 +87,17 @@ def test_the_ddp_trainer_keeps_gradients_in_the_all_reduce_buckets(tmp_path: Pat
     cfg = compose_train(tmp_path, ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"])
     strategy = instantiate(cfg.trainer.strategy)
     assert strategy._ddp_kwargs == {"gradient_as_bucket_view": True}
+
+
+def test_a_compile_checkpoint_from_before_the_recipe_loads(tmp_path: Path) -> None:
+    # Before issue 34 a compile=true run saved its weights under `_forward._orig_mod.` where
+    # every other run saves `_forward.`; a strict load (a resume) must still take it.
+    module = _module(tmp_path)
+    old = {k.replace("_forward.", "_forward._orig_mod.", 1): v.clone()
+           for k, v in module.state_dict().items()}
+    checkpoint = {"state_dict": old}
+    fresh = _module(tmp_path)
+    fresh.on_load_checkpoint(checkpoint)
+    fresh.load_state_dict(checkpoint["state_dict"])  # strict: every key matches
+    for key, value in module.state_dict().items():
+        torch.testing.assert_close(fresh.state_dict()[key], value, rtol=0, atol=0)

@@ -202,6 +202,13 @@ class CharLM(L.LightningModule):
         """No checkpoint of weights trained on a non-finite loss the sparse check has not seen."""
         self._raise_if_nonfinite_since_last_check()
 
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A compile=true checkpoint written before issue 34 holds `_forward._orig_mod.` keys
+        (the compiled wrapper was a submodule) where every other holds `_forward.`: renamed."""
+        state = checkpoint.get("state_dict") or {}
+        for key in [k for k in state if k.startswith("_forward._orig_mod.")]:
+            state["_forward." + key.removeprefix("_forward._orig_mod.")] = state.pop(key)
+
     def on_validation_start(self) -> None:
         self._raise_if_nonfinite_since_last_check()  # before the validation that checkpoints
 
