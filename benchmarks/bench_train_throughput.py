@@ -47,7 +47,7 @@ from train_timing import StepTimer, sync  # noqa: E402
 
 from repgeom.data.vocab import Vocab  # noqa: E402
 from repgeom.models.lightning_module import CharLM, warmup_cosine  # noqa: E402
-from repgeom.models.recipe import switch_on  # noqa: E402
+from repgeom.models.recipe import set_tf32_matmul, switch_on  # noqa: E402
 from repgeom.train import resolve_precision  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -97,7 +97,7 @@ def set_tf32(recipe: dict, device: torch.device) -> None:
     """recipe.tf32 for this path (process-wide, as train.py sets it); off restores IEEE."""
     if device.type == "cuda":
         on = switch_on(recipe["tf32"], device)
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if on else "ieee"
+        set_tf32_matmul(on)
 
 
 def plain_loop(module: CharLM, batches: Batches, device: torch.device, precision: str,
@@ -211,7 +211,9 @@ def main() -> None:
         args.steps, args.warmup, args.rounds, args.knee_steps = 2, 1, 1, 2
         model_overrides = ["model=gpt_tiny", f"masking={args.masking}", *SMOKE_MODEL]
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    torch._dynamo.config.recompile_limit = 64  # one compiled graph per module and batch shape
+    # recompile_limit: newer torch's name of cache_size_limit (setting an unknown one raises)
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    setattr(torch._dynamo.config, name, 64)  # one compiled graph per module and batch shape
 
     device = torch.device(args.device)
     precision = resolve_precision("auto") if device.type == "cuda" else "32-true"

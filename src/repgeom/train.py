@@ -22,7 +22,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     wandb_logged_in,
 )
 from repgeom.models.lightning_module import CharLM
-from repgeom.models.recipe import switch_on
+from repgeom.models.recipe import set_tf32_matmul, switch_on
 from repgeom.options import check_options
 from repgeom.probes.run.offload.snapshots import check_offload
 
@@ -175,7 +175,7 @@ def _set_tf32(tf32: bool | str, device: torch.device) -> None:
     when the switch is on, so a run with it off leaves what the process had.
     """
     if device.type == "cuda" and switch_on(tf32, device):
-        torch.backends.cuda.matmul.fp32_precision = "tf32"  # cuDNN's convolutions: TF32 already
+        set_tf32_matmul(True)  # cuDNN's convolutions: TF32 already
 
 
 def _log_effective_batch_size(cfg: DictConfig, trainer: L.Trainer) -> int:

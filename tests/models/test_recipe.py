@@ -101,3 +101,48 @@ def test_a_compile_checkpoint_from_before_the_recipe_loads(tmp_path: Path) -> No
     fresh.load_state_dict(checkpoint["state_dict"])  # strict: every key matches
     for key, value in module.state_dict().items():
         torch.testing.assert_close(fresh.state_dict()[key], value, rtol=0, atol=0)
+
+
+class _MatmulBeforeTorch29:
+    """torch < 2.9's `torch.backends.cuda.matmul` (cuBLASModule): `allow_tf32` only, and setting
+    any name it does not know raises AttributeError("Unknown attribute ...")."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "flags", {"allow_tf32": False})
+
+    def __getattr__(self, name: str):
+        if name in self.flags:
+            return self.flags[name]
+        raise AttributeError("Unknown attribute " + name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name not in self.flags:
+            raise AttributeError("Unknown attribute " + name)
+        self.flags[name] = value
+
+
+def test_tf32_on_cuda_falls_back_to_allow_tf32_on_a_torch_before_2_9(monkeypatch) -> None:
+    from repgeom.train import _set_tf32
+
+    old = _MatmulBeforeTorch29()
+    monkeypatch.setattr(torch.backends.cuda, "matmul", old)
+    _set_tf32("auto", torch.device("cuda"))  # before the fix: AttributeError, every CUDA run
+    assert old.allow_tf32 is True
+    _set_tf32("auto", torch.device("cpu"))  # the CPU leaves it as it was
+    assert old.allow_tf32 is True
+
+
+def test_tf32_on_cuda_sets_fp32_precision_where_torch_has_it() -> None:
+    from repgeom.train import _set_tf32
+
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):
+        pytest.skip("torch < 2.9: no fp32_precision")
+    before = matmul.fp32_precision
+    try:
+        _set_tf32(False, torch.device("cuda"))
+        assert matmul.fp32_precision == before
+        _set_tf32("auto", torch.device("cuda"))
+        assert matmul.fp32_precision == "tf32"
+    finally:
+        matmul.fp32_precision = before

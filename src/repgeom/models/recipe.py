@@ -37,6 +37,21 @@ def finite_check_interval(value: int | str, device: torch.device | str, log_ever
     return int(value)
 
 
+def set_tf32_matmul(on: bool) -> None:
+    """float32 matmuls on CUDA on TF32 tensor cores (`on`) or in full IEEE float32, process-wide.
+
+    torch 2.9 added ``torch.backends.cuda.matmul.fp32_precision`` ("tf32"/"ieee") and deprecated
+    ``allow_tf32``; before 2.9 setting ``fp32_precision`` raises ``AttributeError: Unknown
+    attribute`` (the backend object refuses names it does not know), so an older torch gets
+    ``allow_tf32``, the same switch under its earlier name.
+    """
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):  # torch >= 2.9
+        matmul.fp32_precision = "tf32" if on else "ieee"
+    else:
+        matmul.allow_tf32 = bool(on)
+
+
 def check_recipe(recipe: Mapping[str, Any] | None) -> None:
     """Raise `RecipeError` naming the first recipe option that is out of range."""
     recipe = recipe or {}
