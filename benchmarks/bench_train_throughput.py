@@ -212,8 +212,9 @@ def main() -> None:
         model_overrides = ["model=gpt_tiny", f"masking={args.masking}", *SMOKE_MODEL]
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     # recompile_limit: newer torch's name of cache_size_limit (setting an unknown one raises)
-    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, name, 64)  # one compiled graph per module and batch shape
+    dynamo = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+    setattr(dynamo, name, 64)  # one compiled graph per module and batch shape
 
     device = torch.device(args.device)
     precision = resolve_precision("auto") if device.type == "cuda" else "32-true"
