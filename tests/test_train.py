@@ -240,3 +240,19 @@ def test_fused_adamw_under_bf16_autocast_clips_the_gradients_like_the_for_each_a
     # (2^-8 relative); 1e-2 stays well under what a skipped clip moves (the first steps'
     # gradient norms are above 1 here).
     pd.testing.assert_series_equal(fused, foreach, rtol=1e-2)
+
+
+def test_sync_free_logging_counts_the_flops_of_every_batch(tmp_path: Path) -> None:
+    # Lightning's Throughput sums the `flops` of each update ("since the last update"); sync-free,
+    # one update covers log_every_n_steps batches, so it must carry all their FLOPs: FLOPs per
+    # token (flops_per_sec / items_per_sec over the same window and seconds) is the model's.
+    common = ["logger=csv", "trainer.log_every_n_steps=5", "probe=none"]
+    every = train(compose_train(tmp_path / "every", [*common, "recipe.sync_free_logging=false"]))
+    train(compose_train(tmp_path / "sparse", [*common, "recipe.sync_free_logging=true"]))
+    module = every.module
+    per_token = module.flops_per_window / module.model.config.block_size
+    for name in ("every", "sparse"):
+        frame = _csv_metrics(tmp_path / name).dropna(subset=["train/device/flops_per_sec"])
+        assert len(frame) >= 1, name
+        ratio = frame["train/device/flops_per_sec"] / frame["train/device/items_per_sec"]
+        assert ratio.to_numpy() == pytest.approx(per_token, rel=1e-9), name

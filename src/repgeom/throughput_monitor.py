@@ -31,6 +31,25 @@ class ThroughputMonitor(_LightningThroughputMonitor):
     """`lightning.pytorch.callbacks.ThroughputMonitor`, synchronizing only at logging steps when
     the module's `sync_free_logging` is on (see the module docstring)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skipped: dict[Any, int] = {}  # batches counted since the stage's last update
+
+    def _start(self, trainer: L.Trainer) -> None:
+        super()._start(trainer)
+        self._skipped[trainer.state.stage] = 0
+
+    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                iter_num: int) -> None:
+        # Lightning's Throughput sums each update's `flops` as the FLOPs since the last update;
+        # it is given one batch's, so an update that covers skipped batches carries theirs too.
+        super()._update(trainer, pl_module, batch, iter_num)
+        skipped = self._skipped.get(trainer.state.stage, 0)
+        self._skipped[trainer.state.stage] = 0
+        flops = self._throughputs[trainer.state.stage]._flops
+        if skipped and flops:
+            flops[-1] *= skipped + 1
+
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if sync_free(trainer, pl_module):  # one update per logging step: a window as many steps
             every = max(1, trainer.log_every_n_steps)
@@ -52,3 +71,4 @@ class ThroughputMonitor(_LightningThroughputMonitor):
             self._lengths[stage] += self.length_fn(batch)
         self._samples[stage] += self.batch_size_fn(batch)
         self._batches[stage] += 1
+        self._skipped[stage] = self._skipped.get(stage, 0) + 1
