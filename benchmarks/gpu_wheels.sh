@@ -43,6 +43,13 @@ for pin in "${PINS[@]}"; do
       --platform linux_x86_64 --platform any "$pin"
   fi
 done
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" .  # repgeom itself
+# repgeom itself, built from a copy in $OUT: setuptools writes build/ and src/*.egg-info beside
+# the sources it builds, and this script writes nowhere but $OUT.
+STAGE="$(cd "$(mktemp -d "$OUT/.repgeom-build.XXXXXX")" && pwd)"
+trap 'rm -rf "$STAGE"' EXIT
+tar -c --exclude='__pycache__' --exclude='*.egg-info' pyproject.toml setup.py README.md src conf \
+  | tar -x -C "$STAGE"
+"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$OUT" "$STAGE"
+rm -rf "$STAGE"
 ls -1 "$OUT"
 echo "gpu_wheels.sh: copy the repository with $OUT/ to the node, then: bash benchmarks/gpu_check.sh"

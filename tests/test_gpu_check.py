@@ -55,3 +55,65 @@ def test_gpu_check_refuses_a_machine_without_a_gpu_by_name() -> None:
                           timeout=300)
     assert proc.returncode != 0
     assert "no CUDA device here" in proc.stderr and "--cpu-smoke" in proc.stderr
+
+
+# `python` for gpu_wheels.sh with no network: `pip freeze` lists every package at 1.0, `pip
+# download` and `pip wheel` of a pin leave a placeholder wheel; `pip wheel` of a folder (repgeom
+# itself) is the real one, without build isolation (no index to fetch setuptools from).
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1 $2" != "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
+shift 2
+cmd="$1"; shift
+if [ "$cmd" = freeze ]; then
+  for n in hydra-core omegaconf antlr4-python3-runtime faiss-cpu huggingface_hub httpx2 \\
+           httpcore2 hf-xet truststore idna regex transformers tokenizers safetensors; do
+    echo "$n==1.0"
+  done
+  exit 0
+fi
+last="${@: -1}"
+if [ "$cmd" = wheel ] && [ -d "$last" ]; then
+  exec "$REAL_PYTHON" -m pip wheel --no-build-isolation "$@"
+fi
+dest=""
+while [ $# -gt 0 ]; do
+  case "$1" in --dest|--wheel-dir) dest="$2"; shift;; esac
+  shift
+done
+touch "$dest/${last%%==*}-1.0-py3-none-any.whl"
+"""
+
+
+def _tree(root) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+
+
+def test_gpu_wheels_writes_only_into_its_own_folder(tmp_path) -> None:
+    import shutil
+
+    repo = tmp_path / "repo"
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, repo / name)
+    for name in ("src", "conf", "benchmarks"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns(
+            "__pycache__", "*.egg-info"))
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    before = _tree(repo)
+    proc = subprocess.run(["bash", "benchmarks/gpu_wheels.sh", "bundle"], cwd=repo,
+                          env=subprocess_env(PYTHON=str(fake), REAL_PYTHON=PYTHON),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    written = _tree(repo) - before
+    outside = sorted(p for p in written if not p.startswith("bundle"))
+    assert outside == [], outside  # setuptools' build/ and src/repgeom.egg-info before the fix
+    wheels = sorted(p.name for p in (repo / "bundle").iterdir())
+    assert any(w.startswith("repgeom-") and w.endswith(".whl") for w in wheels), wheels
+    assert "hydra-core-1.0-py3-none-any.whl" in wheels and len(wheels) == 15, wheels
+    import zipfile
+
+    own = next(w for w in wheels if w.startswith("repgeom-"))
+    names = zipfile.ZipFile(repo / "bundle" / own).namelist()
+    assert "repgeom/conf/train.yaml" in names and "repgeom/train.py" in names
