@@ -34,4 +34,6 @@ if ! "$PYTHON" -c "import hydra, omegaconf, faiss, huggingface_hub, transformers
     --target "$SITE" "$WHEELS"/*.whl
   export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
-exec timeout "$LIMIT_S" "$PYTHON" benchmarks/gpu_check.py "$@"
+# Lightning catches SIGTERM during a fit and only notes it (its loops stop at the next batch),
+# so a hung step would outlive a plain timeout: KILL follows GPU_CHECK_KILL_AFTER_S later.
+exec timeout --kill-after="${GPU_CHECK_KILL_AFTER_S:-30}" "$LIMIT_S" "$PYTHON" benchmarks/gpu_check.py "$@"

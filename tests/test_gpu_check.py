@@ -117,3 +117,32 @@ def test_gpu_wheels_writes_only_into_its_own_folder(tmp_path) -> None:
     own = next(w for w in wheels if w.startswith("repgeom-"))
     names = zipfile.ZipFile(repo / "bundle" / own).namelist()
     assert "repgeom/conf/train.yaml" in names and "repgeom/train.py" in names
+
+
+# A `python` that imports everything (`-c`) and then, as the check, ignores SIGTERM and hangs:
+# what a fit does whose step never returns (Lightning's handler only notes a SIGTERM).
+HANGING_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then exit 0; fi
+trap '' TERM
+sleep 600
+"""
+
+
+def test_gpu_check_ends_at_its_limit_even_if_the_check_ignores_sigterm(tmp_path) -> None:
+    import os
+    import signal
+
+    fake = tmp_path / "python"
+    fake.write_text(HANGING_PYTHON)
+    fake.chmod(0o755)
+    env = subprocess_env(PYTHON=str(fake), GPU_CHECK_LIMIT_S="1", GPU_CHECK_KILL_AFTER_S="2")
+    proc = subprocess.Popen(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env,
+                            start_new_session=True)
+    try:
+        returncode = proc.wait(timeout=120)  # before the fix: still waiting on the sleep
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # KILLed at the limit: timeout sends it to its process group, itself included
+    assert returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
