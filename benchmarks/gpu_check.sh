@@ -22,7 +22,9 @@ export WANDB_MODE=offline WANDB_SILENT=true
 PYTHON="${PYTHON:-python}"
 LIMIT_S="${GPU_CHECK_LIMIT_S:-480}"
 WHEELS="${GPU_CHECK_WHEELS:-$PWD/.whl}"
-if ! "$PYTHON" -c "import hydra, omegaconf, faiss, huggingface_hub, transformers" 2>/dev/null; then
+INSTALL_LIMIT_S="${GPU_CHECK_INSTALL_LIMIT_S:-120}"  # each of the import check and the install
+if ! timeout -k 10 "$INSTALL_LIMIT_S" "$PYTHON" -c \
+    "import hydra, omegaconf, faiss, huggingface_hub, transformers" 2>/dev/null; then
   if [ ! -d "$WHEELS" ]; then
     echo "gpu_check.sh: Hydra, FAISS, huggingface_hub or transformers is missing and there is no" \
          "wheel bundle at $WHEELS; build it where PyPI is reachable: bash benchmarks/gpu_wheels.sh" >&2
@@ -30,8 +32,11 @@ if ! "$PYTHON" -c "import hydra, omegaconf, faiss, huggingface_hub, transformers
   fi
   SITE="${TMPDIR:-/tmp}/repgeom-gpu-check-site"
   echo "gpu_check.sh: installing the wheels of $WHEELS into $SITE (no network)" >&2
-  "$PYTHON" -m pip install --quiet --no-index --find-links "$WHEELS" --no-deps --upgrade \
-    --target "$SITE" "$WHEELS"/*.whl
+  if ! timeout -k 10 "$INSTALL_LIMIT_S" "$PYTHON" -m pip install --quiet --no-index \
+      --find-links "$WHEELS" --no-deps --upgrade --target "$SITE" "$WHEELS"/*.whl; then
+    echo "gpu_check.sh: installing the wheel bundle failed or took over ${INSTALL_LIMIT_S} s" >&2
+    exit 1
+  fi
   export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 # Lightning catches SIGTERM during a fit and only notes it (its loops stop at the next batch),

@@ -146,3 +146,35 @@ def test_gpu_check_ends_at_its_limit_even_if_the_check_ignores_sigterm(tmp_path)
             proc.wait()
     # KILLed at the limit: timeout sends it to its process group, itself included
     assert returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
+
+
+# A `python` that lacks the check's packages (`-c` fails) and whose pip never returns.
+HANGING_PIP = """#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then exit 1; fi
+if [ "$1 $2" = "-m pip" ]; then sleep 600; fi
+exit 0
+"""
+
+
+def test_gpu_check_gives_up_on_a_wheel_install_that_hangs(tmp_path) -> None:
+    import os
+    import signal
+
+    fake = tmp_path / "python"
+    fake.write_text(HANGING_PIP)
+    fake.chmod(0o755)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "x-1.0-py3-none-any.whl").touch()
+    env = subprocess_env(PYTHON=str(fake), GPU_CHECK_WHEELS=str(wheels), TMPDIR=str(tmp_path),
+                         GPU_CHECK_INSTALL_LIMIT_S="1")
+    proc = subprocess.Popen(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, env=env,
+                            start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=120)  # before the fix: waiting on pip
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 1
+    assert "installing the wheel bundle failed or took over 1 s" in stderr
