@@ -256,3 +256,18 @@ def test_sync_free_logging_counts_the_flops_of_every_batch(tmp_path: Path) -> No
         assert len(frame) >= 1, name
         ratio = frame["train/device/flops_per_sec"] / frame["train/device/items_per_sec"]
         assert ratio.to_numpy() == pytest.approx(per_token, rel=1e-9), name
+
+
+@pytest.mark.parametrize(("first", "then"), [("false", "true"), ("true", "false")])
+def test_a_resumed_run_keeps_its_own_fused_adamw_choice(tmp_path: Path, first: str,
+                                                        then: str) -> None:
+    # Optimizer.load_state_dict takes the param groups' `fused` flag from the checkpoint: a
+    # checkpoint written without the recipe would resume a GPU run on the for-each AdamW.
+    common = ["logger=csv", "probe=none", "optim.scheduler.total_steps=8"]
+    train(compose_train(tmp_path, [*common, "trainer.max_steps=4",
+                                   f"recipe.fused_adamw={first}"]))
+    result = train(compose_train(tmp_path, [*common, "trainer.max_steps=8",
+                                            f"recipe.fused_adamw={then}"]))
+    assert result.trainer.global_step == 8  # resumed from step 4
+    groups = result.trainer.optimizers[0].param_groups
+    assert [bool(g["fused"]) for g in groups] == [then == "true"] * len(groups)

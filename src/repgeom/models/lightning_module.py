@@ -18,6 +18,9 @@ from repgeom.data.vocab import Vocab
 from repgeom.models.gpt import GPT, GPTConfig
 from repgeom.models.recipe import finite_check_interval, switch_on
 
+_KERNEL_KEYS = ("fused", "foreach")
+"""The param-group flags that pick torch's optimizer kernel (recipe.fused_adamw)."""
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the run stops before the weights are saved."""
@@ -209,6 +212,24 @@ class CharLM(L.LightningModule):
         for key in [k for k in state if k.startswith("_forward._orig_mod.")]:
             state["_forward." + key.removeprefix("_forward._orig_mod.")] = state.pop(key)
 
+    def on_train_start(self) -> None:
+        """Keep this run's optimizer kernels (recipe.fused_adamw) after a resume.
+
+        `Optimizer.load_state_dict` replaces each param group by the checkpoint's, its `fused`
+        and `foreach` flags included: a checkpoint written without the recipe (before it, or
+        `recipe=off`, or on the CPU) would resume a GPU run on the for-each AdamW, and a GPU
+        checkpoint would resume a CPU run on the fused one. The flags this run chose are put
+        back (Lightning restores the optimizer state before this hook).
+        """
+        kernels = getattr(self, "_kernels", None)
+        if kernels is None:
+            return
+        for optimizer in self.trainer.optimizers:
+            if len(optimizer.param_groups) != len(kernels):
+                continue
+            for group, chosen in zip(optimizer.param_groups, kernels, strict=True):
+                group.update(chosen)
+
     def on_validation_start(self) -> None:
         self._raise_if_nonfinite_since_last_check()  # before the validation that checkpoints
 
@@ -245,6 +266,8 @@ class CharLM(L.LightningModule):
         scaled = getattr(plugin, "scaler", None) is not None
         fused = {"fused": True} if self._recipe_on("fused_adamw") and not scaled else {}
         optimizer = instantiate(optim["optimizer"], _partial_=True)(groups, **fused)
+        # The kernel choice of this run's groups, put back after a resume (`on_train_start`).
+        self._kernels = [{k: g.get(k) for k in _KERNEL_KEYS} for g in optimizer.param_groups]
         scheduler = warmup_cosine(optimizer, **optim["scheduler"])
         return {
             "optimizer": optimizer,
