@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import lightning as L
 import pandas as pd
 import pytest
 import torch
@@ -271,3 +272,48 @@ def test_a_resumed_run_keeps_its_own_fused_adamw_choice(tmp_path: Path, first: s
     assert result.trainer.global_step == 8  # resumed from step 4
     groups = result.trainer.optimizers[0].param_groups
     assert [bool(g["fused"]) for g in groups] == [then == "true"] * len(groups)
+
+
+class _StepSpy(L.Callback):
+    """Notes whether the current training step is one the loggers write."""
+
+    logging_step: bool | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        _StepSpy.logging_step = trainer._logger_connector.should_update_logs
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        _StepSpy.logging_step = None
+
+
+def test_sync_free_logging_reads_no_logged_tensor_on_the_host_between_logging_steps(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # Lightning's logger connector turns every prog_bar=True metric into a Python number
+    # (`.item()`, a host sync on a GPU) at the end of every batch; a loss logged with
+    # prog_bar=True every step was read every step, the sync the recipe removes.
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    reads = []
+    convert = result.convert_tensors_to_scalars
+
+    def spy(value):
+        if _StepSpy.logging_step is False and isinstance(value, torch.Tensor):
+            reads.append(value)
+        return convert(value)
+
+    monkeypatch.setattr(result, "convert_tensors_to_scalars", spy)
+    cfg = compose_train(tmp_path, [
+        "logger=csv", "probe=none", "trainer.max_steps=20", "trainer.log_every_n_steps=5",
+        "recipe.sync_free_logging=true", "recipe.finite_check_every_n_steps=5",
+        "+callbacks.step_spy._target_=test_train._StepSpy"])
+    result_ = train(cfg)
+    assert result_.trainer.global_step == 20
+    assert reads == []
+    # the loss is still logged at the logging steps, and the bar still shows it
+    frame = _csv_metrics(tmp_path).dropna(subset=["train/loss"])
+    assert list(frame["step"]) == [4, 9, 14, 19]
+    from repgeom.progress_bar import TokensProgressBar
+
+    shown = TokensProgressBar().get_metrics(result_.trainer, result_.module)
+    assert shown["train/loss"] == f"{float(result_.trainer.logged_metrics['train/loss']):.3f}"

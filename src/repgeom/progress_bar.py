@@ -32,6 +32,8 @@ class TokensProgressBar(RichProgressBar):
         tokens_per_s = next((logged[k] for k in THROUGHPUT_KEYS if k in logged), None)
         if tokens_per_s is not None:
             metrics["tokens/s"] = f"{float(tokens_per_s):,.0f}"
+        if "train/loss" not in metrics and "train/loss" in logged:  # sync-free: not a prog_bar
+            metrics["train/loss"] = f"{float(logged['train/loss']):.3f}"  # metric (read here)
         return metrics
 
     def on_train_batch_end(

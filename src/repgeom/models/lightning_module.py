@@ -158,10 +158,14 @@ class CharLM(L.LightningModule):
         tokens_per_step = (
             token_count(batch) * self.trainer.world_size * self.trainer.accumulate_grad_batches
         )
-        self.log("train/loss", loss, prog_bar=True)  # a GPU tensor: read only when logged
+        # A GPU tensor, read on the host only when logged; but Lightning turns every prog_bar
+        # metric into a number (`.item()`) at the end of every batch, so sync-free it is not a
+        # prog_bar metric: the bar (repgeom.progress_bar) reads it at the logging steps.
+        sync_free = self._recipe_on("sync_free_logging")
+        self.log("train/loss", loss, prog_bar=not sync_free)
         # A float logged every step is copied to the GPU every step, and a blocking copy waits
         # for the GPU's queue; sync-free, it is logged only at the steps the loggers write.
-        if not self._recipe_on("sync_free_logging") or self._logs_this_step():
+        if not sync_free or self._logs_this_step():
             self.log("train/tokens_seen", float((self.global_step + 1) * tokens_per_step))
         return loss
 
