@@ -1,7 +1,8 @@
 """The package's layers, read from its source with `ast`: imports run downwards only.
 
     console, resources, files  <  metrics  <  data, models, loggers, options, progress_bar,
-    model_summary  <  probes  <  analyses  <  experiments  <  train, dashboard  <  cli (commands)
+    throughput_monitor, model_summary  <  probes  <  analyses  <  experiments  <  train,
+    dashboard  <  cli (commands)
 
 and inside probes: core (what one probe is)  <  report (what a table says)  <  run (running
 probes: probe.py, trajectories, the training callback).
@@ -24,6 +25,7 @@ FLOORS = {
     "console": 0, "resources": 0, "files": 0,
     "metrics": 1,
     "data": 2, "models": 2, "loggers": 2, "options": 2, "progress_bar": 2, "model_summary": 2,
+    "throughput_monitor": 2,
     "probes": 3,
     "analyses": 4,
     "experiments": 5,

@@ -64,3 +64,33 @@ def test_two_cpu_processes_train_like_one_with_the_same_effective_batch(tmp_path
     np.testing.assert_allclose(
         ddp_probes["value"].to_numpy(), single_probes["value"].to_numpy(), rtol=1e-3, atol=1e-4
     )
+
+
+def test_two_cpu_processes_train_with_the_gpu_recipe_switched_on(tmp_path: Path) -> None:
+    # The recipe's parts that matter under DDP, forced on for the CPU: the compiled training
+    # loss inside DDP's forward, the NaN check's all-reduce every 5 steps instead of every step,
+    # the sync-free monitor; the trainer keeps gradients as bucket views (conf/trainer/ddp.yaml).
+    steps = 10
+    ddp_dir = tmp_path / "ddp"
+    run_train(
+        [*(o for o in tiny_overrides(trainer="ddp") if not o.startswith("probe.")),
+         "trainer.devices=2", "trainer.accelerator=cpu",
+         "trainer.precision=32-true", "data.batch_size=8", f"trainer.max_steps={steps}",
+         "trainer.log_every_n_steps=5", "recipe.compile=true",
+         "recipe.finite_check_every_n_steps=5", "recipe.sync_free_logging=true", "probe=none",
+         f"hydra.run.dir={ddp_dir}"], timeout=900,
+    )
+    single_dir = tmp_path / "single"
+    train(compose_train(single_dir, ["data.batch_size=16", f"trainer.max_steps={steps}",
+                                     "trainer.log_every_n_steps=5", "probe=none"]))
+    frame = csv_metrics(ddp_dir).dropna(subset=["train/loss"])
+    assert frame["step"].tolist() == [4, 9]
+    # The same 16 windows a step; compiled kernels and gloo's all-reduce round differently
+    # (~1e-6 relative a step), which ten steps of AdamW keep far below 1e-3.
+    np.testing.assert_allclose(csv_metrics(ddp_dir)["val/bpc"].dropna().to_numpy(),
+                               csv_metrics(single_dir)["val/bpc"].dropna().to_numpy(), rtol=1e-3)
+    import torch
+
+    keys = list(torch.load(ddp_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"])
+    eager = torch.load(single_dir / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert keys == list(eager)  # the eager run's keys: no `_orig_mod.` copies

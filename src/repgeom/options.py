@@ -13,6 +13,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from repgeom.data.enwik8 import check_path
+from repgeom.models.recipe import check_recipe
 
 
 class OptionError(ValueError):
@@ -26,7 +27,8 @@ def check_options(cfg: DictConfig) -> None:
     optimizer and schedule (``optim.optimizer.lr > 0``, weight decay and betas, warmup),
     ``trainer.max_steps``, ``data.batch_size`` and ``data.path`` (an existing file, not a
     folder: `repgeom.data.enwik8.check_path`, raising its `DataError`; the datamodule checks it
-    again when it is built, for code that builds one directly).
+    again when it is built, for code that builds one directly) and the GPU recipe's switches
+    (`repgeom.models.recipe.check_recipe`, raising its `RecipeError`).
     """
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model["vocab_size"] = 1  # the real one is known only after the data is read
@@ -62,6 +64,8 @@ def check_options(cfg: DictConfig) -> None:
         raise OptionError(f"data.batch_size must be >= 1, got {data['batch_size']}")
     if data.get("path") is not None:
         check_path(data["path"])
+    recipe = cfg.get("recipe")
+    check_recipe(OmegaConf.to_container(recipe, resolve=True) if recipe is not None else None)
 
 
 def _positive(conf, key: str, name: str) -> None:

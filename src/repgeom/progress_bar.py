@@ -4,7 +4,8 @@
 them per second as ``train/items_per_sec`` (all devices; only when there are several) and
 ``train/device/items_per_sec``; this bar only shows that number (it measures nothing itself),
 next to the train loss and the latest validation bpc that the module logs with
-``prog_bar=True``.
+``prog_bar=True``. Reading the loss is a host sync, so with ``recipe.sync_free_logging`` (CUDA)
+the bar is redrawn only at the steps the loggers write (trainer.log_every_n_steps).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
+
+from repgeom.throughput_monitor import sync_free
 
 THROUGHPUT_KEYS = ("train/items_per_sec", "train/device/items_per_sec")
 """ThroughputMonitor's keys for items (tokens, via `length_fn`) per second: all devices, then
@@ -29,7 +32,17 @@ class TokensProgressBar(RichProgressBar):
         tokens_per_s = next((logged[k] for k in THROUGHPUT_KEYS if k in logged), None)
         if tokens_per_s is not None:
             metrics["tokens/s"] = f"{float(tokens_per_s):,.0f}"
+        if "train/loss" not in metrics and "train/loss" in logged:  # sync-free: not a prog_bar
+            metrics["train/loss"] = f"{float(logged['train/loss']):.3f}"  # metric (read here)
         return metrics
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if sync_free(trainer, pl_module) and not trainer._logger_connector.should_update_logs:
+            return  # the loss stays on the GPU until a logging step reads it
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def _get_train_description(self, current_epoch: int) -> str:
         """Lightning's "Epoch e/{max_epochs - 1}" reads "Epoch 0/-2" in a run bounded by

@@ -22,6 +22,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     wandb_logged_in,
 )
 from repgeom.models.lightning_module import CharLM
+from repgeom.models.recipe import set_tf32_matmul, switch_on
 from repgeom.options import check_options
 from repgeom.probes.run.offload.snapshots import check_offload
 
@@ -108,7 +109,9 @@ def train(cfg: DictConfig) -> TrainResult:
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in the config
 
-    datamodule = instantiate(cfg.data)
+    recipe = OmegaConf.to_container(cfg.recipe, resolve=True) if cfg.get("recipe") else {}
+    pin = recipe.get("pin_memory", "auto")  # "auto": pinned when CUDA is available
+    datamodule = instantiate(cfg.data, pin_memory=None if pin == "auto" else bool(pin))
     datamodule.prepare_data()
     datamodule.setup("fit")
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -120,7 +123,7 @@ def train(cfg: DictConfig) -> TrainResult:
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         vocab=datamodule.vocab.to_dict(),
         seed=int(cfg.seed),
-        compile=bool(cfg.compile),
+        **{name: recipe[name] for name in _MODULE_SWITCHES if name in recipe},
     )
 
     loggers = build_loggers(cfg, output_dir)
@@ -130,6 +133,7 @@ def train(cfg: DictConfig) -> TrainResult:
     trainer: L.Trainer = instantiate(
         trainer_cfg, callbacks=build_callbacks(cfg), logger=loggers or False
     )
+    _set_tf32(recipe.get("tf32", "auto"), trainer.strategy.root_device)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     # Windows per optimizer step over all ranks (conf/trainer/ddp.yaml); in the W&B config too.
     resolved["effective_batch_size"] = _log_effective_batch_size(cfg, trainer)
@@ -158,6 +162,20 @@ def train(cfg: DictConfig) -> TrainResult:
 
         wandb.finish()
     return TrainResult(trainer, module, datamodule, output_dir, wandb_dir)
+
+
+_MODULE_SWITCHES = ("compile", "fused_adamw", "finite_check_every_n_steps", "sync_free_logging")
+"""The recipe switches (conf/recipe/) that `CharLM` reads against its device."""
+
+
+def _set_tf32(tf32: bool | str, device: torch.device) -> None:
+    """recipe.tf32: float32 matmuls on TF32 tensor cores, for a run on CUDA.
+
+    A process-wide setting of torch's CUDA backends (the CPU's matmuls are untouched), set only
+    when the switch is on, so a run with it off leaves what the process had.
+    """
+    if device.type == "cuda" and switch_on(tf32, device):
+        set_tf32_matmul(True)  # cuDNN's convolutions: TF32 already
 
 
 def _log_effective_batch_size(cfg: DictConfig, trainer: L.Trainer) -> int:

@@ -211,6 +211,9 @@ class Enwik8DataModule(L.LightningDataModule):
         Seeds the training windows (and nothing else here).
     val_windows : int, optional
         Use at most this many validation/test windows, evenly spaced; None uses all.
+    pin_memory : bool
+        Page-locked batches, so that the copy to a GPU runs asynchronously (`recipe.pin_memory`);
+        None pins them when CUDA is available.
     """
 
     def __init__(
@@ -225,6 +228,7 @@ class Enwik8DataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         val_windows: int | None = None,
+        pin_memory: bool | None = None,
     ) -> None:
         super().__init__()
         self.cache = TokenCache(source, path, cache_dir, clean, verify)
@@ -240,6 +244,7 @@ class Enwik8DataModule(L.LightningDataModule):
         self.num_workers = int(num_workers)
         self.seed = int(seed)
         self.val_windows = val_windows
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.vocab: Vocab | None = None
         self.tokens: dict[str, np.ndarray] = {}
         self._loaded_vocab: Vocab | None = None
@@ -319,7 +324,7 @@ class Enwik8DataModule(L.LightningDataModule):
             "batch_size": self.batch_size,
             "num_workers": self.num_workers,
             "persistent_workers": self.num_workers > 0,
-            "pin_memory": torch.cuda.is_available(),
+            "pin_memory": self.pin_memory,
         }
 
     def validation_windows(self) -> ValidationWindows:
