@@ -158,7 +158,10 @@ def test_kill_9_then_the_same_command_gives_the_same_table(
     resumed, whole = _sorted(table.read_table(out)), _sorted(table.read_table(uninterrupted[0]))
     keys = [k for k in KEYS if k in whole.columns]
     pd.testing.assert_frame_equal(resumed[keys], whole[keys], check_dtype=False)
-    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    # Another process: its float32 forwards may differ in the last bits (the first revision a
+    # process probes, while the next one downloads, was seen 3.7e-6 to 2.0e-5 relative off in
+    # 3 of ~25 runs on a loaded 2-core machine; rows, steps and labels above are exact).
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-4, atol=1e-9)
     assert not any((out / "work").rglob("*.safetensors"))  # the killed downloads are gone too
 
 
@@ -249,7 +252,10 @@ def test_an_unreadable_table_on_resume_is_set_aside_and_its_steps_redone(
     resumed, whole = _sorted(table.read_table(out)), _sorted(table.read_table(uninterrupted[0]))
     keys = [k for k in KEYS if k in whole.columns]
     pd.testing.assert_frame_equal(resumed[keys], whole[keys], check_dtype=False)
-    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-6, atol=1e-9)
+    # Another process: its float32 forwards may differ in the last bits (the first revision a
+    # process probes, while the next one downloads, was seen 3.7e-6 to 2.0e-5 relative off in
+    # 3 of ~25 runs on a loaded 2-core machine; rows, steps and labels above are exact).
+    np.testing.assert_allclose(resumed["value"], whole["value"], rtol=1e-4, atol=1e-9)
 
 
 def test_resume_is_keyed_by_revision_not_step(folders, text_file, tmp_path) -> None:
