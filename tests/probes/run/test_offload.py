@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -751,6 +752,13 @@ def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: P
     callback.writer.start({"wandb": None})
     callback.on_exception(None, None, RuntimeError("boom"))
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "failed"
+    # After a SIGTERM another error may surface first (W&B's service, killed by the same
+    # signal, drops its connection): Lightning's own flag still says it was a SIGTERM.
+    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    callback.writer.start({"wandb": None})
+    callback.on_exception(SimpleNamespace(received_sigterm=True), None,
+                          ConnectionResetError("Connection lost"))
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
 
 
 def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, monkeypatch,

@@ -225,9 +225,11 @@ class ProbeCallback(L.Callback):
         if self.writer is not None:
             # SIGTERM (a SLURM requeue or preemption, scancel): "stopped", the run may come back
             # and a worker waits for it (follow_timeout_s); any other exception: "failed", and
-            # the worker stops at once.
-            self._end_offload(trainer, final_step=None,
-                              stopped=isinstance(exception, SIGTERMException))
+            # the worker stops at once. Lightning's flag too: after a SIGTERM another error may
+            # come first (W&B's service, killed by the same signal, drops its connection).
+            stopped = (isinstance(exception, SIGTERMException)
+                       or bool(getattr(trainer, "received_sigterm", False)))
+            self._end_offload(trainer, final_step=None, stopped=stopped)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """The end of a fit that did not raise (Lightning calls it last; an exception goes
