@@ -53,7 +53,7 @@ from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import snapshots
-from repgeom.probes.run.offload.lock import WorkerLock
+from repgeom.probes.run.offload.lock import WorkerLock, process_alive
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
@@ -78,16 +78,6 @@ class FollowResult:
     frame: pd.DataFrame
     skipped: list[int] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
 
 
 def _written(path: Path) -> float:
@@ -125,7 +115,7 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
         return False, "no training process has started in this run folder yet"
     if beat.get("state") != "running":
         return False, f"the training process {beat.get('state')}"
-    if beat.get("host") == socket.gethostname() and not _alive(int(beat.get("pid", -1))):
+    if beat.get("host") == socket.gethostname() and not process_alive(int(beat.get("pid", -1))):
         return False, f"the training process (pid {beat.get('pid')}) is gone"
     if watch is not None and beat.get("host") != socket.gethostname():
         seen = time.monotonic()

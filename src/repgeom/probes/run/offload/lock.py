@@ -96,7 +96,8 @@ def lock_kind(folder: Path, wanted: str = "auto") -> str:
     return "file" if file_system_type(folder) in SHARED_FILE_SYSTEMS else "flock"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -220,7 +221,7 @@ class WorkerLock:
             watch.update(beat=beat, seen=now, token=holder.get("token"))
         name = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
         gone = (holder.get("host") == socket.gethostname()
-                and not _alive(int(holder.get("pid", -1) or -1)))
+                and not process_alive(int(holder.get("pid", -1) or -1)))
         if not gone and now - watch["seen"] < self.stale_s:
             return name
         # Stale: move it aside (only one taker's rename succeeds), then take it.
