@@ -137,3 +137,27 @@ def test_capture_checks_its_inputs(tiny_hf, tiny_text):
         hf_capture(hf, ids, mask[:, :-1])
     with pytest.raises(ValueError, match="input_ids must be a"):
         hf_capture(hf, ids[0])
+
+
+def test_the_first_forward_of_a_model_class_in_a_process_is_run_twice(tiny_hf, tiny_text,
+                                                                        monkeypatch):
+    """The first capture of a model class in a process forwards its batch once more and throws
+    the first result away (`capture._settle_first_call`: on a loaded CPU that first forward
+    sometimes rounds differently from every later one); later captures forward once, and every
+    capture gives the same bits."""
+    from repgeom.models.hf import capture
+
+    monkeypatch.setattr(capture, "_SETTLED", set())  # as in a fresh process
+    hf = tiny_hf("gpt2")
+    ids, mask = padded_batch(hf, tiny_text)
+    calls = []
+    hook = hf.model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        first = hf_capture(hf, ids, mask)
+        after_first = len(calls)
+        second = hf_capture(hf, ids, mask)
+    finally:
+        hook.remove()
+    assert (after_first, len(calls) - after_first) == (2, 1)
+    for a, b in zip(first.hidden + first.attention, second.hidden + second.attention, strict=True):
+        assert torch.equal(a, b)  # same process, same input: bit for bit

@@ -88,6 +88,7 @@ def hf_capture(
     was_training = model.training
     model.eval()
     try:
+        _settle_first_call(hf, input_ids, attention_mask, attention)
         with torch.no_grad(), residual or contextlib.nullcontext():
             if recorder is not None:
                 with recorder:
@@ -121,6 +122,33 @@ def hf_capture(
         causal=hf.is_decoder,
         valid=valid,
     )
+
+
+_SETTLED: set[tuple[str, str]] = set()
+"""(model class, device type) pairs whose first forward in this process has been run."""
+
+
+def _settle_first_call(hf: HFModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       attention: bool) -> None:
+    """Run a model class's first forward of the process once and throw it away.
+
+    On CPU, the first forward of a process sometimes rounds differently from every later one:
+    in a GPT-2 (``gelu_new``) forward, the first ``torch.tanh`` (MKL's VML ``vsTanh``, which
+    PyTorch calls from its parallel loop) gave other last bits in about 1 process of 10 on a
+    loaded 2-core machine, with the same input bytes; the second call, and every later one,
+    always gave the reference bits (1,500 repeats). A probe table of a process's first model
+    then differed from another process's (a few values by 1e-5 relative, and near-duplicate
+    states counted apart, which moved GRIDE by ~1%). Intel documents MKL's results as
+    reproducible run to run only under conditions (its "Reproducibility Conditions"), which a
+    loaded machine's thread timing does not meet on the first call. The first micro-batch,
+    forwarded once more here, costs one micro-batch per model class and process.
+    """
+    key = (type(hf.model).__name__, input_ids.device.type)
+    if key in _SETTLED:
+        return
+    with torch.no_grad():
+        forward_stack(hf, input_ids, attention_mask, attention)
+    _SETTLED.add(key)
 
 
 def _residual_recorder(hf: HFModel) -> ResidualRecorder | None:
