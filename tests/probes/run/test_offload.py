@@ -901,3 +901,85 @@ def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_pa
     assert "TrainingDiedError" in done.stderr and "training process failed" in done.stderr
     assert done.stdout.count("step 1") <= 2
     assert "has no weights.ckpt" in done.stdout
+
+
+def _full_at(name: str, error: int = errno.ENOSPC):
+    """A `json.dump` that fails with `error` halfway into the temporary file of `name` (as a
+    full disk does at its first block) and writes every other file as usual."""
+    import json
+
+    original = json.dump
+
+    def dump(data, handle, *args, **kwargs):
+        if Path(handle.name).name.startswith(f".{name}."):
+            handle.write('{"step": ')  # half a file, then the disk is full
+            handle.flush()
+            raise OSError(error, os.strerror(error))
+        return original(data, handle, *args, **kwargs)
+
+    return json, "dump", dump
+
+
+@pytest.mark.parametrize(("error", "fix"), [(errno.ENOSPC, "free some space on that disk"),
+                                            (errno.EROFS, "make that folder writable")])
+def test_a_done_marker_that_cannot_be_written_says_where_and_how_to_finish(
+    tmp_path: Path, monkeypatch, error: int, fix: str
+) -> None:
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    monkeypatch.setattr(*_full_at(snapshots.DONE, error))
+    with pytest.raises(snapshots.RunNotRecordedError) as raised:
+        writer.close(final_step=7)
+    message, folder = str(raised.value), writer.folder
+    assert f"writing done.json in {folder} failed ({os.strerror(error)};" in message
+    assert re.search(r"[\d.]+ GB free there", message) and fix in message
+    assert "run the same train.py command again" in message
+    assert not (folder / snapshots.DONE).exists() and not list(folder.glob(".*.tmp"))
+    # not "running" with a heartbeat that stops: "stopped", a run that may come back
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+
+
+def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_the_run(
+    tmp_path: Path,
+) -> None:
+    # Training succeeds, then done.json cannot be written (ENOSPC): the checkpoints stay, the
+    # worker train.py started is stopped within its limit (not orphaned, waiting for a done
+    # marker that never comes), train() fails with the message that says how to finish, and
+    # the same command rerun with space records the run and lets the worker finish.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=worker", "probe.worker.threads=1"]
+    workers: list[subprocess.Popen] = []
+    original_start = follow_module.start_worker
+
+    def start_worker(*args, **kwargs):
+        workers.append(original_start(*args, **kwargs))
+        return workers[-1]
+
+    folder = snapshots.snapshot_dir(run_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(*_full_at(snapshots.DONE))
+        with pytest.raises(snapshots.RunNotRecordedError) as raised:
+            train(compose_train(run_dir, overrides))
+        assert len(workers) == 1 and workers[0].poll() is not None  # stopped, not orphaned
+    message = str(raised.value)
+    assert f"done.json in {folder} failed (No space left on device;" in message
+    assert re.search(r"[\d.]+ GB free there", message)
+    assert "run the same train.py command again" in message
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 20  # the trained model is saved
+    assert not (folder / snapshots.DONE).exists() and not list(run_dir.rglob("*.tmp"))
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+
+    # The same command with space: no training (the run is finished), the status written, and
+    # a worker that probes what the stopped one left.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "start_worker", start_worker)
+        result = train(compose_train(run_dir, overrides))
+    assert result.trainer.global_step == 20 and len(workers) == 2
+    assert workers[1].poll() == 0  # waited for, and done
+    assert snapshots.read_json(folder / snapshots.DONE)["step"] == 20
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
+    assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
+    assert follow(run_dir, timeout_s=30, wandb=False).stopped == "done"

@@ -23,7 +23,9 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
   preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
   worker tells a live run from a dead one, and a run that makes progress from a stuck one;
-- ``done.json``: training ended (the final step);
+- ``done.json``: training ended (the final step). Where it (or the ``finished`` state) cannot be
+  written, train.py fails with `RunNotRecordedError`, which says why and how to finish the run:
+  a rerun of the same command writes both without training (`SnapshotWriter.finish`);
 - ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
 - ``worker.json``: the worker's own progress (steps probed), for its resume.
 
@@ -209,6 +211,24 @@ def remove_snapshot(path: Path) -> None:
     shutil.rmtree(gone, ignore_errors=True)
 
 
+class RunNotRecordedError(RuntimeError):
+    """Training finished, but its end-of-run status (``done.json``, ``training.json``) could
+    not be written: the run is not recorded as done, and a worker would wait for it."""
+
+
+def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
+    """What `RunNotRecordedError` says: the file, its folder and free space, and the fix."""
+    free = _free_bytes(path.parent)
+    space = "unknown" if free is None else f"{free / 1e9:.2f} GB"
+    fix = ("free some space on that disk (or raise the quota)"
+           if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
+    return (f"training finished at step {final_step} and its checkpoints are saved, but the run "
+            f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
+            f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
+            "same train.py command again: it resumes the finished run without training, writes "
+            f"{path.name}; a probe worker then probes what is left")
+
+
 class SnapshotWriter:
     """Copies the weights at a probe step and writes them in a background thread (rank 0 only).
 
@@ -286,9 +306,13 @@ class SnapshotWriter:
                 pass
 
     def close(self, *, final_step: int | None, stopped: bool = False) -> None:
-        """Wait for the last write, stop the heartbeat; with `final_step` write ``done.json``
-        (training ended), without it mark the run ``failed`` (an exception ended it), or with
-        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back)."""
+        """Wait for the last write, stop the heartbeat; with `final_step` record the run as
+        finished (`finish`), without it mark the run ``failed`` (an exception ended it), or with
+        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back).
+
+        Raises `RunNotRecordedError` when the finished run's status cannot be written (a full
+        or read-only disk); a failed or stopped state that cannot be written is only logged,
+        so the exception that ended training is the one raised."""
         failed = False
         try:
             self.wait()
@@ -303,10 +327,39 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             if final_step is None or failed:
-                self._beat("stopped" if stopped and not failed else "failed")
-            else:  # the done marker first: a worker that sees "finished" finds it
-                write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
-                self._beat("finished")
+                self._try_beat("stopped" if stopped and not failed else "failed")
+            else:
+                self.finish(final_step)
+
+    def finish(self, final_step: int) -> None:
+        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
+        ``finished`` (the done marker first: a worker that sees "finished" finds it). Also what
+        a rerun of a finished run does when an earlier start could not write them.
+
+        Raises
+        ------
+        RunNotRecordedError
+            A file could not be written (ENOSPC, EDQUOT, EROFS, ...); the message names it, the
+            folder, its free space and the fix. Nothing half-written stays (`write_json`), and
+            ``training.json`` is set to ``stopped`` if it can be: the run comes back when rerun.
+        """
+        self.progress(final_step)
+        path = self.folder / DONE
+        try:
+            write_json(path, {"step": int(final_step), "time": time.time()})
+            path = self.folder / TRAINING
+            self._beat("finished")
+        except OSError as error:
+            self._try_beat("stopped")
+            raise RunNotRecordedError(_not_recorded(path, final_step, error)) from error
+
+    def _try_beat(self, state: str) -> None:
+        """`_beat`, where a full disk only logs: the caller has a more important error."""
+        try:
+            self._beat(state)
+        except OSError as error:
+            log.warning("could not mark %s %r (%s)", self.folder / TRAINING, state,
+                        error.strerror or error)
 
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
