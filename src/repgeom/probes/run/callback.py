@@ -392,7 +392,8 @@ class ProbeCallback(L.Callback):
         except snapshots.RunNotRecordedError as error:
             self._not_recorded = error
             final_step = None
-            again = "the rerun of train.py that records the run starts it again"
+            again = ("the run could not be recorded as finished (the error below says how to "
+                     "finish it), and that rerun starts the worker again")
         except BaseException:
             self._stop_worker(again)  # whatever failed, no worker is left behind
             raise

@@ -225,7 +225,7 @@ def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
     return (f"training finished at step {final_step} and its checkpoints are saved, but the run "
             f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
             f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
-            "same train.py command again: it resumes the finished run without training, writes "
+            "same train.py command again: it resumes the finished run without training and writes "
             f"{path.name}; a probe worker then probes what is left")
 
 
