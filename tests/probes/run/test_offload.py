@@ -983,3 +983,40 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
     assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
     assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
     assert follow(run_dir, timeout_s=30, wandb=False).stopped == "done"
+
+
+def test_a_step_skipped_for_space_is_named_at_the_end_even_after_a_resume(tmp_path: Path,
+                                                                         capsys) -> None:
+    # Step 4's snapshot is skipped (ENOSPC), then training dies at step 12 and resumes from its
+    # step-10 checkpoint. The resumed start knows nothing of step 4 from its own writer; the
+    # gap is real, and the worker must say why that step has no rows rather than leave it
+    # silently missing from the table.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=snapshots"]
+    original_save, original_progress = torch.save, snapshots.SnapshotWriter.progress
+
+    def save(obj, handle, *args, **kwargs):
+        if isinstance(obj, dict) and "offload" in obj and obj["global_step"] == 4:  # a snapshot
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original_save(obj, handle, *args, **kwargs)
+
+    def progress(self, step, **kwargs):
+        if step == 12:
+            raise _Killed  # after the checkpoint of step 10
+        return original_progress(self, step, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(torch, "save", save)
+        patch.setattr(snapshots.SnapshotWriter, "progress", progress)
+        train(compose_train(run_dir, overrides))
+    train(compose_train(run_dir, overrides))  # resumes at step 10 and finishes
+    done = snapshots.read_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE)
+    assert done["step"] == 20 and list(done["skipped_for_space"]) == ["4"]
+    assert "No space left on device" in done["skipped_for_space"]["4"]
+    capsys.readouterr()
+    result = follow(run_dir, timeout_s=30, wandb=False)
+    assert sorted(result.frame["step"].unique()) == [s for s in STEPS if s != 4]
+    assert list(result.no_space) == [4]
+    out = capsys.readouterr().out
+    assert "steps [4] have no probe rows: training skipped their snapshots for lack of disk " \
+           "space (step 4: No space left on device while writing)" in out

@@ -130,6 +130,7 @@ class ProbeCallback(L.Callback):
         self.schedule: list[int] = []
         self.done: set[int] = set()
         self.seconds = 0.0
+        self.skipped_for_space: dict[int, str] = {}  # step -> why its snapshot was not written
         self.probes: ProbeSet | None = None
         self.run_dir: Path | None = None
         self._wandb_ready = False
@@ -164,11 +165,13 @@ class ProbeCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        skipped = self.skipped_for_space
         if self.writer is not None:  # "done" in a checkpoint means the snapshot is on disk
-            self.writer.wait()
+            self.writer.wait()  # or was skipped for lack of space: a gap a resume keeps naming
+            skipped = {**skipped, **self.writer.skipped}
         phases = self.recorder.state_dict() if self.recorder is not None else self._phase_state
         return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config(),
-                "phase_alerts": phases}
+                "phase_alerts": phases, "skipped_for_space": skipped}
 
     def probe_config(self) -> dict[str, Any]:
         """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
@@ -177,6 +180,8 @@ class ProbeCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
         self.seconds = float(state_dict.get("seconds", 0.0))
+        self.skipped_for_space = {int(k): str(v) for k, v in
+                                  (state_dict.get("skipped_for_space") or {}).items()}
         self._phase_state = list(state_dict.get("phase_alerts", []))
         if self.recorder is not None:
             self.recorder.load_state_dict(self._phase_state)
@@ -273,7 +278,7 @@ class ProbeCallback(L.Callback):
             return
         writer = snapshots.SnapshotWriter(self.run_dir, heartbeat_s=float(
             self.worker_options["heartbeat_s"]))
-        writer.finish(trainer.global_step)
+        writer.finish(trainer.global_step, self.skipped_for_space)
         print(f"This run is finished at step {trainer.global_step}; its status, missing until "
               f"now, is written: {folder / snapshots.DONE}")
 
@@ -388,7 +393,7 @@ class ProbeCallback(L.Callback):
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         try:
-            writer.close(final_step=final_step, stopped=stopped)
+            writer.close(final_step=final_step, stopped=stopped, skipped=self.skipped_for_space)
         except snapshots.RunNotRecordedError as error:
             self._not_recorded = error
             final_step = None
@@ -397,10 +402,12 @@ class ProbeCallback(L.Callback):
         except BaseException:
             self._stop_worker(again)  # whatever failed, no worker is left behind
             raise
-        if writer.skipped:
-            rank_zero_warn(f"the snapshots of steps {sorted(writer.skipped)} were skipped for "
-                           "lack of disk space, so those steps have no probe rows; see the "
-                           "warnings above")
+        self.skipped_for_space.update(writer.skipped)
+        if self.skipped_for_space:
+            rank_zero_warn(f"the snapshots of steps {sorted(self.skipped_for_space)} were "
+                           "skipped for lack of disk space, so those steps have no probe rows "
+                           "(a step's weights are not kept once training moves on); see the "
+                           "warnings of the start that skipped them")
         if self.worker is None:
             return
         if final_step is None:  # training failed or is not recorded: the worker is stopped

@@ -23,7 +23,9 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
   preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
   worker tells a live run from a dead one, and a run that makes progress from a stuck one;
-- ``done.json``: training ended (the final step). Where it (or the ``finished`` state) cannot be
+- ``done.json``: training ended: the final step, and the steps whose snapshots were skipped for
+  lack of space (``skipped_for_space``, step -> why, over every start of the run), so the worker
+  can say why they have no probe rows. Where it (or the ``finished`` state) cannot be
   written, train.py fails with `RunNotRecordedError`, which says why and how to finish the run:
   a rerun of the same command writes both without training (`SnapshotWriter.finish`);
 - ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
@@ -40,7 +42,8 @@ Full disk: before each write the writer checks the free space, as downloads do
 (`repgeom.models.hf.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
 are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
 names the folder and the free space, the half-written step folder is removed, and training goes
-on. The skipped steps are in `SnapshotWriter.skipped`.
+on. The skipped steps are in `SnapshotWriter.skipped`, and at the end in ``done.json``: a step's
+weights are gone once training moves on, so nothing can probe that step later.
 """
 
 from __future__ import annotations
@@ -305,10 +308,12 @@ class SnapshotWriter:
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
                 pass
 
-    def close(self, *, final_step: int | None, stopped: bool = False) -> None:
+    def close(self, *, final_step: int | None, stopped: bool = False,
+              skipped: dict[int, str] | None = None) -> None:
         """Wait for the last write, stop the heartbeat; with `final_step` record the run as
-        finished (`finish`), without it mark the run ``failed`` (an exception ended it), or with
-        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back).
+        finished (`finish`, with the `skipped` steps of earlier starts), without it mark the run
+        ``failed`` (an exception ended it), or with `stopped` ``stopped`` (a signal ended it,
+        e.g. a SLURM requeue: it may come back).
 
         Raises `RunNotRecordedError` when the finished run's status cannot be written (a full
         or read-only disk); a failed or stopped state that cannot be written is only logged,
@@ -329,12 +334,14 @@ class SnapshotWriter:
             if final_step is None or failed:
                 self._try_beat("stopped" if stopped and not failed else "failed")
             else:
-                self.finish(final_step)
+                self.finish(final_step, skipped)
 
-    def finish(self, final_step: int) -> None:
+    def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
         """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
         ``finished`` (the done marker first: a worker that sees "finished" finds it). Also what
-        a rerun of a finished run does when an earlier start could not write them.
+        a rerun of a finished run does when an earlier start could not write them. The done
+        marker lists the steps skipped for lack of space: `skipped` (earlier starts') and this
+        writer's own.
 
         Raises
         ------
@@ -346,7 +353,9 @@ class SnapshotWriter:
         self.progress(final_step)
         path = self.folder / DONE
         try:
-            write_json(path, {"step": int(final_step), "time": time.time()})
+            gaps = {**(skipped or {}), **self.skipped}
+            write_json(path, {"step": int(final_step), "time": time.time(),
+                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
             path = self.folder / TRAINING
             self._beat("finished")
         except OSError as error:
