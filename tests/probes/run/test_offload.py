@@ -806,7 +806,7 @@ def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, mon
 def test_a_json_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path,
                                                                      monkeypatch) -> None:
     # ENOSPC at fsync (as NFS reports a full disk): the heartbeat thread swallows it and tries
-    # again, so a half-written `.training.json.<pid>.tmp` must not stay behind each time.
+    # again, so a half-written `.training.json.*.tmp` must not stay behind each time.
     def full(fd) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -904,20 +904,16 @@ def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_pa
 
 
 def _full_at(name: str, error: int = errno.ENOSPC):
-    """A `json.dump` that fails with `error` halfway into the temporary file of `name` (as a
-    full disk does at its first block) and writes every other file as usual."""
-    import json
+    """An `os.fsync` that fails with `error` on the temporary file of `name` (a full disk, as
+    NFS reports it: at fsync) and flushes every other file as usual."""
+    original = os.fsync
 
-    original = json.dump
-
-    def dump(data, handle, *args, **kwargs):
-        if Path(handle.name).name.startswith(f".{name}."):
-            handle.write('{"step": ')  # half a file, then the disk is full
-            handle.flush()
+    def fsync(fd):
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(f".{name}."):
             raise OSError(error, os.strerror(error))
-        return original(data, handle, *args, **kwargs)
+        return original(fd)
 
-    return json, "dump", dump
+    return os, "fsync", fsync
 
 
 @pytest.mark.parametrize(("error", "fix"), [(errno.ENOSPC, "free some space on that disk"),

@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 
+from repgeom.files import atomic_write_text
 from repgeom.probes.core import table
 
 log = logging.getLogger(__name__)
@@ -139,18 +140,9 @@ def leftovers(folder: Path) -> list[Path]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as JSON at `path`, atomically: a temporary file, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(data, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: no half-written temporary file stays
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`: a temporary file
+    of its own, fsync, rename, fsync the folder); a full disk leaves no temporary file."""
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
