@@ -1016,3 +1016,37 @@ def test_a_step_skipped_for_space_is_named_at_the_end_even_after_a_resume(tmp_pa
     out = capsys.readouterr().out
     assert "steps [4] have no probe rows: training skipped their snapshots for lack of disk " \
            "space (step 4: No space left on device while writing)" in out
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_rerun_to_the_whole_table(
+    tmp_path: Path,
+) -> None:
+    # kill -9 after the final checkpoint (step 20, saved at its validation) and before
+    # on_train_end writes done.json: the rerun trains nothing (Lightning skips the finished fit)
+    # and writes done.json. That claims no more than is there: the checkpoint waited for the
+    # step-20 snapshot (state_dict), so the worker's table has every step of the schedule.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=snapshots"]
+
+    def killed(self, trainer, pl_module):
+        raise _Killed
+
+    def nothing_more(self, trainer, pl_module, exception):  # a killed process writes nothing
+        self.writer._stop.set()  # (its heartbeat thread dies with it)
+        self.writer._heartbeat.join()
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeCallback, "on_train_end", killed)
+        patch.setattr(ProbeCallback, "on_exception", nothing_more)
+        train(compose_train(run_dir, overrides))
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "running"
+    assert not (folder / snapshots.DONE).exists()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt",
+                      weights_only=False)["global_step"] == 20
+    result = train(compose_train(run_dir, overrides))
+    assert result.trainer.global_step == 20
+    assert snapshots.read_json(folder / snapshots.DONE)["step"] == 20
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    done = follow(run_dir, timeout_s=30, wandb=False)
+    assert done.stopped == "done" and sorted(done.frame["step"].unique()) == STEPS
