@@ -221,7 +221,8 @@ def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
             f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
             f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
             "same train.py command again: it resumes the finished run without training and writes "
-            f"{path.name}; a probe worker then probes what is left")
+            f"{path.name}; then its probe worker (probe.offload=worker), or python probe.py "
+            "follow=<the run folder>, probes what is left")
 
 
 class SnapshotWriter:
