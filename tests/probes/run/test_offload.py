@@ -806,7 +806,7 @@ def test_a_real_full_disk_inside_torch_save_skips_that_probe(tmp_path: Path, mon
 def test_a_json_file_that_cannot_be_written_leaves_no_temporary_file(tmp_path: Path,
                                                                      monkeypatch) -> None:
     # ENOSPC at fsync (as NFS reports a full disk): the heartbeat thread swallows it and tries
-    # again, so a half-written `.training.json.<pid>.tmp` must not stay behind each time.
+    # again, so a half-written `.training.json.*.tmp` must not stay behind each time.
     def full(fd) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -901,3 +901,152 @@ def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_pa
     assert "TrainingDiedError" in done.stderr and "training process failed" in done.stderr
     assert done.stdout.count("step 1") <= 2
     assert "has no weights.ckpt" in done.stdout
+
+
+def _full_at(name: str, error: int = errno.ENOSPC):
+    """An `os.fsync` that fails with `error` on the temporary file of `name` (a full disk, as
+    NFS reports it: at fsync) and flushes every other file as usual."""
+    original = os.fsync
+
+    def fsync(fd):
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(f".{name}."):
+            raise OSError(error, os.strerror(error))
+        return original(fd)
+
+    return os, "fsync", fsync
+
+
+@pytest.mark.parametrize(("error", "fix"), [(errno.ENOSPC, "free some space on that disk"),
+                                            (errno.EROFS, "make that folder writable")])
+def test_a_done_marker_that_cannot_be_written_says_where_and_how_to_finish(
+    tmp_path: Path, monkeypatch, error: int, fix: str
+) -> None:
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    monkeypatch.setattr(*_full_at(snapshots.DONE, error))
+    with pytest.raises(snapshots.RunNotRecordedError) as raised:
+        writer.close(final_step=7)
+    message, folder = str(raised.value), writer.folder
+    assert f"writing done.json in {folder} failed ({os.strerror(error)};" in message
+    assert re.search(r"[\d.]+ GB free there", message) and fix in message
+    assert "run the same train.py command again" in message
+    assert not (folder / snapshots.DONE).exists() and not list(folder.glob(".*.tmp"))
+    # not "running" with a heartbeat that stops: "stopped", a run that may come back
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+
+
+def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_the_run(
+    tmp_path: Path,
+) -> None:
+    # Training succeeds, then done.json cannot be written (ENOSPC): the checkpoints stay, the
+    # worker train.py started is stopped within its limit (not orphaned, waiting for a done
+    # marker that never comes), train() fails with the message that says how to finish, and
+    # the same command rerun with space records the run and lets the worker finish.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=worker", "probe.worker.threads=1"]
+    workers: list[subprocess.Popen] = []
+    original_start = follow_module.start_worker
+
+    def start_worker(*args, **kwargs):
+        workers.append(original_start(*args, **kwargs))
+        return workers[-1]
+
+    folder = snapshots.snapshot_dir(run_dir)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(*_full_at(snapshots.DONE))
+        with pytest.raises(snapshots.RunNotRecordedError) as raised:
+            train(compose_train(run_dir, overrides))
+        assert len(workers) == 1 and workers[0].poll() is not None  # stopped, not orphaned
+    message = str(raised.value)
+    assert f"done.json in {folder} failed (No space left on device;" in message
+    assert re.search(r"[\d.]+ GB free there", message)
+    assert "run the same train.py command again" in message
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 20  # the trained model is saved
+    assert not (folder / snapshots.DONE).exists() and not list(run_dir.rglob("*.tmp"))
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
+
+    # The same command with space: no training (the run is finished), the status written, and
+    # a worker that probes what the stopped one left.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(follow_module, "start_worker", start_worker)
+        result = train(compose_train(run_dir, overrides))
+    assert result.trainer.global_step == 20 and len(workers) == 2
+    assert workers[1].poll() == 0  # waited for, and done
+    assert snapshots.read_json(folder / snapshots.DONE)["step"] == 20
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    assert snapshots.read_json(folder / snapshots.WORKER)["finished"] == 20
+    assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
+    assert follow(run_dir, timeout_s=30, wandb=False).stopped == "done"
+
+
+def test_a_step_skipped_for_space_is_named_at_the_end_even_after_a_resume(tmp_path: Path,
+                                                                         capsys) -> None:
+    # Step 4's snapshot is skipped (ENOSPC), then training dies at step 12 and resumes from its
+    # step-10 checkpoint. The resumed start knows nothing of step 4 from its own writer; the
+    # gap is real, and the worker must say why that step has no rows rather than leave it
+    # silently missing from the table.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=snapshots"]
+    original_save, original_progress = torch.save, snapshots.SnapshotWriter.progress
+
+    def save(obj, handle, *args, **kwargs):
+        if isinstance(obj, dict) and "offload" in obj and obj["global_step"] == 4:  # a snapshot
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original_save(obj, handle, *args, **kwargs)
+
+    def progress(self, step, **kwargs):
+        if step == 12:
+            raise _Killed  # after the checkpoint of step 10
+        return original_progress(self, step, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(torch, "save", save)
+        patch.setattr(snapshots.SnapshotWriter, "progress", progress)
+        train(compose_train(run_dir, overrides))
+    train(compose_train(run_dir, overrides))  # resumes at step 10 and finishes
+    done = snapshots.read_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE)
+    assert done["step"] == 20 and list(done["skipped_for_space"]) == ["4"]
+    assert "No space left on device" in done["skipped_for_space"]["4"]
+    capsys.readouterr()
+    result = follow(run_dir, timeout_s=30, wandb=False)
+    assert sorted(result.frame["step"].unique()) == [s for s in STEPS if s != 4]
+    assert list(result.no_space) == [4]
+    out = capsys.readouterr().out
+    assert "steps [4] have no probe rows: training skipped their snapshots for lack of disk " \
+           "space (step 4: No space left on device while writing)" in out
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_rerun_to_the_whole_table(
+    tmp_path: Path,
+) -> None:
+    # kill -9 after the final checkpoint (step 20, saved at its validation) and before
+    # on_train_end writes done.json: the rerun trains nothing (Lightning skips the finished fit)
+    # and writes done.json. That claims no more than is there: the checkpoint waited for the
+    # step-20 snapshot (state_dict), so the worker's table has every step of the schedule.
+    run_dir = tmp_path / "run"
+    overrides = ["logger=csv", *PROBE, "probe.offload=snapshots"]
+
+    def killed(self, trainer, pl_module):
+        raise _Killed
+
+    def nothing_more(self, trainer, pl_module, exception):  # a killed process writes nothing
+        self.writer._stop.set()  # (its heartbeat thread dies with it)
+        self.writer._heartbeat.join()
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
+        patch.setattr(ProbeCallback, "on_train_end", killed)
+        patch.setattr(ProbeCallback, "on_exception", nothing_more)
+        train(compose_train(run_dir, overrides))
+    folder = snapshots.snapshot_dir(run_dir)
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "running"
+    assert not (folder / snapshots.DONE).exists()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt",
+                      weights_only=False)["global_step"] == 20
+    result = train(compose_train(run_dir, overrides))
+    assert result.trainer.global_step == 20
+    assert snapshots.read_json(folder / snapshots.DONE)["step"] == 20
+    assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "finished"
+    done = follow(run_dir, timeout_s=30, wandb=False)
+    assert done.stopped == "done" and sorted(done.frame["step"].unique()) == STEPS

@@ -130,6 +130,7 @@ class ProbeCallback(L.Callback):
         self.schedule: list[int] = []
         self.done: set[int] = set()
         self.seconds = 0.0
+        self.skipped_for_space: dict[int, str] = {}  # step -> why its snapshot was not written
         self.probes: ProbeSet | None = None
         self.run_dir: Path | None = None
         self._wandb_ready = False
@@ -138,6 +139,8 @@ class ProbeCallback(L.Callback):
         self.writer: snapshots.SnapshotWriter | None = None  # probe.offload, rank 0
         self.worker: subprocess.Popen | None = None  # probe.offload=worker, rank 0
         self._trained = False  # on_train_start ran: Lightning's fit loop was not skipped
+        # the end-of-run status could not be written: raised by teardown, the last hook
+        self._not_recorded: snapshots.RunNotRecordedError | None = None
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -152,6 +155,7 @@ class ProbeCallback(L.Callback):
                                       plot_metrics=self.plot_metrics)
         self.recorder.load_state_dict(self._phase_state)
         self._trained = False
+        self._not_recorded = None
         if trainer.is_global_zero:
             table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
             (table.probe_dir(self.run_dir) / "probe_set.json").write_text(
@@ -161,11 +165,13 @@ class ProbeCallback(L.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         # "spec" lets probe.py rebuild this exact probe set from a checkpoint alone.
+        skipped = self.skipped_for_space
         if self.writer is not None:  # "done" in a checkpoint means the snapshot is on disk
-            self.writer.wait()
+            self.writer.wait()  # or was skipped for lack of space: a gap a resume keeps naming
+            skipped = {**skipped, **self.writer.skipped}
         phases = self.recorder.state_dict() if self.recorder is not None else self._phase_state
         return {"done": sorted(self.done), "seconds": self.seconds, "spec": self.probe_config(),
-                "phase_alerts": phases}
+                "phase_alerts": phases, "skipped_for_space": skipped}
 
     def probe_config(self) -> dict[str, Any]:
         """What fixes the probe's numbers: the `ProbeSpec` (not the schedule)."""
@@ -174,6 +180,8 @@ class ProbeCallback(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.done = set(state_dict.get("done", []))
         self.seconds = float(state_dict.get("seconds", 0.0))
+        self.skipped_for_space = {int(k): str(v) for k, v in
+                                  (state_dict.get("skipped_for_space") or {}).items()}
         self._phase_state = list(state_dict.get("phase_alerts", []))
         if self.recorder is not None:
             self.recorder.load_state_dict(self._phase_state)
@@ -233,20 +241,46 @@ class ProbeCallback(L.Callback):
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """The end of a fit that did not raise (Lightning calls it last; an exception goes
-        through `on_exception`): nothing left "running", no worker left behind. A skipped fit (a
-        finished run, rerun) starts the worker only when the run's probing is unfinished (its
-        worker was killed before its end-of-run work was done), and waits for it."""
+        through `on_exception`): nothing left "running", no worker left behind.
+
+        A finished run whose status ``on_train_end`` could not write (a full disk) fails here,
+        with `snapshots.RunNotRecordedError`, once every other callback has ended training (the
+        last checkpoint is saved). A skipped fit (a finished run, rerun) writes that status if
+        an earlier start could not, then starts the worker only when the run's probing is
+        unfinished (its worker was stopped or killed before its end-of-run work was done), and
+        waits for it."""
         if stage != "fit" or not trainer.is_global_zero:
             return
+        if self._not_recorded is not None:
+            error, self._not_recorded = self._not_recorded, None
+            raise error
         if self.writer is not None:  # on_train_end and on_exception did not close it
             self._end_offload(trainer, final_step=None)
-        elif (not self._trained and self.offload == "worker" and self.run_dir is not None
-              and follow.work_left(self.run_dir)):
+            return
+        if self._trained or not self.offload or self.run_dir is None:
+            return
+        self._record_finished_run(trainer)
+        if self.offload == "worker" and follow.work_left(self.run_dir):
             self.worker = follow.start_worker(self.run_dir, self.worker_options)
             print(f"This run is finished, its probing is not: probe worker started (pid "
                   f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
             folder = snapshots.snapshot_dir(self.run_dir)
             self._wait_for_worker(left=len(snapshots.snapshots(folder)[0]))
+
+    def _record_finished_run(self, trainer: L.Trainer) -> None:
+        """A finished run, rerun: write its ``done.json`` and ``finished`` state where an earlier
+        start could not (a full disk at its end); only in a snapshot folder of ours."""
+        folder = snapshots.snapshot_dir(self.run_dir)
+        state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
+        recorded = (folder / snapshots.DONE).is_file() and state == "finished"
+        if recorded or trainer.global_step < trainer.max_steps or not (
+                folder / snapshots.MARKER).is_file():
+            return
+        writer = snapshots.SnapshotWriter(self.run_dir, heartbeat_s=float(
+            self.worker_options["heartbeat_s"]))
+        writer.finish(trainer.global_step, self.skipped_for_space)
+        print(f"This run is finished at step {trainer.global_step}; its status, missing until "
+              f"now, is written: {folder / snapshots.DONE}")
 
     def _maybe_probe(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         step = trainer.global_step
@@ -354,26 +388,44 @@ class ProbeCallback(L.Callback):
                      stopped: bool = False) -> None:
         """Write the done marker (or mark the run failed) and, for a worker of our own with
         ``probe.worker.wait``, wait for it to probe what is left (at most
-        ``probe.worker.wait_timeout_s``); after a failure our worker is stopped instead."""
+        ``probe.worker.wait_timeout_s``). After a failure, or when the done marker cannot be
+        written (kept for `teardown` to raise), our worker is stopped instead."""
         writer, self.writer = self.writer, None
-        writer.close(final_step=final_step, stopped=stopped)
-        if writer.skipped:
-            rank_zero_warn(f"the snapshots of steps {sorted(writer.skipped)} were skipped for "
-                           "lack of disk space, so those steps have no probe rows; see the "
-                           "warnings above")
+        again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        try:
+            writer.close(final_step=final_step, stopped=stopped, skipped=self.skipped_for_space)
+        except snapshots.RunNotRecordedError as error:
+            self._not_recorded = error
+            final_step = None
+            again = ("the run could not be recorded as finished (the error below says how to "
+                     "finish it), and that rerun starts the worker again")
+        except BaseException:
+            self._stop_worker(again)  # whatever failed, no worker is left behind
+            raise
+        self.skipped_for_space.update(writer.skipped)
+        if self.skipped_for_space:
+            rank_zero_warn(f"the snapshots of steps {sorted(self.skipped_for_space)} were "
+                           "skipped for lack of disk space, so those steps have no probe rows "
+                           "(a step's weights are not kept once training moves on); see the "
+                           "warnings of the start that skipped them")
         if self.worker is None:
             return
-        if final_step is None:  # training failed: the worker is stopped (follow= resumes it)
-            worker, self.worker = self.worker, None
-            print(f"Stopping the probe worker (pid {worker.pid}), at most "
-                  f"{follow.WORKER_STOP_S:.0f} s; python probe.py follow={self.run_dir} goes on "
-                  "where it stopped")
-            follow.stop_worker(worker, 0.0)
+        if final_step is None:  # training failed or is not recorded: the worker is stopped
+            self._stop_worker(again)
             return
         if not self.worker_options["wait"]:
             self.worker = None
             return  # it stops by itself after the done marker
         self._wait_for_worker(left=len(writer.waiting()))
+
+    def _stop_worker(self, again: str) -> None:
+        """Stop our worker, if any, within `follow.WORKER_STOP_S`; `again` says how it resumes."""
+        if self.worker is None:
+            return
+        worker, self.worker = self.worker, None
+        print(f"Stopping the probe worker (pid {worker.pid}), at most "
+              f"{follow.WORKER_STOP_S:.0f} s; {again}")
+        follow.stop_worker(worker, 0.0)
 
     def _wait_for_worker(self, *, left: int) -> None:
         """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""

@@ -9,7 +9,8 @@ the same table ``<run>/probes/probes.{parquet,csv}``, phases, figures, and W&B s
 in-process probe writes on the same weights.
 
 - Never an incomplete snapshot (no ``complete.json``): it is skipped, and named when the run
-  ends.
+  ends. So are the steps whose snapshots training skipped for lack of disk space (``done.json``
+  lists them): they have no probe rows, and never will, since those weights are gone.
 - Each snapshot is read once (`read_checkpoint`, the model built from what it read), between
   two reads of its ``complete.json``: a snapshot that changed meanwhile is not recorded under
   its step. A probed snapshot is deleted (``keep_snapshots=true`` keeps it), and only the one
@@ -70,7 +71,9 @@ class TrainingDiedError(RuntimeError):
 
 @dataclass
 class FollowResult:
-    """What a worker did: the steps it probed (this start), why it stopped, the table."""
+    """What a worker did: the steps it probed (this start), why it stopped, the table, the
+    incomplete snapshots it skipped, and the steps training skipped for lack of space (step ->
+    why)."""
 
     run_dir: Path
     probed: list[int]
@@ -78,6 +81,7 @@ class FollowResult:
     frame: pd.DataFrame
     skipped: list[int] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
+    no_space: dict[int, str] = field(default_factory=dict)
 
 
 def _written(path: Path) -> float:
@@ -328,7 +332,17 @@ class Follower:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
             frame = table.rows_to_frame([])
-        final = (snapshots.read_json(self.folder / snapshots.DONE) or {}).get("step")
+        done = snapshots.read_json(self.folder / snapshots.DONE) or {}
+        final = done.get("step")
+        no_space = {int(k): str(v) for k, v in (done.get("skipped_for_space") or {}).items()
+                    if int(k) not in self.done}
+        if no_space:
+            print(f"warning: steps {sorted(no_space)} have no probe rows: training skipped their "
+                  "snapshots for lack of disk space ("
+                  + "; ".join(f"step {k}: {v}" for k, v in sorted(no_space.items()))
+                  + "). A step's weights are not kept once training moves on, so only training "
+                  "again from before those steps, with more free space, can fill the gap",
+                  flush=True)
         if self.finished != final and not frame.empty:
             if self.recorder is None and self._spec_state:
                 # killed during the end-of-run work after its last probe: this start probed
@@ -344,7 +358,7 @@ class Follower:
         plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
         print(f"Run {self.run_dir} is done; probes in {table.probe_dir(self.run_dir)}", flush=True)
-        return FollowResult(self.run_dir, probed, "done", frame, skipped, plots)
+        return FollowResult(self.run_dir, probed, "done", frame, skipped, plots, no_space)
 
     def _finish_wandb(self) -> None:
         for run in self.runs:

@@ -23,7 +23,11 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
   preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
   worker tells a live run from a dead one, and a run that makes progress from a stuck one;
-- ``done.json``: training ended (the final step);
+- ``done.json``: training ended: the final step, and the steps whose snapshots were skipped for
+  lack of space (``skipped_for_space``, step -> why, over every start of the run), so the worker
+  can say why they have no probe rows. Where it (or the ``finished`` state) cannot be
+  written, train.py fails with `RunNotRecordedError`, which says why and how to finish the run:
+  a rerun of the same command writes both without training (`SnapshotWriter.finish`);
 - ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
 - ``worker.json``: the worker's own progress (steps probed), for its resume.
 
@@ -38,7 +42,8 @@ Full disk: before each write the writer checks the free space, as downloads do
 (`repgeom.models.hf.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
 are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
 names the folder and the free space, the half-written step folder is removed, and training goes
-on. The skipped steps are in `SnapshotWriter.skipped`.
+on. The skipped steps are in `SnapshotWriter.skipped`, and at the end in ``done.json``: a step's
+weights are gone once training moves on, so nothing can probe that step later.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from typing import Any
 
 import torch
 
+from repgeom.files import atomic_write_text
 from repgeom.probes.core import table
 
 log = logging.getLogger(__name__)
@@ -134,18 +140,9 @@ def leftovers(folder: Path) -> list[Path]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as JSON at `path`, atomically: a temporary file, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(data, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk: no half-written temporary file stays
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`: a temporary file
+    of its own, fsync, rename, fsync the folder); a full disk leaves no temporary file."""
+    atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -207,6 +204,25 @@ def remove_snapshot(path: Path) -> None:
         except FileNotFoundError:  # deleted meanwhile (another look at the same folder)
             return
     shutil.rmtree(gone, ignore_errors=True)
+
+
+class RunNotRecordedError(RuntimeError):
+    """Training finished, but its end-of-run status (``done.json``, ``training.json``) could
+    not be written: the run is not recorded as done, and a worker would wait for it."""
+
+
+def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
+    """What `RunNotRecordedError` says: the file, its folder and free space, and the fix."""
+    free = _free_bytes(path.parent)
+    space = "unknown" if free is None else f"{free / 1e9:.2f} GB"
+    fix = ("free some space on that disk (or raise the quota)"
+           if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
+    return (f"training finished at step {final_step} and its checkpoints are saved, but the run "
+            f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
+            f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
+            "same train.py command again: it resumes the finished run without training and writes "
+            f"{path.name}; then its probe worker (probe.offload=worker), or python probe.py "
+            "follow=<the run folder>, probes what is left")
 
 
 class SnapshotWriter:
@@ -285,10 +301,16 @@ class SnapshotWriter:
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
                 pass
 
-    def close(self, *, final_step: int | None, stopped: bool = False) -> None:
-        """Wait for the last write, stop the heartbeat; with `final_step` write ``done.json``
-        (training ended), without it mark the run ``failed`` (an exception ended it), or with
-        `stopped` ``stopped`` (a signal ended it, e.g. a SLURM requeue: it may come back)."""
+    def close(self, *, final_step: int | None, stopped: bool = False,
+              skipped: dict[int, str] | None = None) -> None:
+        """Wait for the last write, stop the heartbeat; with `final_step` record the run as
+        finished (`finish`, with the `skipped` steps of earlier starts), without it mark the run
+        ``failed`` (an exception ended it), or with `stopped` ``stopped`` (a signal ended it,
+        e.g. a SLURM requeue: it may come back).
+
+        Raises `RunNotRecordedError` when the finished run's status cannot be written (a full
+        or read-only disk); a failed or stopped state that cannot be written is only logged,
+        so the exception that ended training is the one raised."""
         failed = False
         try:
             self.wait()
@@ -303,10 +325,43 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             if final_step is None or failed:
-                self._beat("stopped" if stopped and not failed else "failed")
-            else:  # the done marker first: a worker that sees "finished" finds it
-                write_json(self.folder / DONE, {"step": int(final_step), "time": time.time()})
-                self._beat("finished")
+                self._try_beat("stopped" if stopped and not failed else "failed")
+            else:
+                self.finish(final_step, skipped)
+
+    def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
+        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
+        ``finished`` (the done marker first: a worker that sees "finished" finds it). Also what
+        a rerun of a finished run does when an earlier start could not write them. The done
+        marker lists the steps skipped for lack of space: `skipped` (earlier starts') and this
+        writer's own.
+
+        Raises
+        ------
+        RunNotRecordedError
+            A file could not be written (ENOSPC, EDQUOT, EROFS, ...); the message names it, the
+            folder, its free space and the fix. Nothing half-written stays (`write_json`), and
+            ``training.json`` is set to ``stopped`` if it can be: the run comes back when rerun.
+        """
+        self.progress(final_step)
+        path = self.folder / DONE
+        try:
+            gaps = {**(skipped or {}), **self.skipped}
+            write_json(path, {"step": int(final_step), "time": time.time(),
+                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
+            path = self.folder / TRAINING
+            self._beat("finished")
+        except OSError as error:
+            self._try_beat("stopped")
+            raise RunNotRecordedError(_not_recorded(path, final_step, error)) from error
+
+    def _try_beat(self, state: str) -> None:
+        """`_beat`, where a full disk only logs: the caller has a more important error."""
+        try:
+            self._beat(state)
+        except OSError as error:
+            log.warning("could not mark %s %r (%s)", self.folder / TRAINING, state,
+                        error.strerror or error)
 
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
