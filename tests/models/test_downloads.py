@@ -900,3 +900,122 @@ def test_a_proved_file_cut_short_by_a_crash_is_fetched_again(repo, use, tmp_path
     assert _sha256(files.path / "model.safetensors") == _sha256(
         repo["step10"] / "model.safetensors")
     release(files)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32's leftovers: a hub tokenizer inside the budget, a 206 from the wrong byte
+
+
+_PROBE_ARGS = ["window=32", "n_states=64", "settings.state_batch_size=64", "settings.max_order=8",
+               "settings.distributions=false", "metrics=[anisotropy]", "plot_metrics=[]",
+               "device=cpu"]
+
+
+def test_a_hub_tokenizer_is_fetched_by_bounded_gets_into_a_folder_that_is_then_gone(
+        use, tiny_hf_folder, tiny_text, tmp_path, monkeypatch) -> None:
+    """``tokenizer=org/name``: its file list and files come with repgeom's own bounded GETs
+    (by commit, proved, inside the run's retry budget) into a temporary folder of repgeom's,
+    deleted once the tokenizer is loaded; the weights are not fetched. Before:
+    ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub retries by
+    itself, silently, outside any budget."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from repgeom.models.hf import load_hf_model
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    folder = tiny_hf_folder("gpt2")
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        loaded = load_hf_model(tiny_hf_folder("gpt2", tokenizer=False), tokenizer="org/tok",
+                               retry_budget_s=5.0)
+    reference = AutoTokenizer.from_pretrained(folder)
+    assert loaded.tokenizer(tiny_text)["input_ids"] == reference(tiny_text)["input_ids"]
+    kinds = [request.kind for request, _, _ in hub.served]
+    assert "head" not in kinds and kinds.count("info") == 1, kinds  # no HEAD of its own
+    fetched = {name for _, name in hub.downloads()}
+    assert "tokenizer.json" in fetched and "model.safetensors" not in fetched
+    assert not list(temporary.glob("repgeom-*"))  # the folder repgeom made is gone again
+
+
+@pytest.mark.slow  # two tries of 20 s (the read timeout) against a silent hub, in probe.py
+def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers(
+        tiny_hf_folder, tiny_text, tmp_path) -> None:
+    """``probe.py hf=<folder without tokenizer> tokenizer=org/name`` against a hub that accepts
+    the connection and never answers: a try ends at the read timeout, the console says what it
+    waits for, and the run ends by itself within ``retry_budget_s`` plus 60 s, naming the hub and
+    the command to rerun; with the hub answering, the same command probes. Before: the
+    tokenizer's HEAD was retried by huggingface_hub, silently, outside the budget (the run did
+    not end within the bound: ``subprocess.TimeoutExpired``)."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes.core import table
+
+    budget = 25
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    args = [f"hf={tiny_hf_folder('gpt2', tokenizer=False)}", "tokenizer=org/tok",
+            f"retry_budget_s={budget}", f"text_file={text}", *_PROBE_ARGS]
+    env = {"HF_HOME": str(tmp_path / "hf_home")}
+    with FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")}, silent=True) as hub:
+        started = time.monotonic()
+        try:
+            done = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'silent'}"],
+                                timeout=budget + 60, HF_ENDPOINT=hub.url, **env)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"probe.py still waited on a silent hub after {budget + 60} s")
+    seconds = time.monotonic() - started
+    assert done.returncode != 0
+    assert hub.url in done.stderr and "rerun the same command" in done.stderr, done.stderr[-3000:]
+    assert "tokenizer='org/tok'" in done.stderr
+    assert any(line.startswith("waiting ") for line in done.stderr.splitlines())  # said why
+    assert seconds < budget + 60
+
+    with FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")}) as hub:
+        done = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'out'}"], timeout=300,
+                            HF_ENDPOINT=hub.url, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(table.read_table(tmp_path / "out")["metric"]) == {"anisotropy"}
+
+
+@pytest.mark.parametrize("answered_from", [0, 50_000])
+def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, repo, use,
+                                                              tmp_path) -> None:
+    """A proxy answers ``Range: bytes=100000-`` with a 206 from another byte (its
+    ``Content-Range`` says so). From byte 0 it is the whole file, which replaces the partial one;
+    from any other byte the try fails, no progress, and the file is asked for whole. The file
+    here has no hash nor size to check it by (proved by its commit alone). Before: the bytes
+    were appended, and the wrong file (100000 bytes longer, or 50000) was accepted."""
+    from repgeom.models.hf.transfer import HubFile, Transfer, download_file
+
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000)
+    said: list[str] = []
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=answered_from)) as hub:
+        download_file(f"{hub.url}/{REPO}/resolve/step10/model.safetensors",
+                      HubFile("model.safetensors", size=None, sha256=None), dest, "commit",
+                      Retrier(first_wait_s=0.01, say=said.append), Transfer(), "step10")
+    assert _sha256(dest / "model.safetensors") == _sha256(repo["step10"] / "model.safetensors")
+    starts = [r.range_start for r, _, _ in hub.served if r.filename == "model.safetensors"]
+    if answered_from:
+        assert starts == [0, 100_000, 0]  # the cut, the wrong 206, the whole file
+        assert "asking for the whole file" in said[-1]
+    else:
+        assert starts == [0, 100_000]  # the whole file came as the 206: nothing asked again
+
+
+def test_a_206_from_byte_0_is_not_a_wasted_transfer(repo, use, tmp_path) -> None:
+    """A file with a sha256: a 206 from byte 0 (the whole file) to a resumed request is kept
+    as the file. Before: appended to the partial one, it passed the file's size, was thrown
+    away, and the whole file was downloaded once more."""
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000, revision="step10")
+    with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=0)) as hub:
+        files = _fetch("step10", tmp_path / "work")
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step10"] / "model.safetensors")
+    gets = [r for r, _, _ in hub.served if r.filename == "model.safetensors" and r.kind == "file"]
+    assert len(gets) == 2  # the cut one and the whole file: nothing downloaded twice
+    release(files)
