@@ -1019,3 +1019,29 @@ def test_a_206_from_byte_0_is_not_a_wasted_transfer(repo, use, tmp_path) -> None
     gets = [r for r, _, _ in hub.served if r.filename == "model.safetensors" and r.kind == "file"]
     assert len(gets) == 2  # the cut one and the whole file: nothing downloaded twice
     release(files)
+
+
+@pytest.mark.slow  # probe.py against the stand-in hub
+def test_a_hub_tokenizer_out_of_budget_ends_a_trajectory_and_skips_no_step(
+        tiny_hf_folder, tiny_text, tmp_path) -> None:
+    """``hf=org/name hf_revisions=[...] tokenizer=org/name`` and a hub whose file list of the
+    tokenizer's revision (main) answers 503 for ever: the budget ends the run, naming the hub and
+    the command to rerun, and no step is recorded as skipped (a rerun would leave it out).
+    Before: each step was skipped as "its weights failed to load" and the run went on."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes.core import table
+
+    folders = {name: tiny_hf_folder("gpt2") for name in ("main", "step10", "step20")}
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    out = tmp_path / "out"
+    forever = Fault(on="info", revision="main", status=503, times=float("inf"))
+    with FakeHub(REPO, folders, faults=[forever]) as hub:
+        done = run_probe_py(
+            [f"hf={REPO}", "hf_revisions=[step10,step20]", f"tokenizer={REPO}",
+             "retry_budget_s=3", f"text_file={text}", *_PROBE_ARGS, f"hydra.run.dir={out}"],
+            timeout=300, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode != 0
+    assert hub.url in done.stderr and "rerun the same command" in done.stderr, done.stderr[-3000:]
+    assert not (table.probe_dir(out) / "skipped.json").exists()

@@ -204,6 +204,12 @@ def transient(error: BaseException) -> bool:
     return any(isinstance(e, network) for e in _chain(error))
 
 
+def gave_up(error: BaseException) -> bool:
+    """Whether `error` is, or was raised from, `RetriesExhausted`: the hub did not answer within
+    the budget (a rerun may succeed), not a fault of the revision."""
+    return any(isinstance(e, RetriesExhausted) for e in _chain(error))
+
+
 def _chain(error: BaseException):
     """`error` and the errors it was raised from, outermost first."""
     seen: set[int] = set()
