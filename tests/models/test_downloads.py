@@ -940,6 +940,25 @@ def test_a_hub_tokenizer_is_fetched_by_bounded_gets_into_a_folder_that_is_then_g
     assert not list(temporary.glob("repgeom-*"))  # the folder repgeom made is gone again
 
 
+def test_offline_a_hub_tokenizer_is_read_from_the_cache_without_the_network(
+        use, tiny_hf_folder, tiny_text, monkeypatch) -> None:
+    """``HF_HUB_OFFLINE=1``: a hub tokenizer in the user's Hugging Face cache is read from
+    there, and nothing asks the network (a guard: the base code did so too)."""
+    from huggingface_hub import snapshot_download
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    folder = tiny_hf_folder("gpt2")
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        snapshot_download("org/tok", revision="main")  # the user had it before
+        asked = len(hub.requests)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        tokenizer = load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False),
+                                              "org/tok", retry_budget_s=5.0)
+    assert len(hub.requests) == asked  # nothing asked of the network
+    assert len(tokenizer(tiny_text)["input_ids"]) > 0
+
+
 @pytest.mark.slow  # two tries of 20 s (the read timeout) against a silent hub, in probe.py
 def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers(
         tiny_hf_folder, tiny_text, tmp_path) -> None:

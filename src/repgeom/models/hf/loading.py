@@ -106,9 +106,9 @@ def load_tokenizer_or_explain(
 
     Online, a hub name's tokenizer files are fetched like a config (`_read_config`): its file
     list and each file with one bounded ``GET`` per try, inside one
-    `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s`, each file checked against the
-    hub's sha256 or git blob id (`repgeom.models.hf.transfer.download_file`), into a temporary
-    folder of repgeom's that is deleted once the tokenizer is loaded. Not with
+    `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s`, each file checked by its proof
+    (the hub's sha256, else its git blob id: `repgeom.models.hf.transfer.download_file`), into a
+    temporary folder of repgeom's that is deleted once the tokenizer is loaded. Not with
     ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub retries
     by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging Face
     cache's copy is read and nothing asks the network.
