@@ -1064,3 +1064,28 @@ def test_a_hub_tokenizer_out_of_budget_ends_a_trajectory_and_skips_no_step(
     assert done.returncode != 0
     assert hub.url in done.stderr and "rerun the same command" in done.stderr, done.stderr[-3000:]
     assert not (table.probe_dir(out) / "skipped.json").exists()
+
+
+def test_a_hub_tokenizer_fetched_online_is_found_offline_and_not_fetched_twice(
+        use, tiny_hf_folder, tiny_text, monkeypatch) -> None:
+    """``tokenizer=org/name`` (or a hub model's own tokenizer in compare mode and the analyses):
+    the proved files are added to the user's Hugging Face cache, so that a later load asks the
+    hub for its file list only, and a rerun with ``HF_HUB_OFFLINE=1`` (the hub gone) reads them
+    from there, as it did when ``AutoTokenizer.from_pretrained(<hub name>)`` cached them. Before:
+    kept only in a temporary folder, fetched anew by every load, and offline not found (the
+    offline load built a tokenizer without vocabulary)."""
+    from huggingface_hub import scan_cache_dir
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    bare = tiny_hf_folder("gpt2", tokenizer=False)
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})) as hub:
+        online = load_tokenizer_or_explain(bare, "org/tok", retry_budget_s=5.0)
+        load_tokenizer_or_explain(bare, "org/tok", retry_budget_s=5.0)  # a second revision's
+    fetched = [r.filename for r, _, _ in hub.served if r.kind == "file"]
+    assert fetched.count("tokenizer.json") == 1  # the second load found it in the cache
+    cache = scan_cache_dir(huggingface_hub.constants.HF_HUB_CACHE)  # read by huggingface_hub
+    assert [r.repo_id for r in cache.repos] == ["org/tok"] and not cache.warnings
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline = load_tokenizer_or_explain(bare, "org/tok")
+    assert offline(tiny_text)["input_ids"] == online(tiny_text)["input_ids"]

@@ -178,20 +178,24 @@ def _load_tokenizer(source: str, revision: str | None, retry_budget_s: float | N
             "folder written by tokenizer.save_pretrained or a hub name like 'gpt2'"
         )
     with tempfile.TemporaryDirectory(prefix="repgeom-tokenizer-") as folder:
-        _fetch_tokenizer_files(source, revision, folder, retry_budget_s)
-        return AutoTokenizer.from_pretrained(folder)
+        return AutoTokenizer.from_pretrained(
+            _fetch_tokenizer_files(source, revision, folder, retry_budget_s))
 
 
 def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
-                           retry_budget_s: float | None) -> None:
-    """The configs and tokenizer files of hub model `name` at `revision` into `folder`, within
-    one retry budget (see `load_tokenizer_or_explain`)."""
+                           retry_budget_s: float | None) -> str:
+    """The folder of the configs and tokenizer files of hub model `name` at `revision`: the
+    Hugging Face cache's snapshot of its commit, where the files are already there or were
+    fetched into `folder` (within one retry budget, see `load_tokenizer_or_explain`) and then
+    added to it (`repgeom.models.hf.hub_cache`: an offline rerun finds them, as it found what
+    ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
     from pathlib import Path
     from urllib.parse import quote
 
     from huggingface_hub import HfApi, constants
 
     from repgeom.models.hf.downloads import OTHER_FILES, hub_files
+    from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
     from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s
     from repgeom.models.hf.transfer import Transfer, download_file
     from repgeom.models.hf.weights_rule import INDEX
@@ -202,11 +206,14 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
             name, revision=revision or "main", files_metadata=True, timeout=read_timeout_s()),
             f"{what}: reading its file list at revision {revision or 'main'}")
         commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
+        wanted = [file for file in hub_files(info).values()
+                  if not file.name.endswith(INDEX)  # weights and their index: not the tokenizer's
+                  and any(Path(file.name).match(p) for p in OTHER_FILES)]
+        cached = cached_commit(name, info.sha, [f.name for f in wanted]) if info.sha else None
+        if cached is not None:
+            return str(cached)  # fetched by an earlier run or revision: nothing to download
         transfer = Transfer()
-        for file in hub_files(info).values():
-            if file.name.endswith(INDEX) or not any(Path(file.name).match(p)
-                                                    for p in OTHER_FILES):
-                continue  # weights and their index: not the tokenizer's
+        for file in wanted:
             url = f"{constants.ENDPOINT}/{name}/resolve/{commit}/{quote(file.name)}"
             download_file(url, file, Path(folder), commit, retry, transfer,
                           f"{what}: downloading {file.name}")
@@ -215,6 +222,16 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
         raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
                       f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
+    if not info.sha:
+        return folder
+    try:
+        return str(add_to_cache(name, revision or "main", info.sha, Path(folder),
+                                [f.name for f in wanted]))
+    except OSError as e:  # a read-only or full cache: this run goes on, an offline rerun cannot
+        retry.say(f"{what}: could not add its files to the Hugging Face cache "
+                  f"({constants.HF_HUB_CACHE}: {e}); an offline rerun (HF_HUB_OFFLINE=1) will "
+                  "not find them")
+        return folder
 
 
 def _retrier(retry_budget_s: float | None):
