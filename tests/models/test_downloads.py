@@ -1089,3 +1089,22 @@ def test_a_hub_tokenizer_fetched_online_is_found_offline_and_not_fetched_twice(
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     offline = load_tokenizer_or_explain(bare, "org/tok")
     assert offline(tiny_text)["input_ids"] == online(tiny_text)["input_ids"]
+
+
+def test_a_hub_tokenizer_loads_when_the_cache_cannot_be_written(
+        use, tiny_hf_folder, tiny_text, monkeypatch, capsys) -> None:
+    """A read-only (or full) Hugging Face cache: the tokenizer is loaded from the files fetched,
+    and the console says that an offline rerun will not find them."""
+    import errno
+
+    from repgeom.models.hf import hub_cache, load_tokenizer_or_explain
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(hub_cache, "add_to_cache", read_only)
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
+        tokenizer = load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                              retry_budget_s=5.0)
+    assert len(tokenizer(tiny_text)["input_ids"]) > 0
+    assert "an offline rerun (HF_HUB_OFFLINE=1) will not find them" in capsys.readouterr().err

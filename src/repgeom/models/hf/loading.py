@@ -108,10 +108,11 @@ def load_tokenizer_or_explain(
     list and each file with one bounded ``GET`` per try, inside one
     `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s`, each file checked by its proof
     (the hub's sha256, else its git blob id: `repgeom.models.hf.transfer.download_file`), into a
-    temporary folder of repgeom's that is deleted once the tokenizer is loaded. Not with
-    ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub retries
-    by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging Face
-    cache's copy is read and nothing asks the network.
+    temporary folder of repgeom's, then added to the Hugging Face cache at their commit
+    (`repgeom.models.hf.hub_cache`; files the cache holds at that commit are not fetched again).
+    Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub
+    retries by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging
+    Face cache's copy is read and nothing asks the network.
 
     Parameters
     ----------
