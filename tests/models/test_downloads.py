@@ -1108,3 +1108,26 @@ def test_a_hub_tokenizer_loads_when_the_cache_cannot_be_written(
                                               retry_budget_s=5.0)
     assert len(tokenizer(tiny_text)["input_ids"]) > 0
     assert "an offline rerun (HF_HUB_OFFLINE=1) will not find them" in capsys.readouterr().err
+
+
+def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
+        use, tiny_hf_folder, tmp_path) -> None:
+    """A revision pushed by the Trainer holds ``trainer_state.json`` (its log history: megabytes
+    over a long run), which ``*.json`` matches: not a config or tokenizer file, so fetched
+    neither for a hub tokenizer nor with a revision's files
+    (`repgeom.models.hf.weights_rule.TRAINING_STATE`). Before: fetched with both."""
+    import shutil
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    folder = tmp_path / "pushed"
+    shutil.copytree(tiny_hf_folder("gpt2"), folder)
+    (folder / "trainer_state.json").write_text('{"log_history": []}')
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                  retry_budget_s=5.0)
+        files = fetch_revision("org/tok", "main", tmp_path / "work", say=lambda m: None)
+    fetched = {name for _, name in hub.downloads()}
+    assert "tokenizer.json" in fetched and "model.safetensors" in fetched
+    assert "trainer_state.json" not in fetched
+    release(files)

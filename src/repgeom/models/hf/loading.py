@@ -195,11 +195,10 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
 
     from huggingface_hub import HfApi, constants
 
-    from repgeom.models.hf.downloads import OTHER_FILES, hub_files
+    from repgeom.models.hf.downloads import config_or_tokenizer, hub_files
     from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
     from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s
     from repgeom.models.hf.transfer import Transfer, download_file
-    from repgeom.models.hf.weights_rule import INDEX
 
     retry, what = _retrier(retry_budget_s), f"tokenizer={name!r}"
     try:
@@ -207,9 +206,7 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
             name, revision=revision or "main", files_metadata=True, timeout=read_timeout_s()),
             f"{what}: reading its file list at revision {revision or 'main'}")
         commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
-        wanted = [file for file in hub_files(info).values()
-                  if not file.name.endswith(INDEX)  # weights and their index: not the tokenizer's
-                  and any(Path(file.name).match(p) for p in OTHER_FILES)]
+        wanted = [file for file in hub_files(info).values() if config_or_tokenizer(file.name)]
         cached = cached_commit(name, info.sha, [f.name for f in wanted]) if info.sha else None
         if cached is not None:
             return str(cached)  # fetched by an earlier run or revision: nothing to download
