@@ -1131,3 +1131,56 @@ def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
     assert "tokenizer.json" in fetched and "model.safetensors" in fetched
     assert "trainer_state.json" not in fetched
     release(files)
+
+
+def test_a_gated_hub_tokenizer_is_named_as_a_revision_is(use, tiny_hf_folder) -> None:
+    """``tokenizer=org/gated`` and a hub that answers 401 for its files: `HubAccessError`,
+    naming ``HF_TOKEN`` and the licence page, as for a revision's files."""
+    from repgeom.models.hf import load_tokenizer_or_explain
+    from repgeom.models.hf.hub_calls import HubAccessError
+
+    with use(FakeHub("org/gated", {"main": tiny_hf_folder("gpt2")}, gated=True)), \
+            pytest.raises(HubAccessError, match="HF_TOKEN") as raised:
+        load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/gated",
+                                  retry_budget_s=5.0)
+    assert "https://huggingface.co/org/gated" in str(raised.value)
+
+
+def _failing_subject(revision: str, step: int, error: BaseException) -> SimpleNamespace:
+    def load(device):
+        raise OSError(f"could not load tokenizer='org/tok': {error}") from error
+
+    return SimpleNamespace(name="org/tok", revision=revision, step=step, source="local",
+                           reference=False, model="org/tok", stack=None, path="", load=load)
+
+
+@pytest.mark.parametrize("error", [
+    RetriesExhausted("tokenizer='org/tok': no answer", None),
+    downloads.HubAccessError("tokenizer='org/tok': the hub refuses it (HTTP 401) ... HF_TOKEN"),
+    OSError(errno.ENOSPC, "No space left on device"),
+], ids=["silent", "refused", "disk-full"])
+def test_a_load_fault_of_no_revision_ends_a_trajectory_and_skips_no_step(error,
+                                                                          tmp_path) -> None:
+    """While a step loads, a fault that every later step would meet too and that a rerun may
+    not (the hub's silence, its refusal of a hub tokenizer, a full disk) ends the run, and no
+    step is recorded as skipped (a rerun would leave it out). Before: only the hub's silence
+    did; a refused tokenizer or a full disk skipped every step "for good"."""
+    import torch
+
+    out = tmp_path / "out"
+    subjects = [_failing_subject(f"step{s}", s, error) for s in (10, 20)]
+    with pytest.raises(OSError):
+        Trajectory(request=None, device=torch.device("cpu"), output_dir=out).run(subjects)
+    assert not (out / "probes" / "skipped.json").exists()
+
+
+def test_a_load_fault_of_one_revision_skips_that_step(tmp_path) -> None:
+    """The counterpart: weights that fail to load (a revision's own fault) skip the step and
+    the trajectory goes on."""
+    import torch
+
+    out = tmp_path / "out"
+    subjects = [_failing_subject(f"step{s}", s, ValueError("bad shard")) for s in (10, 20)]
+    Trajectory(request=None, device=torch.device("cpu"), output_dir=out).run(subjects)
+    assert set(json.loads((out / "probes" / "skipped.json").read_text())) == {"step10",
+                                                                              "step20"}

@@ -192,7 +192,7 @@ def _check_space(folder: Path, needed: int, revision: str | None) -> None:
         )
 
 
-def _as_download_error(error: BaseException, repo: str, revision: str | None, dest: Path | None
+def as_download_error(error: BaseException, repo: str, revision: str | None, dest: Path | None
            ) -> BaseException:
     """The exception to raise for a failure that was not retried (see the module docstring)."""
     from huggingface_hub.errors import (
@@ -345,8 +345,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         if lock is not None:
             lock.close()
         raise
-    except Exception as error:  # noqa: BLE001 - each named by `_as_download_error`
-        named = _as_download_error(error, repo, revision, dest)
+    except Exception as error:  # noqa: BLE001 - each named by `as_download_error`
+        named = as_download_error(error, repo, revision, dest)
         if isinstance(named, RevisionUnavailable) and dest is not None and lock is not None:
             delete_partials(dest)  # unfinished, of a revision not probed; finished files stay
         if lock is not None:

@@ -195,9 +195,9 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
 
     from huggingface_hub import HfApi, constants
 
-    from repgeom.models.hf.downloads import config_or_tokenizer, hub_files
+    from repgeom.models.hf.downloads import as_download_error, config_or_tokenizer, hub_files
     from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
-    from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s
+    from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s, status_of
     from repgeom.models.hf.transfer import Transfer, download_file
 
     retry, what = _retrier(retry_budget_s), f"tokenizer={name!r}"
@@ -218,6 +218,8 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     except RetriesExhausted as e:
         raise _no_answer(e) from e
     except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
+        if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
+            raise as_download_error(e, name, revision, None) from e
         raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
                       f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
     if not info.sha:
