@@ -1184,3 +1184,29 @@ def test_a_load_fault_of_one_revision_skips_that_step(tmp_path) -> None:
     Trajectory(request=None, device=torch.device("cpu"), output_dir=out).run(subjects)
     assert set(json.loads((out / "probes" / "skipped.json").read_text())) == {"step10",
                                                                               "step20"}
+
+
+@pytest.mark.slow  # probe.py twice against the stand-in hub
+def test_probe_py_compare_on_a_hub_model_runs_again_offline(tiny_hf_folder, tmp_path) -> None:
+    """``probe.py hf=org/name compare.text_a=... compare.text_b=...`` online, then the same
+    command with ``HF_HUB_OFFLINE=1`` and the hub gone: the second run reads the model and its
+    tokenizer from the Hugging Face cache and gives the same per-layer cosines (same files, same
+    CPU, same process code: equal to float32 rounding). Before (6e90828): the tokenizer was kept
+    in a temporary folder only, and offline the run failed ("the tokenizer has no vocabulary")."""
+    import pandas as pd
+    from cli_runs import run_probe_py
+
+    args = ["hf=org/name", "compare.text_a=the quick brown fox", "compare.text_b=a lazy dog",
+            "device=cpu", "plot_metrics=[]"]
+    env = {"HF_HOME": str(tmp_path / "hf_home")}
+    with FakeHub("org/name", {"main": tiny_hf_folder("gpt2")}) as hub:
+        online = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'online'}"], timeout=300,
+                              HF_ENDPOINT=hub.url, **env)
+        url = hub.url
+    assert online.returncode == 0, online.stderr[-3000:]
+    offline = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'offline'}"], timeout=300,
+                           HF_ENDPOINT=url, HF_HUB_OFFLINE="1", **env)
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    tables = [pd.read_csv(tmp_path / run / "compare" / "pooled_cosine.csv")
+              for run in ("online", "offline")]
+    pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-6)
