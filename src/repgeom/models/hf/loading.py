@@ -138,7 +138,10 @@ def load_tokenizer_or_explain(
         has no vocabulary beyond its special tokens.
     OSError
         The hub could not provide a hub name's tokenizer: no answer within `retry_budget_s`
-        (the message names the hub and says to rerun), or it refused (401/403/404).
+        (the message names the hub and says to rerun), or no such file (404).
+    repgeom.models.hf.hub_calls.HubAccessError
+        The hub refused a hub name's tokenizer (401/403: gated, private or misspelt); the message
+        names ``HF_TOKEN`` and the page where the licence is accepted.
     """
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
