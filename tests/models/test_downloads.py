@@ -1210,3 +1210,39 @@ def test_probe_py_compare_on_a_hub_model_runs_again_offline(tiny_hf_folder, tmp_
     tables = [pd.read_csv(tmp_path / run / "compare" / "pooled_cosine.csv")
               for run in ("online", "offline")]
     pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-6)
+
+
+def test_a_full_disk_while_a_hub_tokenizer_downloads_names_the_folder_and_tmpdir(
+        use, tiny_hf_folder, monkeypatch) -> None:
+    """ENOSPC while a hub tokenizer's file is written into repgeom's temporary folder: the error
+    keeps its errno (a trajectory ends on it) and names the folder and ``TMPDIR=``. Before: "could
+    not load tokenizer ... from the Hugging Face hub", blaming the hub."""
+    real_open = open
+
+    class Full:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def full(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return Full(handle) if str(path).endswith("tokenizer.json.incomplete") else handle
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
+        monkeypatch.setattr("builtins.open", full)
+        with pytest.raises(OSError) as raised:
+            load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                      retry_budget_s=5.0)
+        monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC
+    assert "repgeom-tokenizer-" in str(raised.value) and "TMPDIR=" in str(raised.value)

@@ -193,6 +193,7 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     fetched into `folder` (within one retry budget, see `load_tokenizer_or_explain`) and then
     added to it (`repgeom.models.hf.hub_cache`: an offline rerun finds them, as it found what
     ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
+    import errno
     from pathlib import Path
     from urllib.parse import quote
 
@@ -223,6 +224,10 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
         if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
             raise as_download_error(e, name, revision, None) from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the temporary folder's disk, not the hub
+            raise OSError(e.errno, f"{what}: the disk of {folder} is full or over its quota "
+                          f"({e.strerror or e}); free some space there, or set TMPDIR= to a "
+                          "folder on a larger disk") from e
         raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
                       f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
     if not info.sha:
