@@ -48,16 +48,19 @@ def run_train(args: list[str], *, timeout: float = 300) -> subprocess.CompletedP
     return proc
 
 
-def run_probe_py(args: list[str], **env: str) -> subprocess.CompletedProcess:
+def run_probe_py(args: list[str], *, timeout: float | None = None,
+                 **env: str) -> subprocess.CompletedProcess:
     """`python probe.py ARGS` as a user runs it, in a fresh process with `env` added (the hub
     endpoint, HF_ENDPOINT, is read when huggingface_hub is imported: only a new process sees
-    it); hub offline mode only where `env` asks for it."""
+    it); hub offline mode only where `env` asks for it. `timeout`: seconds before
+    ``subprocess.TimeoutExpired`` (a run that should end by itself)."""
     environment = subprocess_env(**env)
     for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if offline not in env:
             environment.pop(offline, None)
     command = [PYTHON, "probe.py", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment,
+                          timeout=timeout)
 
 
 def wandb_runs(run_dir: Path) -> list[Path]:

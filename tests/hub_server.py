@@ -24,6 +24,8 @@ What the real hub does, on demand (each tested through `fetch_revision` or `list
   through a proxy): the client's read timeout is all that ends the call;
 - `ignore_range`: a proxy that ignores ``Range`` and always sends the whole file with 200 (with a
   `Fault`'s `cut_after`, one that cuts every transfer at the same byte);
+- `wrong_range_start`: a proxy that answers every ``Range`` request with a 206 from this byte
+  instead of the one asked (its ``Content-Range`` says so);
 - `extra_bytes`: a CDN that sends this many bytes more than the listing's size for every file
   (a stale or corrupted object): bytes that must be thrown away;
 - `move(revision, folder)`: a branch that moves to a new commit (the old commit stops resolving);
@@ -117,7 +119,7 @@ class FakeHub:
         broken: dict[str, int] | None = None, bytes_per_second: float | None = None,
         faults: list[Fault] | None = None, gated: bool = False,
         hook: Callable[[Request], Fault | None] | None = None, silent: bool = False,
-        ignore_range: bool = False, extra_bytes: int = 0,
+        ignore_range: bool = False, extra_bytes: int = 0, wrong_range_start: int | None = None,
     ) -> None:
         self.repo_id = repo_id
         self.bytes_per_second = bytes_per_second  # a slow network (benchmarks), None: no limit
@@ -130,6 +132,7 @@ class FakeHub:
         self.silent = silent
         self.ignore_range = ignore_range
         self.extra_bytes = extra_bytes
+        self.wrong_range_start = wrong_range_start
         self.commits: dict[str, str] = {}  # a moved branch's commit (`move`), else `commit_of`
         self._closing = threading.Event()  # ends the silent answers at shutdown
         self.requests: list[tuple[str, str]] = []
@@ -311,6 +314,8 @@ class FakeHub:
                 data = file.read_bytes() + b"\0" * hub.extra_bytes
                 start = (request.range_start if "Range" in self.headers
                          and not hub.ignore_range else None)
+                if start is not None and hub.wrong_range_start is not None:
+                    start = hub.wrong_range_start  # not the byte asked for
                 if start is not None and start >= len(data) > 0:
                     self.send_response(416)
                     self.send_header("Content-Range", f"bytes */{len(data)}")

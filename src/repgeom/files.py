@@ -29,11 +29,16 @@ def fsync_file(path: str | os.PathLike) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a fsynced temporary file and a rename: a kill or a crash
     leaves the old file or the new one, never a part."""
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """`atomic_write_text` for bytes."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -900,3 +900,349 @@ def test_a_proved_file_cut_short_by_a_crash_is_fetched_again(repo, use, tmp_path
     assert _sha256(files.path / "model.safetensors") == _sha256(
         repo["step10"] / "model.safetensors")
     release(files)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 32's leftovers: a hub tokenizer inside the budget, a 206 from the wrong byte
+
+
+_PROBE_ARGS = ["window=32", "n_states=64", "settings.state_batch_size=64", "settings.max_order=8",
+               "settings.distributions=false", "metrics=[anisotropy]", "plot_metrics=[]",
+               "device=cpu"]
+
+
+def test_a_hub_tokenizer_is_fetched_by_bounded_gets_into_a_folder_that_is_then_gone(
+        use, tiny_hf_folder, tiny_text, tmp_path, monkeypatch) -> None:
+    """``tokenizer=org/name``: its file list and files come with repgeom's own bounded GETs
+    (by commit, proved, inside the run's retry budget) into a temporary folder of repgeom's,
+    deleted once the tokenizer is loaded; the weights are not fetched. Before:
+    ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub retries by
+    itself, silently, outside any budget."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from repgeom.models.hf import load_hf_model
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    folder = tiny_hf_folder("gpt2")
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        loaded = load_hf_model(tiny_hf_folder("gpt2", tokenizer=False), tokenizer="org/tok",
+                               retry_budget_s=5.0)
+    reference = AutoTokenizer.from_pretrained(folder)
+    assert loaded.tokenizer(tiny_text)["input_ids"] == reference(tiny_text)["input_ids"]
+    kinds = [request.kind for request, _, _ in hub.served]
+    assert "head" not in kinds and kinds.count("info") == 1, kinds  # no HEAD of its own
+    fetched = {name for _, name in hub.downloads()}
+    assert "tokenizer.json" in fetched and "model.safetensors" not in fetched
+    assert not list(temporary.glob("repgeom-*"))  # the folder repgeom made is gone again
+
+
+def test_offline_a_hub_tokenizer_is_read_from_the_cache_without_the_network(
+        use, tiny_hf_folder, tiny_text, monkeypatch) -> None:
+    """``HF_HUB_OFFLINE=1``: a hub tokenizer in the user's Hugging Face cache is read from
+    there, and nothing asks the network (a guard: the base code did so too)."""
+    from huggingface_hub import snapshot_download
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    folder = tiny_hf_folder("gpt2")
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        snapshot_download("org/tok", revision="main")  # the user had it before
+        asked = len(hub.requests)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        tokenizer = load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False),
+                                              "org/tok", retry_budget_s=5.0)
+    assert len(hub.requests) == asked  # nothing asked of the network
+    assert len(tokenizer(tiny_text)["input_ids"]) > 0
+
+
+@pytest.mark.slow  # two tries of 20 s (the read timeout) against a silent hub, in probe.py
+def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers(
+        tiny_hf_folder, tiny_text, tmp_path) -> None:
+    """``probe.py hf=<folder without tokenizer> tokenizer=org/name`` against a hub that accepts
+    the connection and never answers: a try ends at the read timeout, the console says what it
+    waits for, and the run ends by itself within ``retry_budget_s`` plus 60 s, naming the hub and
+    the command to rerun; with the hub answering, the same command probes. Before: the
+    tokenizer's HEAD was retried by huggingface_hub, silently, outside the budget (the run did
+    not end within the bound: ``subprocess.TimeoutExpired``)."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes.core import table
+
+    budget = 25
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    args = [f"hf={tiny_hf_folder('gpt2', tokenizer=False)}", "tokenizer=org/tok",
+            f"retry_budget_s={budget}", f"text_file={text}", *_PROBE_ARGS]
+    env = {"HF_HOME": str(tmp_path / "hf_home")}
+    with FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")}, silent=True) as hub:
+        started = time.monotonic()
+        try:
+            done = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'silent'}"],
+                                timeout=budget + 60, HF_ENDPOINT=hub.url, **env)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"probe.py still waited on a silent hub after {budget + 60} s")
+    seconds = time.monotonic() - started
+    assert done.returncode != 0
+    assert hub.url in done.stderr and "rerun the same command" in done.stderr, done.stderr[-3000:]
+    assert "tokenizer='org/tok'" in done.stderr
+    assert any(line.startswith("waiting ") for line in done.stderr.splitlines())  # said why
+    assert seconds < budget + 60
+
+    with FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")}) as hub:
+        done = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'out'}"], timeout=300,
+                            HF_ENDPOINT=hub.url, **env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(table.read_table(tmp_path / "out")["metric"]) == {"anisotropy"}
+
+
+@pytest.mark.parametrize("answered_from", [0, 50_000])
+def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, repo, use,
+                                                              tmp_path) -> None:
+    """A proxy answers ``Range: bytes=100000-`` with a 206 from another byte (its
+    ``Content-Range`` says so). From byte 0 it is the whole file, which replaces the partial one;
+    from any other byte the try fails, no progress, and the file is asked for whole. The file
+    here has no hash nor size to check it by (proved by its commit alone). Before: the bytes
+    were appended, and the wrong file (100000 bytes longer, or 50000) was accepted."""
+    from repgeom.models.hf.transfer import HubFile, Transfer, download_file
+
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000)
+    said: list[str] = []
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=answered_from)) as hub:
+        download_file(f"{hub.url}/{REPO}/resolve/step10/model.safetensors",
+                      HubFile("model.safetensors", size=None, sha256=None), dest, "commit",
+                      Retrier(first_wait_s=0.01, say=said.append), Transfer(), "step10")
+    assert _sha256(dest / "model.safetensors") == _sha256(repo["step10"] / "model.safetensors")
+    starts = [r.range_start for r, _, _ in hub.served if r.filename == "model.safetensors"]
+    if answered_from:
+        assert starts == [0, 100_000, 0]  # the cut, the wrong 206, the whole file
+        assert "asking for the whole file" in said[-1]
+    else:
+        assert starts == [0, 100_000]  # the whole file came as the 206: nothing asked again
+
+
+def test_a_206_from_byte_0_is_not_a_wasted_transfer(repo, use, tmp_path) -> None:
+    """A file with a sha256: a 206 from byte 0 (the whole file) to a resumed request is kept
+    as the file. Before: appended to the partial one, it passed the file's size, was thrown
+    away, and the whole file was downloaded once more."""
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000, revision="step10")
+    with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=0)) as hub:
+        files = _fetch("step10", tmp_path / "work")
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step10"] / "model.safetensors")
+    gets = [r for r, _, _ in hub.served if r.filename == "model.safetensors" and r.kind == "file"]
+    assert len(gets) == 2  # the cut one and the whole file: nothing downloaded twice
+    release(files)
+
+
+@pytest.mark.slow  # probe.py against the stand-in hub
+def test_a_hub_tokenizer_out_of_budget_ends_a_trajectory_and_skips_no_step(
+        tiny_hf_folder, tiny_text, tmp_path) -> None:
+    """``hf=org/name hf_revisions=[...] tokenizer=org/name`` and a hub whose file list of the
+    tokenizer's revision (main) answers 503 for ever: the budget ends the run, naming the hub and
+    the command to rerun, and no step is recorded as skipped (a rerun would leave it out).
+    Before: each step was skipped as "its weights failed to load" and the run went on."""
+    from cli_runs import run_probe_py
+
+    from repgeom.probes.core import table
+
+    folders = {name: tiny_hf_folder("gpt2") for name in ("main", "step10", "step20")}
+    text = tmp_path / "text.txt"
+    text.write_text(tiny_text * 3)
+    out = tmp_path / "out"
+    forever = Fault(on="info", revision="main", status=503, times=float("inf"))
+    with FakeHub(REPO, folders, faults=[forever]) as hub:
+        done = run_probe_py(
+            [f"hf={REPO}", "hf_revisions=[step10,step20]", f"tokenizer={REPO}",
+             "retry_budget_s=3", f"text_file={text}", *_PROBE_ARGS, f"hydra.run.dir={out}"],
+            timeout=300, HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
+    assert done.returncode != 0
+    assert hub.url in done.stderr and "rerun the same command" in done.stderr, done.stderr[-3000:]
+    assert not (table.probe_dir(out) / "skipped.json").exists()
+
+
+def test_a_hub_tokenizer_fetched_online_is_found_offline_and_not_fetched_twice(
+        use, tiny_hf_folder, tiny_text, monkeypatch) -> None:
+    """``tokenizer=org/name`` (or a hub model's own tokenizer in compare mode and the analyses):
+    the proved files are added to the user's Hugging Face cache, so that a later load asks the
+    hub for its file list only, and a rerun with ``HF_HUB_OFFLINE=1`` (the hub gone) reads them
+    from there, as it did when ``AutoTokenizer.from_pretrained(<hub name>)`` cached them. Before:
+    kept only in a temporary folder, fetched anew by every load, and offline not found (the
+    offline load built a tokenizer without vocabulary)."""
+    from huggingface_hub import scan_cache_dir
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    bare = tiny_hf_folder("gpt2", tokenizer=False)
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})) as hub:
+        online = load_tokenizer_or_explain(bare, "org/tok", retry_budget_s=5.0)
+        load_tokenizer_or_explain(bare, "org/tok", retry_budget_s=5.0)  # a second revision's
+    fetched = [r.filename for r, _, _ in hub.served if r.kind == "file"]
+    assert fetched.count("tokenizer.json") == 1  # the second load found it in the cache
+    cache = scan_cache_dir(huggingface_hub.constants.HF_HUB_CACHE)  # read by huggingface_hub
+    assert [r.repo_id for r in cache.repos] == ["org/tok"] and not cache.warnings
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline = load_tokenizer_or_explain(bare, "org/tok")
+    assert offline(tiny_text)["input_ids"] == online(tiny_text)["input_ids"]
+
+
+def test_a_hub_tokenizer_loads_when_the_cache_cannot_be_written(
+        use, tiny_hf_folder, tiny_text, monkeypatch, capsys) -> None:
+    """A read-only (or full) Hugging Face cache: the tokenizer is loaded from the files fetched,
+    and the console says that an offline rerun will not find them."""
+    import errno
+
+    from repgeom.models.hf import hub_cache, load_tokenizer_or_explain
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(hub_cache, "add_to_cache", read_only)
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
+        tokenizer = load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                              retry_budget_s=5.0)
+    assert len(tokenizer(tiny_text)["input_ids"]) > 0
+    assert "an offline rerun (HF_HUB_OFFLINE=1) will not find them" in capsys.readouterr().err
+
+
+def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
+        use, tiny_hf_folder, tmp_path) -> None:
+    """A revision pushed by the Trainer holds ``trainer_state.json`` (its log history: megabytes
+    over a long run), which ``*.json`` matches: not a config or tokenizer file, so fetched
+    neither for a hub tokenizer nor with a revision's files
+    (`repgeom.models.hf.weights_rule.TRAINING_STATE`). Before: fetched with both."""
+    import shutil
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    folder = tmp_path / "pushed"
+    shutil.copytree(tiny_hf_folder("gpt2"), folder)
+    (folder / "trainer_state.json").write_text('{"log_history": []}')
+    with use(FakeHub("org/tok", {"main": folder})) as hub:
+        load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                  retry_budget_s=5.0)
+        files = fetch_revision("org/tok", "main", tmp_path / "work", say=lambda m: None)
+    fetched = {name for _, name in hub.downloads()}
+    assert "tokenizer.json" in fetched and "model.safetensors" in fetched
+    assert "trainer_state.json" not in fetched
+    release(files)
+
+
+def test_a_gated_hub_tokenizer_is_named_as_a_revision_is(use, tiny_hf_folder) -> None:
+    """``tokenizer=org/gated`` and a hub that answers 401 for its files: `HubAccessError`,
+    naming ``HF_TOKEN`` and the licence page, as for a revision's files."""
+    from repgeom.models.hf import load_tokenizer_or_explain
+    from repgeom.models.hf.hub_calls import HubAccessError
+
+    with use(FakeHub("org/gated", {"main": tiny_hf_folder("gpt2")}, gated=True)), \
+            pytest.raises(HubAccessError, match="HF_TOKEN") as raised:
+        load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/gated",
+                                  retry_budget_s=5.0)
+    assert "https://huggingface.co/org/gated" in str(raised.value)
+
+
+def _failing_subject(revision: str, step: int, error: BaseException) -> SimpleNamespace:
+    def load(device):
+        raise OSError(f"could not load tokenizer='org/tok': {error}") from error
+
+    return SimpleNamespace(name="org/tok", revision=revision, step=step, source="local",
+                           reference=False, model="org/tok", stack=None, path="", load=load)
+
+
+@pytest.mark.parametrize("error", [
+    RetriesExhausted("tokenizer='org/tok': no answer", None),
+    downloads.HubAccessError("tokenizer='org/tok': the hub refuses it (HTTP 401) ... HF_TOKEN"),
+    OSError(errno.ENOSPC, "No space left on device"),
+], ids=["silent", "refused", "disk-full"])
+def test_a_load_fault_of_no_revision_ends_a_trajectory_and_skips_no_step(error,
+                                                                          tmp_path) -> None:
+    """While a step loads, a fault that every later step would meet too and that a rerun may
+    not (the hub's silence, its refusal of a hub tokenizer, a full disk) ends the run, and no
+    step is recorded as skipped (a rerun would leave it out). Before: only the hub's silence
+    did; a refused tokenizer or a full disk skipped every step "for good"."""
+    import torch
+
+    out = tmp_path / "out"
+    subjects = [_failing_subject(f"step{s}", s, error) for s in (10, 20)]
+    with pytest.raises(OSError):
+        Trajectory(request=None, device=torch.device("cpu"), output_dir=out).run(subjects)
+    assert not (out / "probes" / "skipped.json").exists()
+
+
+def test_a_load_fault_of_one_revision_skips_that_step(tmp_path) -> None:
+    """The counterpart: weights that fail to load (a revision's own fault) skip the step and
+    the trajectory goes on."""
+    import torch
+
+    out = tmp_path / "out"
+    subjects = [_failing_subject(f"step{s}", s, ValueError("bad shard")) for s in (10, 20)]
+    Trajectory(request=None, device=torch.device("cpu"), output_dir=out).run(subjects)
+    assert set(json.loads((out / "probes" / "skipped.json").read_text())) == {"step10",
+                                                                              "step20"}
+
+
+@pytest.mark.slow  # probe.py twice against the stand-in hub
+def test_probe_py_compare_on_a_hub_model_runs_again_offline(tiny_hf_folder, tmp_path) -> None:
+    """``probe.py hf=org/name compare.text_a=... compare.text_b=...`` online, then the same
+    command with ``HF_HUB_OFFLINE=1`` and the hub gone: the second run reads the model and its
+    tokenizer from the Hugging Face cache and gives the same per-layer cosines (same files, same
+    CPU, same process code: equal to float32 rounding). Before (6e90828): the tokenizer was kept
+    in a temporary folder only, and offline the run failed ("the tokenizer has no vocabulary")."""
+    import pandas as pd
+    from cli_runs import run_probe_py
+
+    args = ["hf=org/name", "compare.text_a=the quick brown fox", "compare.text_b=a lazy dog",
+            "device=cpu", "plot_metrics=[]"]
+    env = {"HF_HOME": str(tmp_path / "hf_home")}
+    with FakeHub("org/name", {"main": tiny_hf_folder("gpt2")}) as hub:
+        online = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'online'}"], timeout=300,
+                              HF_ENDPOINT=hub.url, **env)
+        url = hub.url
+    assert online.returncode == 0, online.stderr[-3000:]
+    offline = run_probe_py([*args, f"hydra.run.dir={tmp_path / 'offline'}"], timeout=300,
+                           HF_ENDPOINT=url, HF_HUB_OFFLINE="1", **env)
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    tables = [pd.read_csv(tmp_path / run / "compare" / "pooled_cosine.csv")
+              for run in ("online", "offline")]
+    pd.testing.assert_frame_equal(tables[0], tables[1], rtol=1e-6)
+
+
+def test_a_full_disk_while_a_hub_tokenizer_downloads_names_the_folder_and_tmpdir(
+        use, tiny_hf_folder, monkeypatch) -> None:
+    """ENOSPC while a hub tokenizer's file is written into repgeom's temporary folder: the error
+    keeps its errno (a trajectory ends on it) and names the folder and ``TMPDIR=``. Before: "could
+    not load tokenizer ... from the Hugging Face hub", blaming the hub."""
+    real_open = open
+
+    class Full:
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def full(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        return Full(handle) if str(path).endswith("tokenizer.json.incomplete") else handle
+
+    from repgeom.models.hf import load_tokenizer_or_explain
+
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
+        monkeypatch.setattr("builtins.open", full)
+        with pytest.raises(OSError) as raised:
+            load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
+                                      retry_budget_s=5.0)
+        monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC
+    assert "repgeom-tokenizer-" in str(raised.value) and "TMPDIR=" in str(raised.value)

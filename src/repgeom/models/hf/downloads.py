@@ -88,10 +88,25 @@ from repgeom.models.hf.hub_calls import (  # noqa: F401 - re-exported: the error
     status_of,
 )
 from repgeom.models.hf.transfer import HubFile, Transfer, download_file, get_text, sha256_of
-from repgeom.models.hf.weights_rule import FORMATS, INDEX, Weights, folder_weights, weights_of
+from repgeom.models.hf.weights_rule import (
+    FORMATS,
+    INDEX,
+    Weights,
+    folder_weights,
+    is_training_state,
+    weights_of,
+)
 
 OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 """Configs and tokenizer files (merges.txt, vocab.json, spiece.model, ...)."""
+
+
+def config_or_tokenizer(name: str) -> bool:
+    """Whether a revision's file `name` is one of its configs or tokenizer files (`OTHER_FILES`):
+    not a weights index, nor the Trainer's state (``trainer_state.json``, its log history:
+    megabytes over a long run; `repgeom.models.hf.weights_rule.TRAINING_STATE`)."""
+    return (not name.endswith(INDEX) and not is_training_state(name)
+            and any(Path(name).match(p) for p in OTHER_FILES))
 
 
 # Caches and local folders ------------------------------------------------------------------
@@ -177,7 +192,7 @@ def _check_space(folder: Path, needed: int, revision: str | None) -> None:
         )
 
 
-def _as_download_error(error: BaseException, repo: str, revision: str | None, dest: Path | None
+def as_download_error(error: BaseException, repo: str, revision: str | None, dest: Path | None
            ) -> BaseException:
     """The exception to raise for a failure that was not retried (see the module docstring)."""
     from huggingface_hub.errors import (
@@ -313,8 +328,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                 f"{name}: its weights index names shards the hub does not have: "
                 f"{', '.join(missing[:5])}" if missing else
                 f"{name} has no weights file (only training state), nothing to probe")
-        others = [f for n, f in files.items() if f not in indexes and not n.endswith(FORMATS)
-                  and any(Path(n).match(p) for p in OTHER_FILES)]
+        others = [f for n, f in files.items() if not n.endswith(FORMATS)
+                  and config_or_tokenizer(n)]
         wanted = [*others, *(files[n] for n in weights.files)]
         have = sum((dest / (f.name + PARTIAL)).stat().st_size
                    for f in wanted if (dest / (f.name + PARTIAL)).is_file())
@@ -330,8 +345,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         if lock is not None:
             lock.close()
         raise
-    except Exception as error:  # noqa: BLE001 - each named by `_as_download_error`
-        named = _as_download_error(error, repo, revision, dest)
+    except Exception as error:  # noqa: BLE001 - each named by `as_download_error`
+        named = as_download_error(error, repo, revision, dest)
         if isinstance(named, RevisionUnavailable) and dest is not None and lock is not None:
             delete_partials(dest)  # unfinished, of a revision not probed; finished files stay
         if lock is not None:

@@ -35,6 +35,7 @@ all; repgeom's calls go through this module instead, so one budget bounds them a
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import random
@@ -202,6 +203,16 @@ def transient(error: BaseException) -> bool:
         return status in RETRY_STATUS or status >= 500
     network = (*_network_errors(), ConnectionError, TimeoutError)
     return any(isinstance(e, network) for e in _chain(error))
+
+
+def not_the_revisions_fault(error: BaseException) -> bool:
+    """Whether `error` is, or was raised from, a fault of no revision in particular, which every
+    later revision would meet too and which a rerun may not meet: the hub did not answer within
+    the budget (`RetriesExhausted`), it refused (`HubAccessError`: a token to give, a licence to
+    accept), or the disk or quota is full (ENOSPC, EDQUOT)."""
+    return any(isinstance(e, (RetriesExhausted, HubAccessError))
+               or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+               for e in _chain(error))
 
 
 def _chain(error: BaseException):

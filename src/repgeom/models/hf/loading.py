@@ -92,7 +92,8 @@ class TokenizerMissingError(ValueError):
 
 
 def load_tokenizer_or_explain(
-    folder: str | os.PathLike, tokenizer: Any = None, *, revision: str | None = None
+    folder: str | os.PathLike, tokenizer: Any = None, *, revision: str | None = None,
+    retry_budget_s: float | None = None,
 ) -> Any:
     """The tokenizer for a model folder or hub name, or a clear error when there is none.
 
@@ -103,6 +104,16 @@ def load_tokenizer_or_explain(
     naming the fix. `load_hf_model` (``probe.py hf=... tokenizer=...``) and the analyses'
     subjects (`repgeom.analyses.subjects`) load tokenizers through this one function.
 
+    Online, a hub name's tokenizer files are fetched like a config (`_read_config`): its file
+    list and each file with one bounded ``GET`` per try, inside one
+    `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s`, each file checked by its proof
+    (the hub's sha256, else its git blob id: `repgeom.models.hf.transfer.download_file`), into a
+    temporary folder of repgeom's, then added to the Hugging Face cache at their commit
+    (`repgeom.models.hf.hub_cache`; files the cache holds at that commit are not fetched again).
+    Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub
+    retries by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging
+    Face cache's copy is read and nothing asks the network.
+
     Parameters
     ----------
     folder : str or path
@@ -112,6 +123,9 @@ def load_tokenizer_or_explain(
     revision : str, optional
         Hub revision of `folder`'s own tokenizer; not applied to an override, which names its
         own source.
+    retry_budget_s : float, optional
+        Seconds of hub retries allowed for a hub name's tokenizer (the run's ``retry_budget_s=``;
+        None: `repgeom.models.hf.hub_calls.RETRY_BUDGET_S`).
 
     Returns
     -------
@@ -122,9 +136,13 @@ def load_tokenizer_or_explain(
     TokenizerMissingError (a ValueError)
         "<folder> has no tokenizer; pass tokenizer=<name or folder>", or the tokenizer loaded
         has no vocabulary beyond its special tokens.
+    OSError
+        The hub could not provide a hub name's tokenizer: no answer within `retry_budget_s`
+        (the message names the hub and says to rerun), or no such file (404).
+    repgeom.models.hf.hub_calls.HubAccessError
+        The hub refused a hub name's tokenizer (401/403: gated, private or misspelt); the message
+        names ``HF_TOKEN`` and the page where the licence is accepted.
     """
-    from transformers import AutoTokenizer
-
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer
     source = os.fspath(tokenizer if tokenizer is not None else folder)
@@ -138,7 +156,7 @@ def load_tokenizer_or_explain(
                 "tokenizer.save_pretrained)"
             )
         raise TokenizerMissingError(f"tokenizer={source} is a folder without tokenizer files")
-    tok = AutoTokenizer.from_pretrained(source, revision=revision if tokenizer is None else None)
+    tok = _load_tokenizer(source, revision if tokenizer is None else None, retry_budget_s)
     n_special = len(set(getattr(tok, "all_special_ids", [])))
     if len(tok) <= n_special:
         raise TokenizerMissingError(
@@ -146,6 +164,98 @@ def load_tokenizer_or_explain(
             "pass tokenizer=<name or folder>"
         )
     return tok
+
+
+def _load_tokenizer(source: str, revision: str | None, retry_budget_s: float | None) -> Any:
+    """``AutoTokenizer`` of a folder, or of a hub name fetched as `load_tokenizer_or_explain`
+    says."""
+    import tempfile
+
+    from huggingface_hub import is_offline_mode
+    from transformers import AutoTokenizer
+
+    if os.path.exists(source) or is_offline_mode():
+        return AutoTokenizer.from_pretrained(source, revision=revision)
+    if looks_like_path(source):
+        raise FileNotFoundError(
+            f"tokenizer={source!r}: no such local folder ({os.path.abspath(source)}); give a "
+            "folder written by tokenizer.save_pretrained or a hub name like 'gpt2'"
+        )
+    with tempfile.TemporaryDirectory(prefix="repgeom-tokenizer-") as folder:
+        return AutoTokenizer.from_pretrained(
+            _fetch_tokenizer_files(source, revision, folder, retry_budget_s))
+
+
+def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
+                           retry_budget_s: float | None) -> str:
+    """The folder of the configs and tokenizer files of hub model `name` at `revision`: the
+    Hugging Face cache's snapshot of its commit, where the files are already there or were
+    fetched into `folder` (within one retry budget, see `load_tokenizer_or_explain`) and then
+    added to it (`repgeom.models.hf.hub_cache`: an offline rerun finds them, as it found what
+    ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
+    import errno
+    from pathlib import Path
+    from urllib.parse import quote
+
+    from huggingface_hub import HfApi, constants
+
+    from repgeom.models.hf.downloads import as_download_error, config_or_tokenizer, hub_files
+    from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
+    from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s, status_of
+    from repgeom.models.hf.transfer import Transfer, download_file
+
+    retry, what = _retrier(retry_budget_s), f"tokenizer={name!r}"
+    try:
+        info = retry.call(lambda: HfApi().model_info(
+            name, revision=revision or "main", files_metadata=True, timeout=read_timeout_s()),
+            f"{what}: reading its file list at revision {revision or 'main'}")
+        commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
+        wanted = [file for file in hub_files(info).values() if config_or_tokenizer(file.name)]
+        cached = cached_commit(name, info.sha, [f.name for f in wanted]) if info.sha else None
+        if cached is not None:
+            return str(cached)  # fetched by an earlier run or revision: nothing to download
+        transfer = Transfer()
+        for file in wanted:
+            url = f"{constants.ENDPOINT}/{name}/resolve/{commit}/{quote(file.name)}"
+            download_file(url, file, Path(folder), commit, retry, transfer,
+                          f"{what}: downloading {file.name}")
+    except RetriesExhausted as e:
+        raise _no_answer(e) from e
+    except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
+        if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
+            raise as_download_error(e, name, revision, None) from e
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the temporary folder's disk, not the hub
+            raise OSError(e.errno, f"{what}: the disk of {folder} is full or over its quota "
+                          f"({e.strerror or e}); free some space there, or set TMPDIR= to a "
+                          "folder on a larger disk") from e
+        raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
+                      f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
+    if not info.sha:
+        return folder
+    try:
+        return str(add_to_cache(name, revision or "main", info.sha, Path(folder),
+                                [f.name for f in wanted]))
+    except OSError as e:  # a read-only or full cache: this run goes on, an offline rerun cannot
+        retry.say(f"{what}: could not add its files to the Hugging Face cache "
+                  f"({constants.HF_HUB_CACHE}: {e}); an offline rerun (HF_HUB_OFFLINE=1) will "
+                  "not find them")
+        return folder
+
+
+def _retrier(retry_budget_s: float | None):
+    """A `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s` (None: the default)."""
+    from repgeom.models.hf.hub_calls import Retrier
+
+    return Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
+
+
+def _no_answer(error: Exception) -> OSError:
+    """The error that ends a read of the hub whose retry budget is spent: what, the hub, and
+    what to do."""
+    from huggingface_hub import constants
+
+    return OSError(f"{error}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
+                   "same command later, or give it more time: retry_budget_s=")
 
 
 def _read_config(name: str, revision: str | None, retry_budget_s: float | None = None) -> Any:
@@ -192,16 +302,15 @@ def _hub_config(name: str, revision: str | None, retry_budget_s: float | None) -
     from huggingface_hub import constants
     from transformers import AutoConfig
 
-    from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted
+    from repgeom.models.hf.hub_calls import RetriesExhausted
     from repgeom.models.hf.transfer import get_text
 
-    retry = Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
     url = f"{constants.ENDPOINT}/{name}/resolve/{quote(revision or 'main', safe='')}/config.json"
     try:
-        text = get_text(url, retry, f"hf={name!r}: its config at revision {revision or 'main'}")
+        text = get_text(url, _retrier(retry_budget_s),
+                        f"hf={name!r}: its config at revision {revision or 'main'}")
     except RetriesExhausted as e:
-        raise OSError(f"{e}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
-                      "same command later, or give it more time: retry_budget_s=") from e
+        raise _no_answer(e) from e
     with tempfile.TemporaryDirectory(prefix="repgeom-config-") as folder:
         with open(os.path.join(folder, "config.json"), "w") as handle:
             handle.write(text)
@@ -230,6 +339,7 @@ def load_hf_model(
     dtype: torch.dtype | str | None = None,
     tokenizer: Any = None,
     stack: str | None = None,
+    retry_budget_s: float | None = None,
 ) -> HFModel:
     """Load a Hugging Face model and its tokenizer for probing.
 
@@ -249,6 +359,11 @@ def load_hf_model(
     stack : {"encoder", "decoder"}, optional
         Required for an encoder-decoder model (`model_stacks`), which is probed as two models:
         see `hf_capture` for how each stack is run. None for every other model.
+    retry_budget_s : float, optional
+        Seconds of hub retries allowed for a hub name's config and tokenizer (the run's
+        ``retry_budget_s=``; None: the default). ``AutoModel.from_pretrained`` fetches a hub
+        name's weights by itself, outside it: ``probe.py`` hands it the folder the trajectory
+        fetched (`repgeom.models.hf.downloads`).
 
     Returns
     -------
@@ -268,7 +383,7 @@ def load_hf_model(
     from transformers import AutoModel
 
     name = _expand(name_or_path)
-    config = _read_config(name, revision)
+    config = _read_config(name, revision, retry_budget_s)
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     if encoder_decoder and stack not in STACKS:
         raise ValueError(
@@ -277,7 +392,8 @@ def load_hf_model(
         )
     if not encoder_decoder and stack is not None:
         raise ValueError(f"stack={stack!r}: hf={name!r} has one stack of layers; pass stack=None")
-    tok = load_tokenizer_or_explain(name, tokenizer, revision=revision)
+    tok = load_tokenizer_or_explain(name, tokenizer, revision=revision,
+                                    retry_budget_s=retry_budget_s)
     kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype

@@ -15,16 +15,25 @@ kept only when its recorded proof is the one the hub gives now and its size is t
 node that crashed after the rename can leave it short: its bytes are fsynced before the proof is
 recorded, but a file written by an older repgeom was not).
 
+**Resuming.** A try asks for the rest of a partial file (``Range: bytes=<have>-``), and the
+answer's bytes are appended only when it is a 206 whose ``Content-Range`` (``bytes
+START-END/TOTAL``, RFC 9110 section 14.4) starts at that byte. A server that ignores ``Range``
+(a 200, or a 206 from byte 0) sends the whole file, which replaces the partial one; a 206 from
+another byte, or without a ``Content-Range`` to read, fails its try and the file's later tries ask
+for the whole file. Appended, such bytes made a file whose sha256 failed only at its end (the
+whole transfer wasted), or, for a file with no hash to check, a wrong file.
+
 **Progress.** A try is progress only when the partial file kept more bytes than it had before the
 try: bytes thrown away (a sha256 mismatch, a server that ignores ``Range`` and starts again from
-0, more bytes than the file has) cost the budget like any failed try, so identical failures at
-the same byte end within the budget.
+0 or answers another range, more bytes than the file has) cost the budget like any failed try, so
+identical failures at the same byte end within the budget.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +100,16 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def first_byte(response: Any) -> int | None:
+    """The byte of the file an answer's body starts at: 0 for a 200, the ``START`` of a 206's
+    ``Content-Range: bytes START-END/TOTAL``, None for a 206 without one that can be read."""
+    if response.status_code != 206:
+        return 0
+    found = re.fullmatch(r"bytes\s+(\d+)-\d+/(?:\d+|\*)",
+                         response.headers.get("Content-Range", "").strip())
+    return int(found.group(1)) if found else None
+
+
 def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Retrier,
                   transfer: Transfer, what: str) -> None:
     """`file` into `dest`, resuming ``<name>.incomplete`` where a try stopped, checked against
@@ -104,6 +123,7 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         return  # finished and proved by an earlier try or run (and not cut short by a crash)
     final.unlink(missing_ok=True)  # unproved (or of another commit): in our folder, fetched anew
     digest, hashed = hashlib.sha256(), 0
+    ranges = True  # False once the server answered a Range with another range: whole files
     while True:
         retrier.check_abort()
         have = _size(part)
@@ -116,15 +136,22 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         try:
             if file.size is None or have < file.size:
                 headers = build_hf_headers()
-                if have:
+                if have and ranges:
                     headers["Range"] = f"bytes={have}-"
                 with get_session().stream("GET", url, headers=headers, timeout=timeout(),
                                           follow_redirects=True) as response:
                     if response.status_code >= 400:
                         response.read()  # the error's message is in the body
                         hf_raise_for_status(response)
-                    mode = "ab"
-                    if have and response.status_code != 206:  # the server ignored the Range
+                    start, mode = first_byte(response), "ab"
+                    if start not in (have, 0):  # another range: of no use here
+                        ranges = False
+                        raise ConnectionError(
+                            f"{file.name}: asked for its bytes from {have}, the server answered "
+                            f"{response.status_code} with Content-Range "
+                            f"{response.headers.get('Content-Range')!r}; asking for the whole "
+                            "file")
+                    if start != have:  # the whole file (the Range ignored): anew
                         mode, digest, hashed = "wb", hashlib.sha256(), 0
                     with open(part, mode) as handle:
                         for chunk in response.iter_bytes():  # as they arrive: none lost

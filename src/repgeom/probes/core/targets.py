@@ -230,6 +230,9 @@ class HFTarget:
     """Probed for its states only, and none of its rows written: the final revision that a
     shard of a trajectory (``shard=``) compares its own revisions with when another shard owns
     it."""
+    retry_budget_s: float | None = None
+    """Seconds of hub retries allowed for what the load itself fetches (a hub config, a hub
+    ``tokenizer``): the run's ``retry_budget_s=``; None: the default."""
 
     @property
     def model(self) -> str:
@@ -253,6 +256,7 @@ class HFTarget:
             dtype=self.dtype,
             tokenizer=self.tokenizer,
             stack=self.stack,
+            retry_budget_s=self.retry_budget_s,
         )
         self.kind = model.kind
         return model

@@ -323,13 +323,13 @@ def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
     if mode != "hf":
         return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""),
                                  reference=reference) for step, path, reference in chosen]
-    tokenizer = cfg.get("tokenizer")
-    stacks = model_stacks(str(cfg.hf), revision=found[0][1],
-                          retry_budget_s=_retry_budget(cfg))
+    tokenizer, budget = cfg.get("tokenizer"), _retry_budget(cfg)
+    stacks = model_stacks(str(cfg.hf), revision=found[0][1], retry_budget_s=budget)
     return [
         HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
                  tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
-                 alias=str(cfg.get("model_name") or ""), reference=reference)
+                 alias=str(cfg.get("model_name") or ""), reference=reference,
+                 retry_budget_s=budget)
         for step, revision, reference in chosen
         for stack in stacks
     ]

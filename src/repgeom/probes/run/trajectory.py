@@ -31,7 +31,9 @@ A step that cannot be probed is skipped, and the trajectory goes on: a revision 
 or not on the hub (`repgeom.models.hf.downloads.RevisionUnavailable`), or whose weights fail to
 load. It is named in the console, in ``probes/skipped.json`` (revision, step and reason, which
 ``probe_info.json`` and the summary repeat), and a rerun leaves it out unless
-``retry_skipped=true``.
+``retry_skipped=true``. A hub that does not answer within the retry budget, or refuses (HTTP
+401/403), while a step loads (a hub ``tokenizer=``'s files), or a full disk, ends the run
+instead, as it does a download: a rerun probes the step.
 
 Weights identity: each step's weights files and their sha256, for every complete weights format
 by the one rule (`repgeom.models.hf.weights_rule`; the hub's LFS sha256, no extra download; the
@@ -70,7 +72,7 @@ from repgeom.models.hf.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
+from repgeom.models.hf.hub_calls import RETRY_BUDGET_S, not_the_revisions_fault
 from repgeom.models.hf.weights_rule import by_format
 from repgeom.probes.core import catalogue, similarity, table
 from repgeom.probes.core.spec import ProbeRequest
@@ -377,8 +379,8 @@ class Trajectory:
         try:
             loaded = subject.load(self.device)
         except Exception as exc:  # noqa: BLE001 - transformers, safetensors and torch alike
-            if not self._many_steps:
-                raise
+            if not self._many_steps or not_the_revisions_fault(exc):  # a hub tokenizer's
+                raise  # silence or refusal, a full disk: fatal, so that a rerun probes the step
             raise _LoadFailed(f"its weights failed to load ({type(exc).__name__}: "
                               f"{first_line(exc)})") from exc
         t1 = time.perf_counter()
