@@ -9,8 +9,9 @@ requests huggingface_hub retries by itself, silently, outside any budget. Before
 layout huggingface_hub reads (https://huggingface.co/docs/huggingface_hub/guides/manage-cache):
 ``models--org--name/snapshots/<commit>/<file>`` (a plain file, as huggingface_hub itself writes
 where symlinks are not available) and ``refs/<branch>`` naming the commit, each written whole or
-not at all (`repgeom.files.atomic_write_bytes`). Nothing in the cache is deleted or replaced: a
-file the cache already holds at that commit is kept as it is.
+not at all (`repgeom.files.atomic_write_bytes`). No file in the cache is deleted or replaced: a
+file the cache already holds at that commit is kept as it is. The ref is set to the commit the
+hub gave, as huggingface_hub's own downloads set it.
 """
 
 from __future__ import annotations
