@@ -125,7 +125,7 @@ def hf_capture(
 
 
 _SETTLED: set[tuple[str, str]] = set()
-"""(model class, device type) pairs whose first forward in this process has been run."""
+"""(model class, device type) pairs whose first CPU forward in this process has been run."""
 
 
 def _settle_first_call(hf: HFModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -141,10 +141,11 @@ def _settle_first_call(hf: HFModel, input_ids: torch.Tensor, attention_mask: tor
     states counted apart, which moved GRIDE by ~1%). Intel documents MKL's results as
     reproducible run to run only under conditions (its "Reproducibility Conditions"), which a
     loaded machine's thread timing does not meet on the first call. The first micro-batch,
-    forwarded once more here, costs one micro-batch per model class and process.
+    forwarded once more here, costs one micro-batch per model class and process (on CPU only: no
+    such first call was seen on a GPU).
     """
     key = (type(hf.model).__name__, input_ids.device.type)
-    if key in _SETTLED:
+    if key in _SETTLED or input_ids.device.type != "cpu":
         return
     with torch.no_grad():
         forward_stack(hf, input_ids, attention_mask, attention)
