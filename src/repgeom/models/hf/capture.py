@@ -141,8 +141,8 @@ def _settle_first_call(hf: HFModel, input_ids: torch.Tensor, attention_mask: tor
     states counted apart, which moved GRIDE by ~1%). Intel documents MKL's results as
     reproducible run to run only under conditions (its "Reproducibility Conditions"), which a
     loaded machine's thread timing does not meet on the first call. The first micro-batch,
-    forwarded once more here, costs one micro-batch per model class and process (on CPU only, where it
-    was seen; no GPU was tried).
+    forwarded once more here, costs one micro-batch per model class and process (on CPU only,
+    where it was seen; no GPU was tried).
     """
     key = (type(hf.model).__name__, input_ids.device.type)
     if key in _SETTLED or input_ids.device.type != "cpu":
