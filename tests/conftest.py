@@ -11,12 +11,13 @@ import os
 from collections.abc import Iterator
 
 # One thread for the CPU math of every process of the session: this one, its xdist workers, and
-# the train.py and probe.py they start, which inherit it. On a loaded machine a process's first
-# multi-threaded MKL calls sometimes round differently from every later call
-# (`repgeom.models.hf.capture._settle_first_call`; a resumed training too: the kill -9 resume
-# test once read a table 1.3e-4 relative off the uninterrupted one), and these tests compare tables
-# across processes bit for bit or at rtol 1e-6. One thread has no thread timing to race. Set
-# before torch is imported; a value the developer set is kept.
+# the train.py and probe.py they start, which inherit it. These tests compare tables across
+# processes bit for bit or at rtol 1e-6, and on several threads of a loaded machine a process's
+# first CPU forward of a Hugging Face model sometimes rounded differently
+# (`repgeom.models.hf.capture._settle_first_call`). Once
+# test_offload.py::test_training_and_its_worker_killed_then_rerun_end_with_the_uninterrupted_table
+# read 1.3e-4 relative off too (our GPT; cause not established). One thread has no thread timing
+# to race. Set before torch is imported; a value the developer set is kept.
 for _threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_threads, "1")
 

@@ -295,11 +295,12 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
     run_dir, log, worker_log = tmp_path / "run", tmp_path / "job.out", tmp_path / "worker.out"
     # Long enough that the worker job starts and probes before training ends: on one thread
     # (tests/conftest.py) the tiny model once ran 600 steps before the worker's first probe.
-    steps = 2400
+    # Probes and checkpoints every 50 steps, as before.
+    steps = 1200
     overrides = [
         *tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={steps}",
         "trainer.val_check_interval=50", "trainer.log_every_n_steps=10",
-        "probe.every_n_steps=200", "probe.log_spaced_until=50", "probe.n_log_spaced=3",
+        "probe.every_n_steps=50", "probe.log_spaced_until=50", "probe.n_log_spaced=3",
     ]
     # Lightning's SLURM port is 15000 + the job id's last digits; each test cluster numbers its
     # jobs from 1, so another session's job may hold it: a free port instead, kept on requeue.

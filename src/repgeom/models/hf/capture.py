@@ -54,6 +54,11 @@ def hf_capture(
         norm, ``final_norm`` that norm's output (None for post-LN families); see the module
         docstring. ``queries``/``keys`` are empty for families other than gpt2, bert, roberta,
         xlm-roberta-xl, gpt_neox, bloom, opt, llama, mistral and t5 (one warning per model).
+
+    Notes
+    -----
+    On CPU, the first call in a process for a model class, stack and dtype forwards the batch
+    twice and keeps the second (`_settle_first_call`): a hook on ``hf.model`` fires twice then.
     """
     input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
@@ -124,27 +129,28 @@ def hf_capture(
     )
 
 
-_SETTLED: set[tuple[str, str]] = set()
-"""(model class, device type) pairs whose first CPU forward in this process has been run."""
+_SETTLED: set[tuple[str, str | None, torch.dtype]] = set()
+"""(model class, stack, dtype) whose first CPU forward in this process has been run."""
 
 
 def _settle_first_call(hf: HFModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        attention: bool) -> None:
-    """Run a model class's first forward of the process once and throw it away.
+    """Run a model's first CPU forward of the process once and throw it away.
 
     On CPU, the first forward of a process sometimes rounds differently from every later one:
     in a GPT-2 (``gelu_new``) forward, the first ``torch.tanh`` (MKL's VML ``vsTanh``, which
     PyTorch calls from its parallel loop) gave other last bits in about 1 process of 10 on a
-    loaded 2-core machine, with the same input bytes; the second call, and every later one,
-    always gave the reference bits (1,500 repeats). A probe table of a process's first model
-    then differed from another process's (a few values by 1e-5 relative, and near-duplicate
-    states counted apart, which moved GRIDE by ~1%). Intel documents MKL's results as
-    reproducible run to run only under conditions (its "Reproducibility Conditions"), which a
-    loaded machine's thread timing does not meet on the first call. The first micro-batch,
-    forwarded once more here, costs one micro-batch per model class and process (on CPU only,
-    where it was seen; no GPU was tried).
+    loaded 2-core machine, with the same input bytes; in those processes the second call gave
+    the reference bits, and 1,500 repeats inside one process never differed. A probe table of a
+    process's first model then differed from another process's (a few values by 1e-5 relative,
+    and near-duplicate states counted apart, which moved GRIDE by ~1%). Why the first call is
+    not established; Intel documents MKL's results as reproducible run to run only under
+    conditions (its "Reproducibility Conditions"), thread timing plausibly among them. With this,
+    0 of 29 `probe.py` processes gave another table, against 3 of 29 without it, side by side.
+    Keyed by model class, stack and dtype, each of which runs other kernels. Costs one
+    micro-batch per key and process (on CPU only, where it was seen; no GPU was tried).
     """
-    key = (type(hf.model).__name__, input_ids.device.type)
+    key = (type(hf.model).__name__, hf.stack, next(hf.model.parameters()).dtype)
     if key in _SETTLED or input_ids.device.type != "cpu":
         return
     with torch.no_grad():
