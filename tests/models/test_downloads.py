@@ -394,11 +394,9 @@ def test_a_quota_hit_while_writing_is_not_retried(repo, use, tmp_path, monkeypat
     assert sum(1 for r, _, _ in hub.served if r.kind == "file") == 1  # not retried
 
 
-def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, use, tmp_path,
-                                                                        monkeypatch) -> None:
-    """ENOSPC after part of a weights file was written: not retried, the message names the
-    folder and the space left there, and the partial file stays for the same command to resume.
-    Before: the message gave no free space."""
+def _disk_fills(monkeypatch, suffix: str, *, after_bytes: int) -> None:
+    """``open`` of a file whose name ends with `suffix` gives a handle whose writes raise ENOSPC
+    once the file would pass `after_bytes`; every other file opens as usual."""
     real_open = open
 
     class Filling:
@@ -406,7 +404,7 @@ def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, us
             self.handle = handle
 
         def write(self, data: bytes) -> int:
-            if self.handle.tell() + len(data) > 100_000:
+            if self.handle.tell() + len(data) > after_bytes:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.handle.write(data)
 
@@ -418,9 +416,17 @@ def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, us
 
     def filling(path, mode="r", *args, **kwargs):
         handle = real_open(path, mode, *args, **kwargs)
-        return Filling(handle) if str(path).endswith("safetensors.incomplete") else handle
+        return Filling(handle) if str(path).endswith(suffix) else handle
 
     monkeypatch.setattr("builtins.open", filling)
+
+
+def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, use, tmp_path,
+                                                                        monkeypatch) -> None:
+    """ENOSPC after part of a weights file was written: not retried, the message names the
+    folder and the space left there, and the partial file stays for the same command to resume.
+    Before: the message gave no free space."""
+    _disk_fills(monkeypatch, "safetensors.incomplete", after_bytes=100_000)
     with use(FakeHub(REPO, repo)) as hub:
         with pytest.raises(OSError) as raised:
             _fetch("step10", tmp_path / "work")
@@ -1217,29 +1223,10 @@ def test_a_full_disk_while_a_hub_tokenizer_downloads_names_the_folder_and_tmpdir
     """ENOSPC while a hub tokenizer's file is written into repgeom's temporary folder: the error
     keeps its errno (a trajectory ends on it) and names the folder and ``TMPDIR=``. Before: "could
     not load tokenizer ... from the Hugging Face hub", blaming the hub."""
-    real_open = open
-
-    class Full:
-        def __init__(self, handle) -> None:
-            self.handle = handle
-
-        def write(self, data: bytes) -> int:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc) -> None:
-            self.handle.close()
-
-    def full(path, mode="r", *args, **kwargs):
-        handle = real_open(path, mode, *args, **kwargs)
-        return Full(handle) if str(path).endswith("tokenizer.json.incomplete") else handle
-
     from repgeom.models.hf import load_tokenizer_or_explain
 
     with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
-        monkeypatch.setattr("builtins.open", full)
+        _disk_fills(monkeypatch, "tokenizer.json.incomplete", after_bytes=0)
         with pytest.raises(OSError) as raised:
             load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
                                       retry_budget_s=5.0)
