@@ -59,7 +59,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote
 
 from repgeom.models.hf.download_folders import (  # noqa: F401 - re-exported: the public names
     DOWNLOADS,
@@ -87,7 +86,14 @@ from repgeom.models.hf.hub_calls import (  # noqa: F401 - re-exported: the error
     read_timeout_s,
     status_of,
 )
-from repgeom.models.hf.transfer import HubFile, Transfer, download_file, get_text, sha256_of
+from repgeom.models.hf.transfer import (
+    HubFile,
+    Transfer,
+    download_file,
+    get_text,
+    resolve_url,
+    sha256_of,
+)
 from repgeom.models.hf.weights_rule import (
     FORMATS,
     INDEX,
@@ -162,11 +168,9 @@ def hub_files(info: Any) -> dict[str, HubFile]:
 def hub_weights(repo: str, info: Any, retrier: Retrier, read_index=None) -> Weights:
     """`weights_of` a revision's hub listing; an index is read with `read_index` (default: a
     bounded GET of the file at the revision's commit, through `retrier`)."""
-    from huggingface_hub import constants
 
     def fetch_index(name: str) -> str:
-        url = f"{constants.ENDPOINT}/{repo}/resolve/{info.sha}/{quote(name)}"
-        return get_text(url, retrier, f"{repo}: reading {name}")
+        return get_text(resolve_url(repo, info.sha, name), retrier, f"{repo}: reading {name}")
 
     return weights_of(hub_files(info), read_index or fetch_index)
 
@@ -277,7 +281,7 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
     local = Path(repo).expanduser()
     if local.is_dir():  # a local folder: nothing to fetch
         return RevisionFiles(local, owned=False, weights=local_hashes(local, folder_weights(local)))
-    from huggingface_hub import HfApi, constants, is_offline_mode
+    from huggingface_hub import HfApi, is_offline_mode
 
     retrier = Retrier(budget_s=retry_budget_s, first_wait_s=first_wait_s, abort=abort,
                       **({"say": say} if say is not None else {}))
@@ -314,9 +318,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         transfer = Transfer()
 
         def fetch(file: HubFile) -> None:
-            url = f"{constants.ENDPOINT}/{repo}/resolve/{commit}/{quote(file.name)}"
-            download_file(url, file, dest, commit, retrier, transfer,
-                          f"{name}: downloading {file.name}")
+            download_file(resolve_url(repo, commit, file.name), file, dest, commit, retrier,
+                          transfer, f"{name}: downloading {file.name}")
 
         indexes = [f for n, f in files.items() if n.endswith(INDEX)]
         for file in indexes:  # what the rule reads first (small)

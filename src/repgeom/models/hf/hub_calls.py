@@ -352,3 +352,8 @@ class Retrier:
             time.sleep(seconds)
         elif self.abort.wait(seconds):
             raise Aborted("stopped: the run was interrupted")
+
+
+def budget_retrier(retry_budget_s: float | None) -> Retrier:
+    """A `Retrier` of the run's ``retry_budget_s=`` (None: `RETRY_BUDGET_S`)."""
+    return Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)

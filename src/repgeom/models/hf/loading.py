@@ -195,16 +195,20 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
     import errno
     from pathlib import Path
-    from urllib.parse import quote
 
     from huggingface_hub import HfApi, constants
 
     from repgeom.models.hf.downloads import as_download_error, config_or_tokenizer, hub_files
     from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
-    from repgeom.models.hf.hub_calls import RetriesExhausted, read_timeout_s, status_of
-    from repgeom.models.hf.transfer import Transfer, download_file
+    from repgeom.models.hf.hub_calls import (
+        RetriesExhausted,
+        budget_retrier,
+        read_timeout_s,
+        status_of,
+    )
+    from repgeom.models.hf.transfer import Transfer, download_file, resolve_url
 
-    retry, what = _retrier(retry_budget_s), f"tokenizer={name!r}"
+    retry, what = budget_retrier(retry_budget_s), f"tokenizer={name!r}"
     try:
         info = retry.call(lambda: HfApi().model_info(
             name, revision=revision or "main", files_metadata=True, timeout=read_timeout_s()),
@@ -216,9 +220,8 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
             return str(cached)  # fetched by an earlier run or revision: nothing to download
         transfer = Transfer()
         for file in wanted:
-            url = f"{constants.ENDPOINT}/{name}/resolve/{commit}/{quote(file.name)}"
-            download_file(url, file, Path(folder), commit, retry, transfer,
-                          f"{what}: downloading {file.name}")
+            download_file(resolve_url(name, commit, file.name), file, Path(folder), commit, retry,
+                          transfer, f"{what}: downloading {file.name}")
     except RetriesExhausted as e:
         raise _no_answer(e) from e
     except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
@@ -240,13 +243,6 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
                   f"({constants.HF_HUB_CACHE}: {e}); an offline rerun (HF_HUB_OFFLINE=1) will "
                   "not find them")
         return folder
-
-
-def _retrier(retry_budget_s: float | None):
-    """A `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s` (None: the default)."""
-    from repgeom.models.hf.hub_calls import Retrier
-
-    return Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
 
 
 def _no_answer(error: Exception) -> OSError:
@@ -297,17 +293,15 @@ def _hub_config(name: str, revision: str | None, retry_budget_s: float | None) -
     """The ``AutoConfig`` of hub model `name` at `revision`, read within `retry_budget_s` (see
     `_read_config`)."""
     import tempfile
-    from urllib.parse import quote
 
-    from huggingface_hub import constants
     from transformers import AutoConfig
 
-    from repgeom.models.hf.hub_calls import RetriesExhausted
-    from repgeom.models.hf.transfer import get_text
+    from repgeom.models.hf.hub_calls import RetriesExhausted, budget_retrier
+    from repgeom.models.hf.transfer import get_text, resolve_url
 
-    url = f"{constants.ENDPOINT}/{name}/resolve/{quote(revision or 'main', safe='')}/config.json"
     try:
-        text = get_text(url, _retrier(retry_budget_s),
+        text = get_text(resolve_url(name, revision or "main", "config.json"),
+                        budget_retrier(retry_budget_s),
                         f"hf={name!r}: its config at revision {revision or 'main'}")
     except RetriesExhausted as e:
         raise _no_answer(e) from e

@@ -192,6 +192,16 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                            progressed=_size(part) > have)
 
 
+def resolve_url(repo: str, revision: str, name: str) -> str:
+    """The hub's URL of file `name` of model `repo` at `revision` (a commit, branch or tag),
+    quoted as ``huggingface_hub.hf_hub_url`` quotes it."""
+    from urllib.parse import quote
+
+    from huggingface_hub import constants
+
+    return f"{constants.ENDPOINT}/{repo}/resolve/{quote(revision, safe='')}/{quote(name)}"
+
+
 def get_text(url: str, retrier: Retrier, what: str) -> str:
     """The text of a small hub file (an index), through the retrier, bounded like a download."""
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status

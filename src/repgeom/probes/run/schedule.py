@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from repgeom.models import revisions as hub
-from repgeom.models.hf.hub_calls import Retrier
+from repgeom.models.hf.hub_calls import budget_retrier
 
 T = TypeVar("T")
 
@@ -165,7 +165,7 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
             "probed at every step. Drop hf_revisions to probe the folder, or run from another "
             "folder (or rename it) to probe the hub repository"
         )
-    retry = Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)
+    retry = budget_retrier(retry_budget_s)
     if hf_revisions == ALL:
         listing = hub.step_revisions(repo, retry=retry)
         for line in listing.report():
