@@ -3,7 +3,6 @@ the training probe's per-probe phases and its one W&B alert per turn."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import wandb
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.probes.core import table
-from repgeom.probes.report import phase_report, plots
+from repgeom.probes.report import phase_report, plots, turn_test
 from repgeom.probes.report.phases import (
     COMPRESSING,
     EXPANDING,
@@ -30,10 +29,14 @@ from repgeom.probes.report.plots import phase_markers
 STEPS = [0, 10, 20, 40, 80, 160, 320]
 
 
-def trajectory(curve, *, std=0.1, blocks=2, final_norm=None, metric="twonn", **extra):
+def trajectory(curve, *, std=0.1, n_batches=16, blocks=2, final_norm=None, metric="twonn",
+               **extra):
     """A probe table: every block follows `curve` (block i shifted by i, so the mean is
-    ``curve + (blocks + 1) / 2``), the embedding is flat, and an optional final-norm layer."""
+    ``curve + (blocks + 1) / 2``), the embedding is flat, and an optional final-norm layer.
+    Each value is the mean of `n_batches` batches with population std `std`: a standard error
+    of ``std / √(n_batches − 1)`` on ``n_batches − 1`` degrees of freedom (`turn_test`)."""
     rows = []
+    extra = {**extra, "n_batches": n_batches}
     for step, value in zip(STEPS, curve, strict=True):
         rows.append(dict(step=step, layer=0, metric=metric, value=1.0, std=std, **extra))
         for layer in range(1, blocks + 1):
@@ -71,23 +74,48 @@ def test_rise_then_fall_has_its_peak_and_one_turn() -> None:
     assert online == [0, EXPANDING, EXPANDING, EXPANDING, COMPRESSING, COMPRESSING, COMPRESSING]
 
 
-def test_the_noise_rule_is_the_reports() -> None:
-    # Batch std 0.3 at every point: a change beats the noise when above √(0.3² + 0.3²) = 0.424.
-    below = find_phases(trajectory([0.0, 0.4, 0.0, 0.4, 0.0, 0.4, 0.0], std=0.3), metrics=["twonn"])
+def test_a_change_counts_beyond_the_trajectory_wide_threshold() -> None:
+    # std 0.3 over 16 batches: se = 0.3 / √15 on 15 degrees of freedom; a change beats the noise
+    # when above c(7 steps, 15) · √2 · se, c the 95% point of the largest standardised fall
+    # along a flat curve of 7 points (turn_test.critical).
+    se = 0.3 / np.sqrt(15)
+    bar = turn_test.critical(len(STEPS), 15) * np.sqrt(2) * se
+    assert 2.5 < bar / (np.sqrt(2) * se) < 3.5  # between the one-step and Bonferroni points
+    below = find_phases(trajectory([0.0, 0.97 * bar, 0.0, 0, 0, 0, 0], std=0.3),
+                        metrics=["twonn"])
     assert set(below["event"]) == {PEAK}
-    above = find_phases(trajectory([0.0, 0.45, 0.0, 0.45, 0.0, 0.45, 0.0], std=0.3))
+    above = find_phases(trajectory([0.0, 1.03 * bar, 0.0, 1.03 * bar, 0.0, 1.03 * bar, 0.0],
+                                   std=0.3))
     assert mean_rows(above)["event"].tolist() == [PEAK, TO_COMPRESSION, TO_EXPANSION,
                                                   TO_COMPRESSION, TO_EXPANSION, TO_COMPRESSION]
-    # The layer mean's batch std is the root mean square of the blocks' (seeds.grid): with
-    # blocks at std 0.3 and 0.4 it is 0.354, so the noise is 0.5: a change of 0.49 is not a
-    # turn, 0.51 is.
-    for step_size, turns in ((0.49, 0), (0.51, 1)):
+    # The same changes in today's 2-batch tables (one degree of freedom): c is about 17 at 7
+    # steps, and nothing is decided.
+    two = find_phases(trajectory([0.0, 1.03 * bar, 0.0, 1.03 * bar, 0.0, 1.03 * bar, 0.0],
+                                 std=0.3, n_batches=2))
+    assert set(two["event"]) == {PEAK}
+    assert turn_test.critical(len(STEPS), 1) > 10
+    # The layer mean's standard error is the root mean square of the blocks' (an upper bound
+    # whatever their correlation): blocks at std 0.3 and 0.4 give √((0.3² + 0.4²) / 2) / √15.
+    mean_se = np.sqrt((0.3**2 + 0.4**2) / 2) / np.sqrt(15)
+    mean_bar = turn_test.critical(len(STEPS), 15) * np.sqrt(2) * mean_se
+    for step_size, turns in ((0.97 * mean_bar, 0), (1.03 * mean_bar, 1)):
         frame = trajectory([0.0, step_size, 0.0, 0.0, 0.0, 0.0, 0.0], std=0.3)
         frame.loc[frame["layer"] == 2, "std"] = 0.4
         frame.loc[frame["layer"] == 2, "value"] = frame.loc[frame["layer"] == 1, "value"].to_numpy()
-        assert math.isclose(np.sqrt((0.3**2 + 0.4**2) / 2) * np.sqrt(2), 0.5)
         mean = mean_rows(find_phases(frame))
         assert (mean["event"] == TO_COMPRESSION).sum() == turns, step_size
+
+
+def test_the_whole_trajectory_sets_the_threshold_online() -> None:
+    """The training probe passes its schedule's length (`n_steps`): a fall that would count in
+    a 7-step table does not at a 100-step schedule's threshold, so no turn is called online
+    that the finished run could not confirm."""
+    se = 0.1 / np.sqrt(15)
+    fall = 1.1 * turn_test.critical(len(STEPS), 15) * np.sqrt(2) * se
+    assert fall < turn_test.critical(100, 15) * np.sqrt(2) * se
+    frame = trajectory([0.0, 1.0, 2.0, 3.0, 3.0 - fall, 3.0 - fall, 3.0 - fall])
+    assert TO_COMPRESSION in set(find_phases(frame)["event"])
+    assert TO_COMPRESSION not in set(find_phases(frame, n_steps=100)["event"])
 
 
 def test_noise_monotone_and_no_std() -> None:

@@ -44,6 +44,7 @@ from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.metrics._validation import check_matrix
 from repgeom.metrics.linearity import linearity
+from repgeom.probes.core import id_noise
 
 Reads = Literal["states", "attention", "qk", "pair"]
 FIGURES = ("profile", "vs_step", "per_layer", "per_head")
@@ -192,7 +193,9 @@ def _intrinsic_dimension(X, settings) -> list[tuple]:
     rows.append(("mle_dimension", mle.dimension, mle.dimension_std * spread))
     share = _copy_share(result, X.shape[0])
     rows.append(("copy_share", share, math.nan))
-    return _guard(rows, share, settings.max_copy_share)
+    noise = (id_noise.standard_errors(X, settings, twonn.n_batches)
+             if not share > settings.max_copy_share else {})
+    return id_noise.attach(_guard(rows, share, settings.max_copy_share), noise, twonn.n_batches)
 
 
 def _id_scales(X, settings) -> list[tuple]:

@@ -36,6 +36,7 @@ from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
 from repgeom.probes.core import catalogue
+from repgeom.probes.core.table import NOISE_COLUMNS
 
 PER_HEAD_METRICS: tuple[str, ...] = tuple(
     o.pattern for m in catalogue.BUILTIN.values() if m.per_head for o in m.outputs
@@ -65,6 +66,9 @@ class ProbeSettings:
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = metrics.distributions.FIT_SAMPLES
     seed: int = 0
+    noise_splits: int = 8
+    """Noise batches per estimator batch for the intrinsic-dimension rows' standard error
+    (``se``, ``se_df``: `repgeom.probes.core.id_noise`); 0 or 1: off."""
     max_copy_share: float = 0.5
     """Above this share of a layer's states that are copies or near-copies (exact duplicates
     plus the near-duplicate share's points, of all states), every intrinsic-dimension reading of
@@ -90,7 +94,7 @@ class ProbeSettings:
         self.max_copy_share = check_fraction(self.max_copy_share, "probe setting max_copy_share",
                                              include_high=True)
         for name, minimum in (("state_batch_size", 3), ("distribution_samples", 10),
-                              ("seed", None)):
+                              ("seed", None), ("noise_splits", 0)):
             check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
         if isinstance(self.metrics, str):
             raise ValueError(
@@ -131,7 +135,9 @@ class ProbeOutput:
         head: int = -1,
         layer_b: int | None = None,
         note: str = "",
+        **noise: float,
     ) -> None:
+        """One row; `noise`: its noise columns (`repgeom.probes.core.table.NOISE_COLUMNS`)."""
         row = {
             "layer": layer,
             "layer_name": self.layer_names[layer] if layer < len(self.layer_names) else "",
@@ -144,6 +150,10 @@ class ProbeOutput:
             row["layer_b"] = layer_b
         if note:  # why the value is NaN (table.NOTE); rows without one get "" in the table
             row["note"] = note
+        unknown = set(noise) - set(NOISE_COLUMNS)
+        if unknown:
+            raise ValueError(f"noise columns: unknown {sorted(unknown)}; one of {NOISE_COLUMNS}")
+        row.update(noise)
         self.rows.append(row)
 
     def extend(self, other: ProbeOutput) -> None:
@@ -346,8 +356,10 @@ def _measure_states(
         for entry in entries:
             with _skip_on_error(out, entry.name, layer):
                 rows = per_batch(entry, batches) if entry.batched else entry.fn(X, settings)
-                for name, value, std, *note in rows:  # a 4th item: the row's note
-                    out.add(layer, name, value, std, note=note[0] if note else "")
+                # a 4th item: the row's note; a 5th: its noise columns (`id_noise`)
+                for name, value, std, *more in rows:
+                    note, noise = (more[0] if more else ""), (more[1] if more[1:] else {})
+                    out.add(layer, name, value, std, note=note, **noise)
 
 
 def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:

@@ -21,7 +21,9 @@ std        float64  its standard deviation (bootstrap, across windows, ...), NaN
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
 are kept, after these seven, and every function here and in `plots` can group by them.
 
-One further column is not a grouping key: ``note`` (str, `NOTE`) says why a row's value is NaN
+The noise columns are not grouping keys (`NOISE_COLUMNS`: ``n_batches``, ``se``, ``se_df``,
+float64, NaN on rows without them, absent from tables written before issue 37). Nor is
+``note`` (str, `NOTE`) says why a row's value is NaN
 where a guard set it so (e.g. ``copies: 64% of the states are copies or near-copies (limit
 50%)`` on every intrinsic-dimension row of a layer, `repgeom.probes.core.catalogue`); it is empty on
 every other row, and absent from tables in which no value was guarded.
@@ -84,6 +86,15 @@ NOTE = "note"
 """Column saying why a value is NaN (see the module docstring); empty elsewhere."""
 
 
+NOISE_COLUMNS: tuple[str, ...] = ("n_batches", "se", "se_df")
+"""Columns of a row's noise, not grouping keys either (NaN where a row has none): ``n_batches``,
+the estimator batches ``value`` is the mean of and ``std`` the population std over (a table
+without the column was written with the default 2); ``se`` and ``se_df``, the standard error of
+``value`` from the probe's noise batches and its degrees of freedom
+(`repgeom.probes.core.id_noise`). The phase finder reads them
+(`repgeom.probes.report.turn_test`)."""
+
+
 PAIR_COLUMNS: tuple[str, ...] = ("layer_b", "step_b", "run_b")
 """Columns that name the second state set of a pairwise row (see the module docstring)."""
 
@@ -100,7 +111,7 @@ PLOT_DIR = "plots"
 _INT_COLUMNS = ("step", "layer", "head")
 
 
-_FLOAT_COLUMNS = ("value", "std")
+_FLOAT_COLUMNS = ("value", "std", *NOISE_COLUMNS)
 
 
 def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFrame:
@@ -159,7 +170,8 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
     else:
         frame["layer_name"] = derived.astype(str)
     for col in _FLOAT_COLUMNS:
-        frame[col] = pd.to_numeric(frame[col], errors="raise").astype("float64")
+        if col in frame.columns:  # value and std always are (above); the noise columns may not
+            frame[col] = pd.to_numeric(frame[col], errors="raise").astype("float64")
     if frame["metric"].isna().any():
         raise ValueError("rows: column 'metric' has missing values")
     frame["metric"] = frame["metric"].astype(str)

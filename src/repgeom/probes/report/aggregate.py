@@ -19,6 +19,7 @@ import pandas as pd
 from repgeom.probes.core.table import (
     COLUMNS,
     FINAL_NORM,
+    NOISE_COLUMNS,
     NOTE,
     PAIR_COLUMNS,
     key_index,
@@ -50,8 +51,8 @@ def single_set(frame: pd.DataFrame) -> pd.DataFrame:
 
 def extra_columns(frame: pd.DataFrame) -> list[str]:
     """The columns of `frame` beyond the standard ones (``model``, ``revision``, ...) that name a
-    set of rows; the ``note`` column (why a value is NaN) is not one."""
-    return [c for c in frame.columns if c not in COLUMNS and c != NOTE]
+    set of rows; the ``note`` column (why a value is NaN) and the noise columns are not."""
+    return [c for c in frame.columns if c not in COLUMNS and c != NOTE and c not in NOISE_COLUMNS]
 
 
 def head_means(frame: pd.DataFrame) -> pd.DataFrame:

@@ -8,11 +8,14 @@ per layer and for the layer mean (blocks 1..L, as `repgeom.probes.report.aggrega
 the final
 norm and the embedding are left out of the mean, and kept as layers of their own).
 
-A turn is decided with the report's noise rule (`repgeom.probes.report.noise`): a change from step
-a to
-step b counts when ``v(b) − v(a)`` beats the noise, i.e. `noise.change(...).holds`: the batch std
-of the two points in quadrature, and, with several seeds, the 95% interval over seeds. With one
-seed and no batch std (a single estimator batch) nothing is ever decided.
+A turn is decided by `repgeom.probes.report.turn_test`: a change from step a to step b counts
+when it beats the points' standard errors by a threshold taken from the largest fall (or rise)
+anywhere along a flat curve of the trajectory's length, so a curve whose true mean never falls
+gets a false ``expansion_to_compression`` turn in at most 5% of trajectories, whatever its length
+(that module's doc says how, and where the standard errors come from: the table's ``se`` column,
+or its ``std`` over ``n_batches`` batches). With several seeds the change must also clear the
+seed interval. Where the noise is unknown (one seed, no std) or has less than one degree of
+freedom, nothing is decided.
 
 The curve is followed step by step, as one watching a run would (a zigzag with that tolerance):
 
@@ -42,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from repgeom.probes.core import catalogue, table
-from repgeom.probes.report import aggregate, noise
+from repgeom.probes.report import aggregate, noise, turn_test
 
 EXPANDING, COMPRESSING, UNDECIDED = 1, -1, 0
 """The phase values: rising beyond the noise, falling beyond the noise, not decided yet."""
@@ -76,27 +79,42 @@ class Followed:
     n_seeds: int = 1
 
 
-def follow(values: pd.DataFrame, stds: pd.DataFrame, *, level: float = noise.LEVEL) -> Followed:
+def follow(values: pd.DataFrame, ses: pd.DataFrame, dfs: pd.DataFrame, *,
+           n_steps: int | None = None, level: float = noise.LEVEL,
+           rate: float = turn_test.FALSE_TURN_RATE) -> Followed:
     """Follow one curve (index: the steps, sorted; one column per seed) as the module doc says.
 
     Parameters
     ----------
-    values, stds : DataFrame, shape (n_steps, n_seeds)
-        As `noise.grid` returns; a NaN std counts as 0 (unknown), a step with a NaN value in any
-        seed is left out.
+    values, ses, dfs : DataFrame, shape (n_steps, n_seeds)
+        Values, standard errors and their degrees of freedom (`turn_test.standard_errors`); a step
+        with a NaN value in any seed is left out.
+    n_steps : int, optional
+        The trajectory's length the false-turn rate is controlled over (default: the steps here).
+    level : float
+        Coverage of the seed interval a change must also clear.
+    rate : float
+        The false-turn rate per curve.
     """
     keep = values.notna().all(axis=1).to_numpy()
-    v = values.to_numpy(dtype=float)[keep]
-    s = np.nan_to_num(stds.reindex_like(values).to_numpy(dtype=float))[keep]
+    grids = [frame.reindex_like(values).to_numpy(dtype=float)[keep]
+             for frame in (values, ses, dfs)]
     steps = [int(x) for x in values.index[keep]]
-    mean = v.mean(axis=1) if len(v) else np.zeros(0)
+    return follow_arrays(steps, *grids, n_steps=n_steps, level=level, rate=rate)
+
+
+def follow_arrays(steps: list[int], v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
+                  n_steps: int | None = None, level: float = noise.LEVEL,
+                  rate: float = turn_test.FALSE_TURN_RATE) -> Followed:
+    """`follow` on (K, n_seeds) arrays without NaN values (the calibration benchmark's fast
+    path: the same decisions)."""
+    test = turn_test.curve_test(v, se, df, n_steps=n_steps, level=level, rate=rate)
+    mean = test.mean
     out = Followed(steps, mean, np.zeros(len(v), dtype=int), n_seeds=int(v.shape[1]))
     if not len(v):
         return out
     out.peak = int(np.argmax(mean))
-
-    def beats(start: int, end: int) -> bool:  # v(end) − v(start) beats the noise
-        return noise.change("", v, s, start, end, level=level).holds
+    beats = test.beats  # v(end) − v(start) beats the noise
 
     state, low, high, extreme = UNDECIDED, 0, 0, 0
     for j in range(1, len(v)):
@@ -150,7 +168,7 @@ COPY_COLUMN = "weights_copy_of"
 """The table column that marks a copy (written by `repgeom.probes.run.trajectory`)."""
 
 
-def _curves(frame, metrics, level) -> Iterator[tuple[dict, str, int, str, Followed]]:
+def _curves(frame, metrics, level, n_steps) -> Iterator[tuple[dict, str, int, str, Followed]]:
     """(trajectory ids, metric, layer, layer_name, followed curve) of every curve."""
     tables = _as_tables(frame)
     ids = [c for c in GROUP_COLUMNS if c in tables[0].columns]
@@ -163,14 +181,56 @@ def _curves(frame, metrics, level) -> Iterator[tuple[dict, str, int, str, Follow
         for metric in wanted:
             if not all((t["metric"] == metric).any() for t in group):
                 continue
-            stacked = noise.per_seed(group, metric)
-            values, stds = noise.grid(stacked, layer_mean=True)
-            if len(values):
-                yield key, metric, MEAN_LAYER, MEAN_NAME, follow(values, stds, level=level)
+            stacked = _per_seed(group, metric)
+            blocks = stacked.loc[(stacked["layer_name"] != table.FINAL_NORM)
+                                 & (stacked["layer"] >= 1)]
+            if len(blocks):
+                grids = _layer_mean_grids(blocks)
+                yield key, metric, MEAN_LAYER, MEAN_NAME, follow(*grids, n_steps=n_steps,
+                                                                 level=level)
             for (layer, name), part in stacked.groupby(["layer", "layer_name"], sort=True):
-                values = part.pivot(index="step", columns=noise.SEED, values="value").sort_index()
-                stds = part.pivot(index="step", columns=noise.SEED, values="std")
-                yield key, metric, int(layer), str(name), follow(values, stds, level=level)
+                grids = [part.pivot(index="step", columns=noise.SEED, values=column)
+                         .sort_index() for column in ("value", "se", "df")]
+                yield key, metric, int(layer), str(name), follow(*grids, n_steps=n_steps,
+                                                                 level=level)
+
+
+def _per_seed(tables: list[pd.DataFrame], metric: str) -> pd.DataFrame:
+    """`noise.per_seed`'s rows of `metric` with each row's standard error and degrees of freedom
+    (`turn_test.standard_errors`) as columns ``se`` and ``df`` (over heads: the root mean square
+    of the heads' se, the smallest df)."""
+    parts = []
+    for seed, frame in enumerate(tables):
+        rows = frame.loc[frame["metric"] == metric].copy()
+        rows["se"], rows["df"] = turn_test.standard_errors(rows)
+        keys = ["step", "layer", "layer_name"]
+        whole = rows.loc[rows["head"] == -1, [*keys, "value", "se", "df"]]
+        heads = rows.loc[rows["head"] >= 0]
+        if not heads.empty and whole.empty:
+            grouped = heads.groupby(keys)
+            whole = pd.DataFrame({"value": grouped["value"].mean(),
+                                  "se": grouped["se"].agg(_rms_or_nan),
+                                  "df": grouped["df"].min(skipna=False)}).reset_index()
+        parts.append(whole.assign(**{noise.SEED: seed}))
+    return pd.concat(parts, ignore_index=True).sort_values([noise.SEED, "step", "layer"],
+                                                           ignore_index=True)
+
+
+def _rms_or_nan(values: pd.Series) -> float:
+    """Root mean square; NaN when any value is unknown (the noise of the whole is unknown)."""
+    return float(np.sqrt(np.mean(values.to_numpy(dtype=float) ** 2)))
+
+
+def _layer_mean_grids(blocks: pd.DataFrame) -> list[pd.DataFrame]:
+    """(step, seed) grids of the layer mean: its value (the mean over the blocks read), standard
+    error (the root mean square of theirs: an upper bound whatever the blocks' correlation;
+    unknown if any block read has none) and degrees of freedom (the smallest)."""
+    read = blocks.loc[blocks["value"].notna()]
+    grouped = read.groupby(["step", noise.SEED])
+    values = grouped["value"].mean().unstack(noise.SEED).sort_index()
+    ses = grouped["se"].agg(_rms_or_nan).unstack(noise.SEED).reindex_like(values)
+    dfs = grouped["df"].min(skipna=False).unstack(noise.SEED).reindex_like(values)
+    return [values, ses, dfs]
 
 
 def find_phases(
@@ -178,6 +238,7 @@ def find_phases(
     *,
     metrics: Sequence[str] | None = None,
     level: float = noise.LEVEL,
+    n_steps: int | None = None,
 ) -> pd.DataFrame:
     """The peak and the turns of the intrinsic dimension, per layer and for the layer mean.
 
@@ -190,7 +251,11 @@ def find_phases(
     metrics : list of str, optional
         Default `PHASE_METRICS` (twonn, gride_k16, id_plateau), those present.
     level : float
-        Coverage of the interval over seeds.
+        Coverage of the seed interval a change must also clear (several seeds).
+    n_steps : int, optional
+        The length of the whole trajectory, over which the false-turn rate is controlled
+        (`turn_test`); default the steps in the table. The training probe passes its schedule's
+        length, so the turns it sees online are the ones the finished run will show.
 
     Returns
     -------
@@ -210,7 +275,7 @@ def find_phases(
     >>> found.loc[found["layer"] == -1, ["event", "step", "confirmed_step"]].to_numpy().tolist()
     [['peak', 20, <NA>], ['expansion_to_compression', 20, 30]]
     """
-    return _tidy(_event_rows(_curves(frame, metrics, level)), EVENT_COLUMNS, frame)
+    return _tidy(_event_rows(_curves(frame, metrics, level, n_steps)), EVENT_COLUMNS, frame)
 
 
 def phase_by_step(
@@ -218,6 +283,7 @@ def phase_by_step(
     *,
     metrics: Sequence[str] | None = None,
     level: float = noise.LEVEL,
+    n_steps: int | None = None,
 ) -> pd.DataFrame:
     """The online phase at every step: +1 expanding, −1 compressing, 0 undecided.
 
@@ -225,7 +291,7 @@ def phase_by_step(
     input as `find_phases`; columns: the ``model``/``run`` columns where present, ``metric``,
     ``layer`` (-1: the mean), ``layer_name``, ``step``, ``value`` (mean over seeds), ``phase``.
     """
-    return _tidy(_step_rows(_curves(frame, metrics, level)), STEP_COLUMNS, frame)
+    return _tidy(_step_rows(_curves(frame, metrics, level, n_steps)), STEP_COLUMNS, frame)
 
 
 def phases_and_events(
@@ -233,9 +299,10 @@ def phases_and_events(
     *,
     metrics: Sequence[str] | None = None,
     level: float = noise.LEVEL,
+    n_steps: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`phase_by_step` and `find_phases` of one table from one pass over its curves."""
-    curves = list(_curves(frame, metrics, level))
+    curves = list(_curves(frame, metrics, level, n_steps))
     return (_tidy(_step_rows(curves), STEP_COLUMNS, frame),
             _tidy(_event_rows(curves), EVENT_COLUMNS, frame))
 
