@@ -20,9 +20,9 @@ named as Hydra's sweep names them, ``<masking>-seed<k>``, each with at least::
     <masking>-seed<k>/.hydra/config.yaml        model, data, probe settings, masking.name, seed
 
 and optionally ``csv/version_*/hparams.yaml`` (or ``hparams.yaml``), where the training run saved
-``model.vocab_size``. Every verdict is counted per seed ("holds in 3 of 3 seeds") and decided on
-the mean over seeds with a tolerance: an effect counts when it exceeds both the probe's batch
-noise and the seed-to-seed spread (`repgeom.experiments.seeds`). Profiles and verdicts read blocks
+``model.vocab_size``. Every verdict is tested with the seed as the unit, corrected for a peak
+chosen on the data and by Holm over every verdict printed (`repgeom.experiments.statistics`);
+it reads agrees, not shown, not testable or not measured. Profiles and verdicts read blocks
 1..L only, never the final norm's output (which is reported as its own number).
 """
 
