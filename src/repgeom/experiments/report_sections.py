@@ -86,7 +86,7 @@ def drift_cosine(sweep: Path) -> pd.DataFrame:
 
 def id_scale_lines(sweep: Path) -> list[str]:
     """The two sentences of experiment 2 on which scale the papers' TwoNN reads
-    (`report_findings.scale_lines`), from the sweep's tables."""
+    (`report_id.scale_lines`), from the sweep's tables."""
     runs = find_runs(sweep)
     tables = {m: [read_table(r.path) for r in runs[m]] for m in MASKINGS}
     batch = run_facts({m: runs[m] for m in MASKINGS})["causal"].get("state_batch")
@@ -111,20 +111,19 @@ def drift_cosine_lines(sweep: Path) -> list[str]:
     ]
 
 
-def shape_of_learning(
-    sweep: Path, figures: Path
-) -> tuple[list[str], dict[str, list[Finding]], dict]:
-    """Experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs (see the module doc).
+def sweep_findings(sweep: Path) -> tuple[dict[str, list[Finding]], dict, dict]:
+    """The verdicts of experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs, without
+    the figures.
 
     Returns
     -------
-    images : list of str
-        The figures written under `figures`.
     findings : dict
         ``profile``, ``id`` and ``attention``: the `Finding` of each check, their p's adjusted
         by Holm over all of them (`report_findings.adjust`).
     facts : dict
         Per masking, what `run_facts` read from the configs.
+    tables : dict
+        Per masking, the probe table of each seed.
 
     Raises
     ------
@@ -137,8 +136,30 @@ def shape_of_learning(
     seeds.check_steps(tables, names)
     facts = run_facts({m: runs[m] for m in MASKINGS})
     n = {m: len(tables[m]) for m in MASKINGS}
-    images = []
+    threshold = facts["causal"]["near_duplicate_threshold"]
+    findings = {
+        "profile": profile_findings(tables, n),
+        "id": id_findings(tables, names, threshold, facts["causal"].get("state_batch")),
+        "attention": attention_findings(tables, n),
+    }
+    adjust([f for group in findings.values() for f in group])  # Holm over every verdict printed
+    return findings, facts, tables
 
+
+def shape_of_learning(
+    sweep: Path, figures: Path
+) -> tuple[list[str], dict[str, list[Finding]], dict]:
+    """Experiments 1-3 from a sweep folder (see the module doc): `sweep_findings` and the figures.
+
+    Returns
+    -------
+    images : list of str
+        The figures written under `figures`.
+    findings, facts : dict
+        As `sweep_findings`.
+    """
+    findings, facts, tables = sweep_findings(sweep)
+    images = []
     images.append(save_figure(bands.profile_bands(tables, "anisotropy"),
                         figures / "anisotropy_profiles.png"))
     for m in MASKINGS:
@@ -153,14 +174,6 @@ def shape_of_learning(
                             figures / f"attention_entropy_{m}.png"))
         images.append(save_figure(bands.per_layer_vs_step_bands(tables[m], "qk_cosine"),
                             figures / f"qk_cosine_{m}.png"))
-
-    threshold = facts["causal"]["near_duplicate_threshold"]
-    findings = {
-        "profile": profile_findings(tables, n),
-        "id": id_findings(tables, names, threshold, facts["causal"].get("state_batch")),
-        "attention": attention_findings(tables, n),
-    }
-    adjust([f for group in findings.values() for f in group])  # Holm over every verdict printed
     return images, findings, facts
 
 
