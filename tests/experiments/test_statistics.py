@@ -32,6 +32,13 @@ def test_welch_test_matches_scipy() -> None:
     assert math.isnan(st.welch_test(a, [1.0]))
 
 
+def test_sign_test_is_the_exact_binomial_tail() -> None:
+    assert st.sign_test([0.01] * 6) == pytest.approx(2**-6)
+    # 4 of 5 above (the zero is dropped): P(Bin(5, 1/2) >= 4) = (5 + 1) / 32.
+    assert st.sign_test([1.0, 2.0, -1.0, 3.0, 0.0, 0.5]) == pytest.approx(6 / 32)
+    assert st.sign_test([0.0, 0.0]) == 1.0
+
+
 def test_holm_on_a_hand_computed_vector() -> None:
     # Sorted: 0.001 (x5), 0.01 (x4), 0.02 (x3), 0.03 (x2), 0.5 (x1), made monotone.
     ps = [0.03, 0.001, 0.5, 0.02, 0.01, math.nan]

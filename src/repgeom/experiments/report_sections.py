@@ -242,7 +242,9 @@ def statistics_lines() -> list[str]:
         "tests, all one-sided:",
         "",
         "- *one difference:* Student's t test over seeds (one sample, n − 1 degrees of freedom); "
-        "causal against bidirectional, Welch's t test over the two groups of seeds (Welch 1947);",
+        "causal against bidirectional, Welch's t test over the two groups of seeds (Welch 1947); "
+        "a share that sits on its bound (the near-duplicate check), the exact sign test (Dixon "
+        "and Mood 1946, *JASA* 41:557), whose smallest p with n runs is 2^−n;",
         "- *a claim made of several parts* (every block grows; first block aligned and last "
         "block opposed; a peak above both ends): the intersection-union test (Berger 1982, "
         "*Technometrics* 24:295): the claim's p is the largest part's p;",

@@ -6,7 +6,7 @@ whether its mean over seeds is above 0:
 
 * `t_test`: the one-sided one-sample Student t test over seeds (``t = mean / (s/√n)``, ``n − 1``
   degrees of freedom); `welch_test` for the difference of two independent groups of seeds
-  (Welch 1947).
+  (Welch 1947); `sign_test` where the numbers sit on a bound (Dixon and Mood 1946).
 * `iut`: a compound claim ("above both ends", "every block grows") is the intersection of its
   parts, so it holds when every part holds: the intersection-union test (Berger 1982,
   *Technometrics* 24:295) rejects at level α when every part rejects at α, i.e. its p is the
@@ -102,6 +102,24 @@ def welch_test(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray)
         return 0.0 if diff > 0 else 1.0
     df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
     return float(stats.t.sf(diff / math.sqrt(va + vb), df))
+
+
+def sign_test(values: Sequence[float] | np.ndarray) -> float:
+    """One-sided exact sign test (Dixon and Mood 1946, *JASA* 41:557) that `values` are more
+    often above 0 than below: ``P(Binomial(m, 1/2) ≥ k)`` for k of the m non-zero finite values
+    above 0 (1 when none is non-zero). For numbers that sit on a bound (a share that is 0 in every
+    run), where the t test's normal model fails; its smallest p with n values is 2^-n.
+
+    Examples
+    --------
+    >>> sign_test([0.01, 0.01, 0.01, 0.01, 0.01, 0.01])  # 6 of 6 above: 2^-6
+    0.015625
+    """
+    arr = _finite(values)
+    arr = arr[arr != 0]
+    if arr.size == 0:
+        return 1.0
+    return float(stats.binom.sf(int((arr > 0).sum()) - 1, arr.size, 0.5))
 
 
 def iut(ps: Sequence[float]) -> float:
