@@ -225,11 +225,12 @@ def profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -
     last = {m: int(s["step"].max()) for m, s in stacked.items()}
     out = [_bell_finding(stacked["causal"], last["causal"], n["causal"])]
 
-    spread = {}
+    spread, nans = {}, []
     for m in MASKINGS:
         steps, _, values = cube(stacked[m])
         profile = values[:, steps.index(last[m]), :]
         spread[m] = np.nanmax(profile, axis=1) - np.nanmin(profile, axis=1)
+        nans.append(f"{m} {nan_text(values, [steps.index(last[m])])}")
     k = min(n.values())
     out.append(Finding(
         "the encoder's profile is flatter than the decoder's",
@@ -238,7 +239,7 @@ def profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -
         "pair compares seed k of each masking",
         f"spread causal {t_interval(spread['causal'])}, bidirectional "
         f"{t_interval(spread['bidirectional'])}; spread causal − spread bidirectional = "
-        f"{seeds.welch_interval(spread['causal'], spread['bidirectional'])}",
+        f"{seeds.welch_interval(spread['causal'], spread['bidirectional'])}; " + "; ".join(nans),
         st.welch_test(spread["causal"], spread["bidirectional"]),
         int((spread["causal"][:k] > spread["bidirectional"][:k]).sum()), k, "seed pairs",
     ))

@@ -149,8 +149,10 @@ def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding 
 
 
 def _near_duplicate_finding(shares: dict[str, pd.DataFrame], names, threshold) -> Finding:
-    per_run, flagged_runs = [], []
+    per_run, flagged_runs, nans = [], [], []
     for m, stacked in shares.items():
+        steps, _, values = cube(stacked)
+        nans.append(f"{m} {nan_text(values, [len(steps) - 1])}")
         blocks = stacked.loc[(stacked["layer"] >= 1) & (stacked["layer_name"] != FINAL_NORM)]
         last = int(stacked["step"].max())
         for _, group in blocks.loc[blocks["step"] == last].groupby(seeds.SEED):
@@ -171,7 +173,7 @@ def _near_duplicate_finding(shares: dict[str, pd.DataFrame], names, threshold) -
         "their bound, 0, where a t test's normal model fails)",
         f"largest final share per run {t_interval(per_run)}; runs with a flagged block at any "
         "step: " + ("; ".join(flagged_runs) if flagged_runs else "none")
-        + " (TwoNN is flagged there; GRIDE at order 16 reads past it)",
+        + " (TwoNN is flagged there; GRIDE at order 16 reads past it); " + "; ".join(nans),
         st.sign_test(below), int((below > 0).sum()), len(per_run), "runs",
     )
 
