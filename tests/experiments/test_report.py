@@ -284,6 +284,10 @@ def test_render_states_seeds_vocabulary_and_protocol(tmp_path: Path) -> None:
     assert "4 positions from each of 2048 windows" in text and "batches of 4096" in text
     assert "mean over batches, with the std over batches" in text
     assert "of 3 seeds" in text and text.rstrip().endswith("Closing notes.")
+    # The statistics section names each test and its reference, and the size of Holm's family.
+    for words in ("Student's t test over seeds", "Welch 1947", "Berger 1982", "held-out choice",
+                  "Bonferroni bound", "Westfall and Young (1993", "Holm 1979", "tested (15 here)"):
+        assert words in text, words
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / image).stat().st_size > 5_000, image
 

@@ -93,7 +93,8 @@ def render(args: SimpleNamespace) -> Path:
             "id": "2. Intrinsic dimension over training (Razzhigaev et al. 2023)",
             "attention": "3. Attention sharpening and Q/K drift (Godey et al. 2024, §3.3, §5)",
         }
-        lines += ["## Experiments 1-3: runs and statistics", "", *setup_lines(facts), ""]
+        tested = sum(f.testable for group in findings.values() for f in group)
+        lines += ["## Experiments 1-3: runs and statistics", "", *setup_lines(facts, tested), ""]
         for key, title in titles.items():
             lines += [
                 f"## {title}",

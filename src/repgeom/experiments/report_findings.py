@@ -80,6 +80,8 @@ class Finding:
             stat = ""
         elif self.testable:
             stat = f"; p = {st.fmt_p(self.p)}, adjusted p = {st.fmt_p(self.adjusted)}"
+        elif self.n_seeds is not None and self.n_seeds >= st.MIN_SEEDS:
+            stat = "; p = n/a (no test: see above)"
         else:
             n = "no seeds" if self.n_seeds is None else f"{self.n_seeds} {self.unit}"
             stat = f"; p = n/a ({n}: at least {st.MIN_SEEDS} are needed for a test)"

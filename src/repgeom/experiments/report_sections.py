@@ -177,9 +177,10 @@ def shape_of_learning(
     return images, findings, facts
 
 
-def setup_lines(facts: dict) -> list[str]:
+def setup_lines(facts: dict, tested: int | None = None) -> list[str]:
     """The paragraph that states the seeds, the vocabulary, the probe protocol and the statistics
-    of experiments 1-3, every number read from `facts` (`run_facts`)."""
+    of experiments 1-3, every number read from `facts` (`run_facts`); `tested`: how many checks
+    Holm's correction runs over."""
     counts = ", ".join(
         f"{len(f['seeds'])} {m} (seeds {', '.join(map(str, f['seeds']))})" for m, f in facts.items()
     )
@@ -225,13 +226,14 @@ def setup_lines(facts: dict) -> list[str]:
         f"Seeds per masking: {counts}. Data: {f['data']}, {text}; vocabulary {vocab} "
         f"(characters of the full enwik8). Probe protocol: {protocol}.",
         "",
-        *statistics_lines(),
+        *statistics_lines(tested),
     ]
 
 
-def statistics_lines() -> list[str]:
+def statistics_lines(tested: int | None = None) -> list[str]:
     """The report's statistics paragraph: each test, its reference, and the labels."""
     a = st.ALPHA
+    over = f" ({tested} here)" if tested is not None else ""
     return [
         "Statistics. The seed is the unit: every check reduces a run to one number (a "
         "difference between two steps or two blocks), shown as mean [95% interval over seeds], "
@@ -257,7 +259,8 @@ def statistics_lines() -> list[str]:
         f"candidate recomputed under each of the 2^n sign flips of the seeds (all of them up to "
         f"{st.EXACT_FLIPS_UP_TO} seeds), whose smallest p is 2^−n;",
         "- *every verdict printed:* Holm's step-down correction (Holm 1979, *Scand. J. "
-        "Statist.* 6:65) over the p's of all the checks of experiments 1-3 that are tested.",
+        "Statist.* 6:65) over the p's of all the checks of experiments 1-3 that are tested"
+        f"{over}.",
         "",
         f"Each check shows `p = ..., adjusted p = ...` (Holm). Labels: **agrees** (adjusted p ≤ "
         f"{a}), **not shown** (adjusted p > {a}), **not testable** (fewer than "

@@ -17,7 +17,9 @@ whether its mean over seeds is above 0:
     - below `MAX_T_FROM` seeds, twice, keeping the larger p: by a held-out choice (each seed is
       tested at the peak chosen on the other seeds, rotating; the held-out contrasts enter one t
       test over seeds) and by the Bonferroni bound over the candidate steps (the peak's IUT p
-      times their number, which is valid whatever the choice);
+      times their number, which is valid whatever the choice). The held-out contrasts are not
+      independent (each seed's peak is chosen on the others), so the held-out p alone is not
+      exact; the larger of the two is valid because the Bonferroni bound is;
     - from `MAX_T_FROM` seeds up, by the sign-flip max-T of Westfall and Young (1993,
       *Resampling-Based Multiple Testing*, §2.6): under the null a seed's contrasts are as likely
       negated, so the t statistics of every (part, candidate) are recomputed under each of the
