@@ -15,6 +15,7 @@ from hydra_configs import ROOT
 from repgeom.cli.report import main as report
 from repgeom.experiments import report as report_module
 from repgeom.experiments import seeds
+from repgeom.experiments import statistics as st
 from repgeom.experiments.report import find_runs, shape_of_learning
 from repgeom.probes.core.table import append_rows, probe_dir, read_table
 
@@ -31,7 +32,9 @@ OFFSETS = (-0.1, 0.0, 0.25)  # per seed; unequal, so the seeds' std is not trivi
 TWONN = {"causal": (1.0, 9.0, 7.0, 6.0), "bidirectional": (0.8, 5.0, 4.0, 3.5)}
 """Layer mean of TwoNN at each step; seed k adds OFFSETS[k] at the peak (step 10) only."""
 GRIDE = {"causal": (20.0, 25.0, 15.0, 10.0), "bidirectional": (20.13, 20.17, 12.0, 5.0)}
-"""The bidirectional GRIDE curve is the +0.2% rise the old report called a rise: 20.13 -> 20.17."""
+"""The bidirectional GRIDE curve is the +0.2% rise the old report called a rise: 20.13 -> 20.17;
+seed k adds GRIDE_SPREAD * OFFSETS[k] at the peak (step 10), more than that rise."""
+GRIDE_SPREAD = 0.3
 ID_STD = {"twonn": 0.05, "gride_k16": 0.1}
 """Batch std of every block's ID (the probe's std over batches of 4096 states)."""
 ANISO = {"causal": (0.2, 0.4, 0.3, 0.25), "bidirectional": (0.2, 0.22, 0.21, 0.2)}
@@ -49,8 +52,7 @@ PLATEAU = {"causal": (3.0, 12.0, 9.0, 8.0), "bidirectional": (3.0, 4.0, 5.0, 6.0
 falls, the encoder only rises. Block 1 of the decoder at step 0 is guarded (NaN, a note)."""
 
 
-def _rows(masking: str, k: int, plateau: bool = False) -> list[dict]:
-    o = OFFSETS[k]
+def _rows(masking: str, o: float, plateau: bool = False) -> list[dict]:
     rows = []
     for i, step in enumerate(STEPS):
         frac = i / (len(STEPS) - 1)
@@ -60,8 +62,8 @@ def _rows(masking: str, k: int, plateau: bool = False) -> list[dict]:
             spread = 0.05 * (layer - 2.5)  # sums to 0 over blocks 1..4: the layer mean is planted
             for metric, curve in (("twonn", TWONN), ("gride_k16", GRIDE)):
                 value = curve[masking][i] + spread + (o if i == 1 and metric == "twonn" else 0.0)
-                if metric == "gride_k16":
-                    value += 0.001 * o
+                if metric == "gride_k16" and i == 1:
+                    value += GRIDE_SPREAD * o
                 if layer == FINAL:
                     value = 50.0  # would move every layer mean if the final norm were averaged
                 rows.append(dict(base, metric=metric, value=value, std=ID_STD[metric]))
@@ -105,13 +107,14 @@ def _config(masking: str, seed: int) -> dict:
     }
 
 
-def make_sweep(folder: Path, *, hparams: bool = True, plateau: bool = False) -> Path:
+def make_sweep(folder: Path, *, hparams: bool = True, plateau: bool = False,
+               offsets: tuple[float, ...] = OFFSETS) -> Path:
     """The layout `scripts/make_report.sh` reads: <masking>-seed<k>/ with probes/probes.parquet and
     .hydra/config.yaml, and (if `hparams`) the training run's csv/version_0/hparams.yaml."""
     for masking in ("causal", "bidirectional"):
-        for k in range(len(OFFSETS)):
+        for k, o in enumerate(offsets):
             run = folder / f"{masking}-seed{k}"
-            append_rows(probe_dir(run), _rows(masking, k, plateau))
+            append_rows(probe_dir(run), _rows(masking, o, plateau))
             (run / "probes" / "probes.csv").unlink()  # only the parquet is committed
             (run / ".hydra").mkdir(parents=True)
             (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(_config(masking, k)))
@@ -176,36 +179,21 @@ def test_steps_must_align_across_seeds(tmp_path: Path) -> None:
         shape_of_learning(sweep, tmp_path / "figures")
 
 
-def test_a_tiny_rise_does_not_count_but_a_clear_rise_then_fall_does() -> None:
-    import pandas as pd
-
-    # The old report's +0.2% "rise" (20.13 -> 20.17): the seeds agree with each other exactly,
-    # so the interval excludes 0, but the batch std (0.1 per point) is larger than the rise.
-    tiny = pd.DataFrame({k: [20.13, 20.17, 12.0, 5.0] for k in range(3)}, index=STEPS)
-    noise = pd.DataFrame(0.1, index=STEPS, columns=range(3))
-    verdict = seeds.rise_then_fall(tiny, noise)
-    assert verdict.peak == 1 and verdict.above_start.interval.low > 0
-    assert not verdict.above_start.holds and not verdict.agrees and verdict.seeds_holding == 0
-    clear = pd.DataFrame({k: [1.0, 9.0 + o, 7.0, 6.0] for k, o in enumerate(OFFSETS)},
-                         index=STEPS)
-    verdict = seeds.rise_then_fall(clear, noise)
-    assert verdict.agrees and verdict.seeds_holding == 3
-    # A seed spread larger than the effect also blocks it, whatever the batch std.
-    noisy = pd.DataFrame({0: [1.0, 1.5, 1.0], 1: [1.0, 0.7, 1.0], 2: [1.0, 1.6, 1.0]})
-    verdict = seeds.rise_then_fall(noisy, noisy * 0)
-    assert verdict.interior and not verdict.agrees and verdict.seeds_holding == 2
-    # One seed and no batch std: no noise is known, so nothing is shown.
-    single = seeds.rise_then_fall(clear[[0]], noise[[0]] * float("nan"))
-    assert not single.agrees and not single.above_start.known_noise
-    assert seeds.rise_then_fall(clear[[0]], noise[[0]]).agrees  # its batch std decides
-
-
 def test_findings_count_seeds_and_give_hand_computed_intervals(planted) -> None:
     _, _, every, facts = planted
     assert facts["causal"]["seeds"] == [0, 1, 2] and facts["causal"]["vocab"] == [200]
     rise = _finding(every, "(twonn)", "(causal)")
     assert rise.agrees and (rise.seeds_holding, rise.n_seeds) == (3, 3)
-    assert "holds in 3 of 3 seeds" in rise.markdown()
+    assert "the sign holds in 3 of 3 seeds" in rise.markdown()
+    # Every seed (and every two) puts the peak at step 10, so the held-out contrasts are the
+    # seeds' own and the Bonferroni bound (2 candidates) is the larger p: twice the t test of
+    # peak - end = 3 + o (the smaller part of the intersection-union test), computed by hand.
+    ends = [3.0 + o for o in OFFSETS]
+    t = np.mean(ends) / (np.std(ends, ddof=1) / math.sqrt(3))
+    from scipy import stats
+
+    assert rise.p == pytest.approx(2 * stats.t.sf(t, 2))
+    assert f"p = {st.fmt_p(rise.p)}, adjusted p = {st.fmt_p(rise.adjusted)}" in rise.markdown()
     # peak - end per seed = 9 + o - 6; its interval, computed by hand:
     diffs = [3.0 + o for o in OFFSETS]
     mean = float(np.mean(diffs))
@@ -233,18 +221,19 @@ def test_every_id_claim_is_stated_at_each_scale(planted, tmp_path: Path) -> None
     every = {f.claim: f for f in findings["id"]}
     causal = _finding(every, "(id_plateau)", "(causal)")
     assert causal.measured and causal.agrees and "peak 12." in causal.observed
-    assert "3 of 48 (block, step, seed) readings are NaN" in causal.observed  # 1 per seed
+    assert "NaN readings: 3 of 48 (block, step, seed)" in causal.observed  # 1 per seed
     encoder = _finding(every, "(id_plateau)", "(bidirectional)")
     assert encoder.measured and not encoder.agrees  # a rise without a fall
     text = report_module.id_scale_lines(sweep)[0]
     assert "smallest-scale reading" in text and "plateau 3.0 → 8.0" in text
 
 
-def test_the_old_tiny_rise_no_longer_agrees(planted) -> None:
+def test_the_old_tiny_rise_is_not_shown(planted) -> None:
     _, _, every, _ = planted
     tiny = _finding(every, "(gride_k16)", "(bidirectional)")
-    assert not tiny.agrees and "holds in 0 of 3 seeds" in tiny.markdown()
-    assert "start 20.130" in tiny.observed and "20.170" in tiny.observed
+    assert tiny.verdict == "not shown" and "→ **not shown**" in tiny.markdown()
+    assert "start 20.130" in tiny.observed and f"peak {20.17 + 0.3 * np.mean(OFFSETS):.3f}" in (
+        tiny.observed)
     assert _finding(every, "(gride_k16)", "(causal)").agrees
 
 
@@ -264,13 +253,20 @@ def test_every_family_of_checks_is_there_and_decided(planted) -> None:
     expected_true = [
         ("flatter",), ("grows", "(causal)"), ("grows", "(bidirectional)"),
         ("entropy falls", "(causal)"), ("more sharply", "(causal)"),
-        ("align", "(causal)"), ("align", "(bidirectional)"), ("near-duplicates",),
+        ("align", "(causal)"), ("align", "(bidirectional)"),
     ]
     for words in expected_true:
         finding = _finding(every, *words)
         assert finding.agrees, (words, finding.observed)
     assert _finding(every, "flatter").unit == "seed pairs"
-    assert "holds in 3 of 3 seed pairs" in _finding(every, "flatter").markdown()
+    assert "the sign holds in 3 of 3 seed pairs" in _finding(every, "flatter").markdown()
+    # Holm over every verdict: the adjusted p's are Holm's over the tested findings' p's.
+    tested = [f for f in every.values() if f.testable]
+    assert len(tested) == 15  # 17 checks; the plateau's two are not measured (no id_scales)
+    np.testing.assert_allclose([f.adjusted for f in tested], st.holm([f.p for f in tested]))
+    assert all(f.adjusted <= st.ALPHA for f in every.values() if f.agrees)
+    # The near-duplicate shares are 0 at the last probe in all 6 runs: the sign test's p is 2^-6.
+    assert _finding(every, "near-duplicates").p == pytest.approx(2**-6)
     names = {Path(i).name for i in images}
     assert {"anisotropy_profiles.png", "twonn_vs_step.png", "gride_k16_vs_step.png",
             "anisotropy_vs_step_causal.png", "qk_cosine_bidirectional.png"} <= names
@@ -288,6 +284,10 @@ def test_render_states_seeds_vocabulary_and_protocol(tmp_path: Path) -> None:
     assert "4 positions from each of 2048 windows" in text and "batches of 4096" in text
     assert "mean over batches, with the std over batches" in text
     assert "of 3 seeds" in text and text.rstrip().endswith("Closing notes.")
+    # The statistics section names each test and its reference, and the size of Holm's family.
+    for words in ("Student's t test over seeds", "Welch 1947", "Berger 1982", "held-out choice",
+                  "Bonferroni bound", "Westfall and Young (1993", "Holm 1979", "tested (15 here)"):
+        assert words in text, words
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / image).stat().st_size > 5_000, image
 
@@ -402,9 +402,9 @@ def test_report_has_every_experiment_with_figures_and_numbers_from_the_tables(
     assert len(images) >= 7
     for image in images:
         assert (tmp_path / image).stat().st_size > 5_000, image
-    verdicts = re.findall(r"→ \*\*(agrees|does not agree)\*\*", text)
-    assert len(verdicts) >= 10
-    assert "holds in" in text and "of 1 seeds" in text
+    verdicts = re.findall(r"→ \*\*(agrees|not shown|not testable|not measured)\*\*", text)
+    assert len(verdicts) >= 10 and "agrees" not in verdicts  # one seed: nothing is tested
+    assert "not testable" in verdicts and "holds in" in text and "of 1 seeds" in text
     # The numbers in the report are the tables' numbers.
     causal = read_table(sweep / "causal-seed0")
     stacked = seeds.per_seed([causal], "anisotropy")
@@ -446,7 +446,8 @@ def test_distributions_experiment_reports_the_best_family_per_layer(
 
 def test_the_scale_sentence_reads_the_steps_every_seed_reads(tmp_path: Path) -> None:
     """One seed without a plateau at step 0 (every block NaN there): the sentence's plateau
-    reading starts where the claim's does, at the first step every seed reads, and says so."""
+    reading starts at the first step every seed reads, and says so; the claim's start is not
+    moved there: the claim is not measured."""
     import pandas as pd
 
     sweep = make_sweep(tmp_path / "sweep", plateau=True)
@@ -459,6 +460,8 @@ def test_the_scale_sentence_reads_the_steps_every_seed_reads(tmp_path: Path) -> 
     _, findings, _ = shape_of_learning(sweep, tmp_path / "figures")
     claim = _finding({f.claim: f for f in findings["id"]}, "(id_plateau)", "(causal)")
     second = sorted(frame["step"].unique())[1]
-    assert f"(step {second})" in claim.observed.split(", peak")[0]
+    # The claim's start is not moved to the first step every seed reads: it is not measured.
+    assert claim.verdict == "not measured" and "not moved to a later step" in claim.observed
+    assert "→ **not measured**" in claim.markdown()
     text = report_module.id_scale_lines(sweep)[0]
     assert f"(steps {second} → " in text and "smallest scale" in text

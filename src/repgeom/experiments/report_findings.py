@@ -1,9 +1,16 @@
-"""The report's claim checks (experiments 1-3): each paper claim tested on the sweep's tables,
-per seed and on the mean over seeds (`repgeom.experiments.seeds`).
+"""The report's claim checks (experiments 1-3): each paper claim reduced to one number per seed
+and tested over seeds (`repgeom.experiments.statistics`), then corrected by Holm over every
+verdict printed (`adjust`).
+
+Layout of a check: the metric's readings as a (seed, step, block) cube of blocks 1..L (`cube`);
+a contrast between two steps is paired, per seed, over the blocks read at both steps in every seed
+(`paired`), so that a block missing at one end never changes the mean it is compared with; an end
+(anchor) no block is read at in every seed makes the verdict "not measured": it is never moved.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,96 +18,206 @@ import numpy as np
 import pandas as pd
 
 from repgeom.experiments import seeds
+from repgeom.experiments import statistics as st
 from repgeom.experiments.report_runs import MASKINGS
-from repgeom.experiments.seeds import Effect, Interval, t_interval
+from repgeom.experiments.seeds import Interval, t_interval
 from repgeom.probes.core.table import FINAL_NORM
 
-NEAR_DUPLICATE_FLAG = 0.01
-"""A layer is flagged when more than this share of its states have a near-duplicate. At the
-probe's calibrated threshold (0.005 of the median neighbour distance), clean manifolds of
-dimension 2-10 read under 1%, so a share above it is a property of the states, not of the
-estimator."""
+VERDICTS = ("agrees", "not shown", "not testable", "not measured")
+"""The labels a verdict reads: adjusted p ≤ `statistics.ALPHA`; a larger one; fewer than
+`statistics.MIN_SEEDS` seeds (or no test); an end (anchor) of the check not read."""
 
 
 @dataclass
 class Finding:
     """One claim, the check that tests it, what our runs gave, and the verdict.
 
-    ``seeds_holding`` of ``n_seeds`` runs (or pairs of runs, `unit`) show the effect on their own;
-    `agrees` is decided on the mean over seeds with its interval and noise.
+    `p` is the check's p (one-sided, corrected for a data-chosen peak); `adjusted` its
+    Holm-adjusted p over every verdict printed (`adjust`). ``seeds_holding`` of ``n_seeds`` runs
+    (or pairs of runs, `unit`) show the effect's sign on their own: information, not the verdict.
     """
 
     claim: str
     check: str
     observed: str
-    agrees: bool
+    p: float = math.nan
     seeds_holding: int | None = None
     n_seeds: int | None = None
     unit: str = "seeds"
     measured: bool = True
     """False: the tables do not hold what the check needs (the verdict says "not measured")."""
+    adjusted: float = math.nan
+
+    @property
+    def testable(self) -> bool:
+        """Measured, with at least `statistics.MIN_SEEDS` seeds and a p."""
+        return bool(self.measured and self.n_seeds is not None
+                    and self.n_seeds >= st.MIN_SEEDS and np.isfinite(self.p))
+
+    @property
+    def verdict(self) -> str:
+        """One of `VERDICTS`."""
+        if not self.measured:
+            return "not measured"
+        if not self.testable:
+            return "not testable"
+        return "agrees" if self.adjusted <= st.ALPHA else "not shown"
+
+    @property
+    def agrees(self) -> bool:
+        return self.verdict == "agrees"
 
     @property
     def count(self) -> str:
-        """``holds in 3 of 3 seeds``, or '' when the finding is not per seed."""
-        if self.n_seeds is None:
+        """``the sign holds in 3 of 3 seeds``, or '' when the finding is not per seed."""
+        if self.n_seeds is None or self.seeds_holding is None:
             return ""
-        return f"holds in {self.seeds_holding} of {self.n_seeds} {self.unit}"
+        return f"the sign holds in {self.seeds_holding} of {self.n_seeds} {self.unit}"
 
     def markdown(self) -> str:
-        verdict = ("**not measured**" if not self.measured
-                   else "**agrees**" if self.agrees else "**does not agree**")
         count = f"; {self.count}" if self.count else ""
+        if self.verdict == "not measured":
+            stat = ""
+        elif self.testable:
+            stat = f"; p = {st.fmt_p(self.p)}, adjusted p = {st.fmt_p(self.adjusted)}"
+        elif self.n_seeds is not None and self.n_seeds >= st.MIN_SEEDS:
+            stat = "; p = n/a (no test: see above)"
+        else:
+            n = "no seeds" if self.n_seeds is None else f"{self.n_seeds} {self.unit}"
+            stat = f"; p = n/a ({n}: at least {st.MIN_SEEDS} are needed for a test)"
         return (
             f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
-            f"  *Ours:* {self.observed}{count} → {verdict}"
+            f"  *Ours:* {self.observed}{count}{stat} → **{self.verdict}**"
         )
+
+
+def adjust(findings: Sequence[Finding]) -> None:
+    """Holm (1979) over the testable findings: sets each one's `adjusted` p in place."""
+    ps = [f.p if f.testable else math.nan for f in findings]
+    for finding, adjusted in zip(findings, st.holm(ps), strict=True):
+        finding.adjusted = float(adjusted)
 
 
 def fmt_intervals(index: Sequence, intervals: Sequence[Interval], name: str = "block") -> str:
     return "; ".join(f"{name} {int(i)} {ci}" for i, ci in zip(index, intervals, strict=True))
 
 
-def _count(effects: Sequence[Effect]) -> int:
-    """Seeds in which every one of `effects` holds."""
-    return int(np.all([e.per_seed_holds for e in effects], axis=0).sum())
+def effect_text(name: str, values: np.ndarray, p: float | None = None, extra: str = "") -> str:
+    """``peak − end = 1.2 [0.9, 1.4] (one-sided p = 0.003)``: mean [95% interval] over seeds."""
+    p_text = "" if p is None else f"one-sided p = {st.fmt_p(p)}"
+    inside = "; ".join(t for t in (p_text, extra) if t)
+    return f"{name} = {t_interval(values)}" + (f" ({inside})" if inside else "")
 
 
-def _change_per_block(stacked: pd.DataFrame, first: int, last: int, *, sign: int) -> list[Effect]:
-    """Per block, ``sign * (value at last - value at first)`` over seeds, with its batch noise."""
-    v_end, s_end = seeds.grid(stacked, step=last)
-    v_0, s_0 = seeds.grid(stacked, step=first)
-    return [
-        seeds.effect(f"block {int(b)}", sign * (v_end.loc[b] - v_0.loc[b]).to_numpy(),
-                     seeds.quadrature(s_end.loc[b].to_numpy(), s_0.loc[b].to_numpy()))
-        for b in v_end.index
-    ]
+# ---------------------------------------------------------------------------------------------
+# Readings as (seed, step, block) cubes
 
 
-def _bell_finding(
-    stacked: pd.DataFrame, values: pd.DataFrame, stds: pd.DataFrame, last: int
-) -> Finding:
-    """Bell-shaped decoder profile: an interior peak beyond the noise (blocks only)."""
-    bell = seeds.rise_then_fall(values, stds)
-    top = int(values.index[bell.peak])
+def cube(stacked: pd.DataFrame, column: str = "value") -> tuple[list[int], list[int], np.ndarray]:
+    """Steps, blocks (1..L, never the final norm) and the (seed, step, block) array of `column`
+    from `seeds.per_seed`; a reading not in the table is NaN."""
+    rows = stacked.loc[(stacked["layer"] >= 1) & (stacked["layer_name"] != FINAL_NORM)]
+    steps = sorted(int(s) for s in stacked["step"].unique())
+    blocks = sorted(int(b) for b in rows["layer"].unique())
+    out = np.full((int(stacked[seeds.SEED].max()) + 1, len(steps), len(blocks)), np.nan)
+    at_step = {s: i for i, s in enumerate(steps)}
+    at_block = {b: i for i, b in enumerate(blocks)}
+    out[rows[seeds.SEED].to_numpy(), rows["step"].map(at_step).to_numpy(),
+        rows["layer"].map(at_block).to_numpy()] = rows[column].to_numpy(dtype=float)
+    return steps, blocks, out
+
+
+def present(values: np.ndarray, step: int) -> np.ndarray:
+    """Per block: read (finite) at step index `step` in every seed."""
+    return np.isfinite(values[:, step, :]).all(axis=0)
+
+
+def paired(values: np.ndarray, a: int, b: int) -> tuple[np.ndarray, int]:
+    """Per seed, the mean over the blocks read at steps `a` and `b` in every seed of
+    ``v(b) − v(a)``, and how many blocks that is (NaN per seed when none)."""
+    both = present(values, a) & present(values, b)
+    if not both.any():
+        return np.full(values.shape[0], np.nan), 0
+    return (values[:, b, both] - values[:, a, both]).mean(axis=1), int(both.sum())
+
+
+def nan_text(values: np.ndarray, steps: Sequence[int] | None = None) -> str:
+    """``NaN readings: 3 of 48 (block, step, seed) (6.2%)`` over the given step indices."""
+    part = values if steps is None else values[:, list(steps), :]
+    share = np.isnan(part).mean() if part.size else 0.0
+    return (f"NaN readings: {int(np.isnan(part).sum())} of {part.size} (block, step, seed) "
+            f"({share:.1%})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 1: anisotropy profiles
+
+
+def _bell_finding(stacked: pd.DataFrame, last: int, n: int) -> Finding:
+    """Bell-shaped decoder profile: an interior block above the first and the last (blocks only)."""
+    claim = ("the decoder's anisotropy profile over layers is bell-shaped "
+             "(highest in the middle layers)")
+    steps, blocks, values = cube(stacked)
+    profile = values[:, steps.index(last), :]  # (seed, block)
+    if len(blocks) < 3:
+        return Finding(claim, "a peak strictly inside the profile of blocks 1..L",
+                       f"the model has {len(blocks)} blocks: no interior block, the shape cannot "
+                       "be tested", math.nan, 0, n)
+    check = ("final causal profile over blocks 1..L: peak − first block > 0 and peak − last block "
+             "> 0 per seed, the peak being the interior block most above both ends; "
+             "intersection-union test (Berger 1982) of the two one-sided t tests over seeds, the "
+             "peak's choice corrected (held-out + Bonferroni below 5 seeds, sign-flip max-T from "
+             "5)")
+    nans = nan_text(values, [steps.index(last)])
+    if not (np.isfinite(profile[:, 0]).all() and np.isfinite(profile[:, -1]).all()):
+        return Finding(claim, check, f"the first or last block is not read in every seed at "
+                       f"step {last} ({nans})", measured=False, n_seeds=n)
+    inner = [j for j in range(1, len(blocks) - 1) if np.isfinite(profile[:, j]).all()]
+    top = st.peak_test(profile[:, inner] - profile[:, [0]], profile[:, inner] - profile[:, [-1]])
+    peak = inner[top.peak]
+    means = [t_interval(profile[:, j]) for j in range(len(blocks))]
     norm = stacked.loc[(stacked["layer_name"] == FINAL_NORM) & (stacked["step"] == last)]
-    last_block = t_interval(values.iloc[-1].to_numpy())
-    norm_text = (
-        f"; last block (block {int(values.index[-1])}) {last_block}, final-norm output "
-        f"{t_interval(norm['value'].to_numpy())} (not a block: left out of the check)"
-        if not norm.empty else f"; last block (block {int(values.index[-1])}) {last_block}"
-    )
+    norm_text = (f", final-norm output {t_interval(norm['value'].to_numpy())} (not a block: left "
+                 "out of the check)" if not norm.empty else "")
     return Finding(
-        "the decoder's anisotropy profile over layers is bell-shaped "
-        "(highest in the middle layers)",
-        "the mean (over seeds) final causal profile over blocks 1..L peaks at neither the first "
-        "nor the last block, and the peak exceeds both by more than the noise (the larger of "
-        "the batch std and the 95% interval's half-width); per seed, the same on its own profile",
+        claim, check,
         f"final causal profile (step {last}, mean [95% interval]) "
-        f"{fmt_intervals(values.index, bell.mean)}; peak at block {top}; "
-        f"{bell.above_start.format().replace('start', 'first block')}, "
-        f"{bell.above_end.format().replace('end', 'last block')}{norm_text}",
-        bell.agrees, bell.seeds_holding, bell.n_seeds,
+        f"{fmt_intervals(blocks, means)}; peak at block {blocks[peak]} (the interior block most "
+        f"above both ends; the mean profile's largest is block "
+        f"{blocks[int(np.argmax([c.mean for c in means]))]}); "
+        f"{effect_text('peak − first block', top.start, top.p_start)}, "
+        f"{effect_text('peak − last block', top.end, top.p_end)}; {top.detail}; last block "
+        f"(block {blocks[-1]}) {means[-1]}{norm_text}; {nans}",
+        top.p, int(((top.start > 0) & (top.end > 0)).sum()), n,
+    )
+
+
+def _per_block_change(stacked: pd.DataFrame, sign: int, claim: str, what: str, unit: str,
+                      n: int) -> Finding:
+    """Every block moves the claimed way (`sign`) from the first to the last probe: one paired t
+    test over seeds per block, joined by the intersection-union test."""
+    steps, blocks, values = cube(stacked)
+    first, last = steps[0], steps[-1]
+    check = (f"every block's {what} is {'higher' if sign > 0 else 'lower'} at the last probe "
+             f"(step {last}) than at step {first}: per block, a one-sided t test over seeds of "
+             "the per-seed change; intersection-union test (Berger 1982) over the blocks")
+    nans = nan_text(values, [0, len(steps) - 1])
+    read = present(values, 0) & present(values, len(steps) - 1)
+    if not read.all():
+        missing = [b for b, ok in zip(blocks, read, strict=True) if not ok]
+        return Finding(claim, check, f"blocks {missing} are not read at step {first} or {last} "
+                       f"in every seed ({nans}); the ends are never moved", measured=False,
+                       n_seeds=n)
+    change = sign * (values[:, -1, :] - values[:, 0, :])  # (seed, block)
+    ps = [st.t_test(change[:, j]) for j in range(len(blocks))]
+    grew = sum(float(np.mean(change[:, j])) > 0 for j in range(len(blocks)))
+    return Finding(
+        claim, check,
+        f"{grew} of {len(blocks)} blocks {'grew' if sign > 0 else 'fell'} on average; "
+        f"{'increase' if sign > 0 else 'drop'} per block{unit} "
+        + "; ".join(effect_text(f"block {b}", change[:, j], ps[j]).replace(" = ", " ", 1)
+                    for j, b in enumerate(blocks)) + f"; {nans}",
+        st.iut(ps), int((change > 0).all(axis=1).sum()), n,
     )
 
 
@@ -108,187 +225,34 @@ def profile_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -
     """Bell-shaped decoder, flatter encoder, anisotropy growing (Razzhigaev et al. 2023)."""
     stacked = {m: seeds.per_seed(tables[m], "anisotropy") for m in MASKINGS}
     last = {m: int(s["step"].max()) for m, s in stacked.items()}
-    first = {m: int(s["step"].min()) for m, s in stacked.items()}
-    final = {m: seeds.grid(stacked[m], step=last[m]) for m in MASKINGS}
-    out = []
+    out = [_bell_finding(stacked["causal"], last["causal"], n["causal"])]
 
-    values, stds = final["causal"]
-    if len(values) < 3:
-        out.append(Finding(
-            "the decoder's anisotropy profile over layers is bell-shaped "
-            "(highest in the middle layers)",
-            "a peak strictly inside the profile of blocks 1..L",
-            f"the model has {len(values)} blocks: no interior block, the shape cannot be tested",
-            False, 0, len(values.columns),
-        ))
-    else:
-        out.append(_bell_finding(stacked["causal"], values, stds, last["causal"]))
-
-    spread, noise = {}, {}
+    spread, nans = {}, []
     for m in MASKINGS:
-        v, s = final[m]
-        hi, lo = v.to_numpy().argmax(axis=0), v.to_numpy().argmin(axis=0)
-        cols = np.arange(v.shape[1])
-        spread[m] = v.to_numpy()[hi, cols] - v.to_numpy()[lo, cols]
-        noise[m] = seeds.quadrature(s.to_numpy()[hi, cols], s.to_numpy()[lo, cols])
-    flatter = seeds.difference_effect(
-        "spread causal − spread bidirectional", spread["causal"], noise["causal"],
-        spread["bidirectional"], noise["bidirectional"],
-    )
+        steps, _, values = cube(stacked[m])
+        profile = values[:, steps.index(last[m]), :]
+        spread[m] = np.nanmax(profile, axis=1) - np.nanmin(profile, axis=1)
+        nans.append(f"{m} {nan_text(values, [steps.index(last[m])])}")
+    k = min(n.values())
     out.append(Finding(
         "the encoder's profile is flatter than the decoder's",
-        "max − min over blocks of the final profile, per seed; the mean causal spread exceeds "
-        "the mean bidirectional spread by more than the noise (Welch 95% interval over the two "
-        "groups of seeds); per seed, seed k of each masking compared",
+        "max − min over blocks of the final profile, per seed; the causal spreads exceed the "
+        "bidirectional ones: one-sided Welch t test over the two groups of seeds; the sign per "
+        "pair compares seed k of each masking",
         f"spread causal {t_interval(spread['causal'])}, bidirectional "
-        f"{t_interval(spread['bidirectional'])}; {flatter.format()}",
-        flatter.holds, flatter.seeds_holding, min(n.values()), "seed pairs",
+        f"{t_interval(spread['bidirectional'])}; spread causal − spread bidirectional = "
+        f"{seeds.welch_interval(spread['causal'], spread['bidirectional'])}; " + "; ".join(nans),
+        st.welch_test(spread["causal"], spread["bidirectional"]),
+        int((spread["causal"][:k] > spread["bidirectional"][:k]).sum()), k, "seed pairs",
     ))
-
     for m in MASKINGS:
-        grew = _change_per_block(stacked[m], first[m], last[m], sign=1)
-        held = sum(e.holds for e in grew)
-        out.append(Finding(
-            f"anisotropy grows during training ({m})",
-            f"every block's anisotropy is higher at the last probe (step {last[m]}) than at "
-            f"step {first[m]}, by more than the noise",
-            f"{held} of {len(grew)} blocks grew; increase per block "
-            + "; ".join(f"{e.name} {e.interval}" for e in grew),
-            held == len(grew), _count(grew), n[m],
-        ))
+        out.append(_per_block_change(stacked[m], 1, f"anisotropy grows during training ({m})",
+                                     "anisotropy", "", n[m]))
     return out
 
 
-def _near_duplicates(stacked: pd.DataFrame, step: int) -> pd.DataFrame:
-    """Blocks (all seeds) whose near-duplicate share at `step` is above `NEAR_DUPLICATE_FLAG`."""
-    rows = stacked.loc[(stacked["step"] == step) & (stacked["layer_name"] != FINAL_NORM)
-                       & (stacked["layer"] >= 1)]
-    return rows.loc[rows["value"] > NEAR_DUPLICATE_FLAG]
-
-
-SCALES = {
-    "twonn": "the smallest scale",
-    "id_plateau": "the plateau",
-    "gride_k16": "GRIDE k16",
-}
-"""The scales at which every intrinsic-dimension claim is read (issue 28), in the report's order:
-TwoNN on the probe's batches reads the distance to the first two neighbours among a batch's
-states; the plateau (`repgeom.metrics.id_plateau`, rows of the ``id_scales`` entry) the widest
-range of scales over which TwoNN by decimation and GRIDE k = 2..64 agree within the noise; GRIDE
-k16 the 8th and 16th neighbours."""
-
-
-def _scale_text(metric: str, batch) -> str:
-    at = f"batches of {batch} states" if batch else "the probe's batches"
-    return {
-        "twonn": f"TwoNN on {at}, the distance to the first two neighbours: the papers' reading",
-        "id_plateau": "the widest range of scales over which TwoNN by decimation and GRIDE "
-                      "k = 2..64 agree within their batch noise",
-        "gride_k16": "the 8th and 16th neighbours",
-    }[metric]
-
-
-def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding | None:
-    """"Rises, then falls" for masking `m` read at the scale of `metric` (`SCALES`)."""
-    claim = (f"at {SCALES[metric]} ({_scale_text(metric, batch)}), the mean intrinsic "
-             f"dimension ({metric}) rises early in training, then falls ({m})")
-    check = ("the mean over seeds of the layer mean (blocks 1..L) peaks strictly inside the "
-             "run, and peak − start and peak − end both exceed the noise: their 95% "
-             "intervals over seeds exclude 0 and their means beat the batch std (root mean "
-             "square of the per-layer stds, combined in quadrature over the two points)")
-    if not all(metric in set(t["metric"]) for t in tables[m]):
-        if metric != "id_plateau":
-            return None
-        return Finding(claim, check, "not in these tables: the runs were probed before the scale "
-                       "profile existed (catalogue entry `id_scales`, issue 28); rerun `python "
-                       "train.py -m experiment=shape_of_learning`, whose preset computes it, and "
-                       "`scripts/make_report.sh`", False, measured=False)
-    stacked = seeds.per_seed(tables[m], metric)
-    gaps = ""
-    if stacked["value"].isna().any():  # no plateau, or a guarded layer: say how often
-        blocks = stacked.loc[(stacked["layer"] >= 1) & (stacked["layer_name"] != FINAL_NORM)]
-        missing = blocks.loc[blocks["value"].isna()]
-        gaps = (f"; {len(missing)} of {len(blocks)} (block, step, seed) readings are NaN (no "
-                "plateau, or copies above the guard: the table's note says which) and the layer "
-                "mean is over the other blocks")
-        stacked = stacked.loc[stacked["value"].notna()]
-    values, stds = seeds.grid(stacked, layer_mean=True)
-    values, stds = values.dropna(), stds.reindex(values.dropna().index)
-    if len(values) < 3:
-        return Finding(claim, check, f"{len(values)} steps with a finite layer mean in every seed"
-                       f"{gaps}: too few for a rise and a fall", False, measured=False)
-    rf = seeds.rise_then_fall(values, stds)
-    steps = [int(s) for s in values.index]
-    note = ""
-    if metric == "twonn" and m in shares:
-        flagged = _near_duplicates(shares[m], steps[0])
-        if not flagged.empty:
-            worst = flagged.loc[flagged["value"].idxmax()]
-            note = (
-                f". TwoNN at step {steps[0]} reads layers the report flags as "
-                f"near-duplicates: {len(flagged)} (block, seed) pairs above "
-                f"{NEAR_DUPLICATE_FLAG:.0%}, up to {worst['value']:.3f} "
-                f"(block {int(worst['layer'])}, {names[m][int(worst['seed'])]}), so its "
-                "start is not a dimension"
-            )
-    return Finding(
-        claim, check,
-        f"start {rf.mean[0]} (step {steps[0]}), peak {rf.mean[rf.peak]} at step "
-        f"{steps[rf.peak]}, end {rf.mean[-1]} (step {steps[-1]}); "
-        f"{rf.above_start.format()}, {rf.above_end.format()}{gaps}{note}",
-        rf.agrees, rf.seeds_holding, rf.n_seeds,
-    )
-
-
-def id_findings(
-    tables: dict[str, list[pd.DataFrame]], names: dict[str, list[str]], threshold: float | None,
-    batch: int | None = None,
-) -> list[Finding]:
-    """The intrinsic dimension rises, then falls, read at each scale (`SCALES`) per masking; and
-    where TwoNN reads near-duplicates."""
-    out = []
-    shares = {
-        m: seeds.per_seed(tables[m], "near_duplicate_share")
-        for m in MASKINGS if all("near_duplicate_share" in set(t["metric"]) for t in tables[m])
-    }
-    for m in MASKINGS:
-        for metric in SCALES:
-            finding = _rise_then_fall_finding(tables, names, m, metric, shares, batch)
-            if finding is not None:
-                out.append(finding)
-    if shares:
-        per_run, flagged_runs = [], []
-        for m, stacked in shares.items():
-            last = int(stacked["step"].max())
-            at_last = stacked.loc[(stacked["step"] == last) & (stacked["layer"] >= 1)
-                                  & (stacked["layer_name"] != FINAL_NORM)]
-            for _, group in at_last.groupby(seeds.SEED):
-                per_run.append(float(group["value"].max()))
-            for seed, group in stacked.loc[(stacked["layer"] >= 1)
-                                           & (stacked["layer_name"] != FINAL_NORM)].groupby(
-                                               seeds.SEED):
-                worst = group.loc[group["value"].idxmax()]
-                if worst["value"] > NEAR_DUPLICATE_FLAG:
-                    flagged_runs.append(
-                        f"{names[m][int(seed)]}: {worst['value']:.3f} at step "
-                        f"{int(worst['step'])}, block {int(worst['layer'])}"
-                    )
-        largest = t_interval(per_run)
-        upper = largest.high if np.isfinite(largest.high) else largest.mean
-        held = sum(v <= NEAR_DUPLICATE_FLAG for v in per_run)
-        at = f"{threshold}" if threshold is not None else "the probe's default"
-        out.append(Finding(
-            "TwoNN reads the smallest scale, so a layer full of near-duplicates makes it "
-            "meaningless (issue 3); the final curves should be free of them",
-            f"per run, the largest near-duplicate share over blocks at the last probe (at the "
-            f"probe's calibrated threshold, {at} of the median neighbour distance) is at most "
-            f"{NEAR_DUPLICATE_FLAG:.0%}; the upper end of its 95% interval over all runs too",
-            f"largest final share per run {largest}; runs with a flagged block at any step: "
-            + ("; ".join(flagged_runs) if flagged_runs else "none")
-            + " (TwoNN is flagged there; GRIDE at order 16 reads past it)",
-            bool(upper <= NEAR_DUPLICATE_FLAG), held, len(per_run), "runs",
-        ))
-    return out
+# ---------------------------------------------------------------------------------------------
+# Experiment 3: attention
 
 
 def attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int]) -> list[Finding]:
@@ -296,81 +260,35 @@ def attention_findings(tables: dict[str, list[pd.DataFrame]], n: dict[str, int])
     out = []
     for m in MASKINGS:
         ent = seeds.per_seed(tables[m], "attention_entropy")
-        first, last = int(ent["step"].min()), int(ent["step"].max())
-        fell = _change_per_block(ent, first, last, sign=-1)
-        v_end, s_end = seeds.grid(ent, step=last)
-        held = sum(e.holds for e in fell)
-        out.append(Finding(
-            f"attention entropy falls during training ({m})",
-            f"every block's head-mean entropy is lower at the last probe (step {last}) than at "
-            f"step {first}, by more than the noise",
-            f"{held} of {len(fell)} blocks fell; drop per block (nats) "
-            + "; ".join(f"{e.name} {e.interval}" for e in fell),
-            held == len(fell), _count(fell), n[m],
-        ))
-        b0, bl = v_end.index[0], v_end.index[-1]
-        sharper = seeds.effect(
-            "last block − first block", (v_end.loc[bl] - v_end.loc[b0]).to_numpy(),
-            seeds.quadrature(s_end.loc[bl].to_numpy(), s_end.loc[b0].to_numpy()),
-        )
+        out.append(_per_block_change(ent, -1, f"attention entropy falls during training ({m})",
+                                     "head-mean entropy", " (nats)", n[m]))
+        steps, blocks, values = cube(ent)
+        final = values[:, -1, :]
+        sharper = final[:, -1] - final[:, 0]
+        p = st.t_test(sharper)
         out.append(Finding(
             f"early layers attend more sharply than late ones ({m})",
-            "final entropy of the first block is below that of the last block by more than "
-            "the noise",
-            f"first block {t_interval(v_end.loc[b0])}, last block {t_interval(v_end.loc[bl])} "
-            f"nats; {sharper.format()}",
-            sharper.holds, sharper.seeds_holding, n[m],
+            f"final entropy (step {steps[-1]}) of the first block is below that of the last "
+            "block: one-sided t test over seeds of the per-seed difference",
+            f"first block {t_interval(final[:, 0])}, last block {t_interval(final[:, -1])} "
+            f"nats; {effect_text('last block − first block', sharper)}; "
+            f"{nan_text(values, [len(steps) - 1])}",
+            p, int((sharper > 0).sum()), n[m],
         ))
-        qk_v, qk_s = seeds.grid(seeds.per_seed(tables[m], "qk_cosine"), step=last)
-        q0, ql = qk_v.index[0], qk_v.index[-1]
-        positive = seeds.effect(f"cos in block {int(q0)}", qk_v.loc[q0].to_numpy(),
-                                qk_s.loc[q0].to_numpy())
-        negative = seeds.effect(f"−cos in block {int(ql)}", -qk_v.loc[ql].to_numpy(),
-                                qk_s.loc[ql].to_numpy())
+        qk_steps, qk_blocks, qk = cube(seeds.per_seed(tables[m], "qk_cosine"))
+        qk_final = qk[:, -1, :]
+        per_block = [t_interval(qk_final[:, j]) for j in range(len(qk_blocks))]
+        align, oppose = qk_final[:, 0], -qk_final[:, -1]
+        ps = [st.t_test(align), st.t_test(oppose)]
         out.append(Finding(
             f"mean query and mean key align in early layers and oppose in late layers ({m})",
-            "final head-mean cos(Q̄, K̄) is above 0 in the first block and below 0 in the last, "
-            "each by more than the noise",
+            "final head-mean cos(Q̄, K̄) is above 0 in the first block and below 0 in the last: "
+            "intersection-union test (Berger 1982) of the two one-sided t tests over seeds",
             f"final head-mean cos(Q̄, K̄) per block "
-            f"{fmt_intervals(qk_v.index, [t_interval(qk_v.loc[b]) for b in qk_v.index])}",
-            positive.holds and negative.holds, _count([positive, negative]), n[m],
+            f"{fmt_intervals(qk_blocks, per_block)}"
+            f"; {effect_text(f'cos in block {qk_blocks[0]}', align, ps[0])}, "
+            f"{effect_text(f'−cos in block {qk_blocks[-1]}', oppose, ps[1])}; "
+            f"{nan_text(qk, [len(qk_steps) - 1])}",
+            st.iut(ps), int(((align > 0) & (oppose > 0)).sum()), n[m],
         ))
     return out
-
-
-def scale_lines(tables: dict[str, list[pd.DataFrame]], batch: int | None = None) -> list[str]:
-    """Two sentences on which scale the papers' TwoNN reads and what that means for comparing,
-    with the decoder's block-mean readings at the first and last probe (mean over seeds)."""
-    at = f"batches of {batch} states" if batch else "batches of at least 4096 states"
-    readings, spans = [], []
-    for metric in SCALES:
-        if not all(metric in set(t["metric"]) for t in tables["causal"]):
-            continue
-        stacked = seeds.per_seed(tables["causal"], metric)
-        values, _ = seeds.grid(stacked.loc[stacked["value"].notna()], layer_mean=True)
-        values = values.dropna()  # the steps every seed reads, as the claims above take them
-        if len(values):
-            first, last = int(values.index[0]), int(values.index[-1])
-            readings.append((SCALES[metric].removeprefix("the "), first, last,
-                             values.loc[first].mean(), values.loc[last].mean()))
-            spans.append((first, last))
-    common = spans[0] if spans and len(set(spans)) == 1 else None
-
-    def reading(name: str, first: int, last: int, start: float, end: float) -> str:
-        steps = "" if common else f" (steps {first} → {last})"
-        return f"{name} {start:.1f} → {end:.1f}{steps}"
-
-    ours = ""
-    if readings:
-        span = f" from step {common[0]} to step {common[1]}" if common else ""
-        ours = (f" (here, the decoder's block mean{span}, over the steps every seed reads: "
-                + ", ".join(reading(*r) for r in readings) + ")")
-    return [
-        f"**Which scale the papers read.** Razzhigaev et al. (2023, §2.2) fit TwoNN (Facco et al. "
-        f"2017) on shuffled {at}, so their intrinsic dimension is our smallest-scale reading "
-        "(`twonn`): the geometry at the distance of each state's first two neighbours in a "
-        "batch, not the plateau where Facco et al. read a dimension. A number of ours compared "
-        "with theirs must therefore be the smallest-scale one, and a claim that holds there but "
-        "not at the plateau or at GRIDE k16 is a statement about the nearest-neighbour scale, "
-        f"not about the dimension of the states' manifold{ours}.",
-    ]

@@ -13,13 +13,14 @@ from matplotlib.figure import Figure
 
 from repgeom.experiments import figures as bands
 from repgeom.experiments import seeds
+from repgeom.experiments import statistics as st
 from repgeom.experiments.report_findings import (
     Finding,
+    adjust,
     attention_findings,
-    id_findings,
     profile_findings,
-    scale_lines,
 )
+from repgeom.experiments.report_id import id_findings, scale_lines
 from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
 from repgeom.probes.core.table import FINAL_NORM, read_table
 from repgeom.probes.report import plots
@@ -85,7 +86,7 @@ def drift_cosine(sweep: Path) -> pd.DataFrame:
 
 def id_scale_lines(sweep: Path) -> list[str]:
     """The two sentences of experiment 2 on which scale the papers' TwoNN reads
-    (`report_findings.scale_lines`), from the sweep's tables."""
+    (`report_id.scale_lines`), from the sweep's tables."""
     runs = find_runs(sweep)
     tables = {m: [read_table(r.path) for r in runs[m]] for m in MASKINGS}
     batch = run_facts({m: runs[m] for m in MASKINGS})["causal"].get("state_batch")
@@ -110,19 +111,19 @@ def drift_cosine_lines(sweep: Path) -> list[str]:
     ]
 
 
-def shape_of_learning(
-    sweep: Path, figures: Path
-) -> tuple[list[str], dict[str, list[Finding]], dict]:
-    """Experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs (see the module doc).
+def sweep_findings(sweep: Path) -> tuple[dict[str, list[Finding]], dict, dict]:
+    """The verdicts of experiments 1-3 from a sweep folder of ``<masking>-seed<k>`` runs, without
+    the figures.
 
     Returns
     -------
-    images : list of str
-        The figures written under `figures`.
     findings : dict
-        ``profile``, ``id`` and ``attention``: the `Finding` of each check.
+        ``profile``, ``id`` and ``attention``: the `Finding` of each check, their p's adjusted
+        by Holm over all of them (`report_findings.adjust`).
     facts : dict
         Per masking, what `run_facts` read from the configs.
+    tables : dict
+        Per masking, the probe table of each seed.
 
     Raises
     ------
@@ -135,8 +136,30 @@ def shape_of_learning(
     seeds.check_steps(tables, names)
     facts = run_facts({m: runs[m] for m in MASKINGS})
     n = {m: len(tables[m]) for m in MASKINGS}
-    images = []
+    threshold = facts["causal"]["near_duplicate_threshold"]
+    findings = {
+        "profile": profile_findings(tables, n),
+        "id": id_findings(tables, names, threshold, facts["causal"].get("state_batch")),
+        "attention": attention_findings(tables, n),
+    }
+    adjust([f for group in findings.values() for f in group])  # Holm over every verdict printed
+    return findings, facts, tables
 
+
+def shape_of_learning(
+    sweep: Path, figures: Path
+) -> tuple[list[str], dict[str, list[Finding]], dict]:
+    """Experiments 1-3 from a sweep folder (see the module doc): `sweep_findings` and the figures.
+
+    Returns
+    -------
+    images : list of str
+        The figures written under `figures`.
+    findings, facts : dict
+        As `sweep_findings`.
+    """
+    findings, facts, tables = sweep_findings(sweep)
+    images = []
     images.append(save_figure(bands.profile_bands(tables, "anisotropy"),
                         figures / "anisotropy_profiles.png"))
     for m in MASKINGS:
@@ -151,19 +174,13 @@ def shape_of_learning(
                             figures / f"attention_entropy_{m}.png"))
         images.append(save_figure(bands.per_layer_vs_step_bands(tables[m], "qk_cosine"),
                             figures / f"qk_cosine_{m}.png"))
-
-    threshold = facts["causal"]["near_duplicate_threshold"]
-    findings = {
-        "profile": profile_findings(tables, n),
-        "id": id_findings(tables, names, threshold, facts["causal"].get("state_batch")),
-        "attention": attention_findings(tables, n),
-    }
     return images, findings, facts
 
 
-def setup_lines(facts: dict) -> list[str]:
+def setup_lines(facts: dict, tested: int | None = None) -> list[str]:
     """The paragraph that states the seeds, the vocabulary, the probe protocol and the statistics
-    of experiments 1-3, every number read from `facts` (`run_facts`)."""
+    of experiments 1-3, every number read from `facts` (`run_facts`); `tested`: how many checks
+    Holm's correction runs over."""
     counts = ", ".join(
         f"{len(f['seeds'])} {m} (seeds {', '.join(map(str, f['seeds']))})" for m, f in facts.items()
     )
@@ -209,17 +226,51 @@ def setup_lines(facts: dict) -> list[str]:
         f"Seeds per masking: {counts}. Data: {f['data']}, {text}; vocabulary {vocab} "
         f"(characters of the full enwik8). Probe protocol: {protocol}.",
         "",
-        "Statistics: a verdict is decided on the mean over seeds. Every effect (a difference "
-        "such as peak − end) is given as mean [95% interval over seeds], the interval being "
-        "mean ± t_{0.975, n−1} · s/√n (s the sample std of the n per-seed values; Welch's "
-        "interval for a causal − bidirectional difference). It counts only when its mean "
-        "exceeds the noise, the larger of (a) the batch noise — the table's std over batches, "
-        "combined in quadrature over the points the effect is made of, the std of a layer mean "
-        "taken as the root mean square of the per-layer stds (an overestimate whatever the "
-        "correlation between layers) — and (b) the interval's half-width. "
-        "\"Holds in k of n seeds\" counts the seeds in which the effect beats that seed's own "
-        "batch noise. Profiles and verdicts use blocks 1..L; the final norm's output is shown "
-        "in the figures as an open marker and reported as its own number, never as a block.",
+        *statistics_lines(tested),
+    ]
+
+
+def statistics_lines(tested: int | None = None) -> list[str]:
+    """The report's statistics paragraph: each test, its reference, and the labels."""
+    a = st.ALPHA
+    over = f" ({tested} here)" if tested is not None else ""
+    return [
+        "Statistics. The seed is the unit: every check reduces a run to one number (a "
+        "difference between two steps or two blocks), shown as mean [95% interval over seeds], "
+        "mean ± t_{0.975, n−1} · s/√n. A difference between two steps is paired, per seed, over "
+        "the blocks read at both steps in every seed, and each check says how many of its "
+        "readings are NaN; an end of a check (its first or last step) that no block is read at "
+        "in every seed makes it **not measured**: the end is never moved to a later step. The "
+        "tests, all one-sided:",
+        "",
+        "- *one difference:* Student's t test over seeds (one sample, n − 1 degrees of freedom); "
+        "causal against bidirectional, Welch's t test over the two groups of seeds (Welch 1947); "
+        "a share that sits on its bound (the near-duplicate check), the exact sign test (Dixon "
+        "and Mood 1946, *JASA* 41:557), whose smallest p with n runs is 2^−n;",
+        "- *a claim made of several parts* (every block grows; first block aligned and last "
+        "block opposed; a peak above both ends): the intersection-union test (Berger 1982, "
+        "*Technometrics* 24:295): the claim's p is the largest part's p;",
+        f"- *a peak chosen on the data:* below {st.MAX_T_FROM} seeds, the larger of two p's: "
+        "the held-out choice (each seed is tested at the peak chosen on the other seeds, "
+        "rotating, and the held-out contrasts enter one t test over seeds) and the Bonferroni "
+        "bound over the candidate steps (their number times the p at the peak chosen on all "
+        f"seeds); from {st.MAX_T_FROM} seeds, the sign-flip max-T of Westfall and Young (1993, "
+        "*Resampling-Based Multiple Testing*): the t statistics of both contrasts at every "
+        f"candidate recomputed under each of the 2^n sign flips of the seeds (all of them up to "
+        f"{st.EXACT_FLIPS_UP_TO} seeds), whose smallest p is 2^−n;",
+        "- *every verdict printed:* Holm's step-down correction (Holm 1979, *Scand. J. "
+        "Statist.* 6:65) over the p's of all the checks of experiments 1-3 that are tested"
+        f"{over}.",
+        "",
+        f"Each check shows `p = ..., adjusted p = ...` (Holm). Labels: **agrees** (adjusted p ≤ "
+        f"{a}), **not shown** (adjusted p > {a}), **not testable** (fewer than "
+        f"{st.MIN_SEEDS} seeds, or a single run with no test), **not measured** (an end of the "
+        "check not read). \"The sign holds in k of n seeds\" counts the seeds whose own number "
+        "has the claimed sign, and the probe's batch noise, where shown, is information: neither "
+        "decides a verdict. With no spread over seeds the t statistic is infinite, and p is 0 "
+        "when the mean has the claimed sign (1 otherwise). Profiles and verdicts use blocks "
+        "1..L; the final norm's output is shown in the figures as an open marker and reported "
+        "as its own number, never as a block.",
     ]
 
 
@@ -256,8 +307,9 @@ def distribution_finding(per_layer: pd.DataFrame) -> Finding:
         "activations inside the network are not Gaussian: another family fits them better",
         "the normal law is not the AIC-best family in any block (the final norm's output, "
         "listed in the table, is not a block)",
-        f"AIC-best per block {dict(blocks.items())}; normal best in blocks {normal or 'none'}",
-        not normal,
+        f"AIC-best per block {dict(blocks.items())}; normal best in blocks {normal or 'none'} "
+        f"({'so the claim holds in this run' if not normal else 'against the claim'})",
+        n_seeds=1, unit="run", seeds_holding=int(not normal),
     )
 
 

@@ -1,4 +1,4 @@
-"""Statistics over seeds: means, 95% t-intervals, and effects that must beat the noise.
+"""Statistics over seeds: means and 95% t-intervals, per step and layer and for differences.
 
 A claim about training ("the intrinsic dimension rises, then falls") is read off several runs that
 differ only in their seed. This module holds the arithmetic, free of files and figures:
@@ -10,19 +10,18 @@ differ only in their seed. This module holds the arithmetic, free of files and f
   (a causal and a bidirectional model), with Welch's standard error and degrees of freedom.
 * `per_seed` / `grid` / `aggregate`: one table per seed, stacked; a (x, seed) grid of one metric;
   the per-(step, layer, metric) mean and interval over seeds.
-* `Effect`, `change` and `rise_then_fall`: a derived quantity per seed (a difference, a peak's
-  height) with its interval and its noise, and the verdict "it is there" decided with a
-  tolerance.
 
-Noise: the rule and its arithmetic live in `repgeom.probes.report.noise` (one copy, also used by the
-phases of a single trajectory); this module re-exports its names.
+The verdicts' tests of significance (the seed as the unit, intersection-union tests, the
+correction of a data-chosen peak, Holm) are in `repgeom.experiments.statistics`. The probe's
+batch-noise arithmetic lives in `repgeom.probes.report.noise` (the phases of a single trajectory
+use it); this module re-exports its names, and the report prints the batch noise as information
+only.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -120,99 +119,3 @@ def layer_mean_bands(
         rows.append(dict(step=int(step), value=ci.mean, low=ci.low, high=ci.high, n_seeds=ci.n,
                          std=rms(stds.loc[step])))
     return pd.DataFrame(rows)
-
-
-# ---------------------------------------------------------------------------------------------
-# Effects and verdicts
-
-
-def difference_effect(
-    name: str,
-    a: Sequence[float] | np.ndarray,
-    a_stds: Sequence[float] | np.ndarray,
-    b: Sequence[float] | np.ndarray,
-    b_stds: Sequence[float] | np.ndarray,
-    *,
-    level: float = LEVEL,
-) -> Effect:
-    """``mean(a) − mean(b)`` for two independent groups of seeds, with Welch's interval.
-
-    Its batch noise combines the two groups' root mean square batch stds in quadrature. Per
-    seed, the i-th seeds of the two groups are compared (``a_i − b_i`` against their combined
-    batch std), up to the shorter group.
-    """
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    a_stds, b_stds = np.nan_to_num(np.asarray(a_stds, float)), np.nan_to_num(np.asarray(b_stds,
-                                                                                         float))
-    n = min(a.size, b.size)
-    pair_noise = quadrature(a_stds[:n], b_stds[:n])
-    return Effect(
-        name,
-        welch_interval(a, b, level=level),
-        float(quadrature(rms(a_stds), rms(b_stds))),
-        tuple(bool(d > s) for d, s in zip(a[:n] - b[:n], pair_noise, strict=True)),
-    )
-
-
-@dataclass(frozen=True)
-class RiseThenFall:
-    """The verdict on "rises, then falls" for a curve measured in several seeds.
-
-    The peak is the argmax of the mean curve over seeds; `above_start` and `above_end` are the
-    per-seed differences ``v(peak) − v(first)`` and ``v(peak) − v(last)`` with their noise.
-    """
-
-    x: tuple
-    mean: tuple[Interval, ...]
-    peak: int
-    """Position (0-based) of the mean curve's maximum."""
-    above_start: Effect
-    above_end: Effect
-    seeds_holding: int
-    """Seeds whose own curve peaks strictly inside and above its own first and last points by
-    more than their batch noise."""
-    n_seeds: int
-
-    @property
-    def interior(self) -> bool:
-        return 0 < self.peak < len(self.x) - 1
-
-    @property
-    def agrees(self) -> bool:
-        """Peak strictly inside, and above both ends by more than the noise (see `Effect`)."""
-        return self.interior and self.above_start.holds and self.above_end.holds
-
-
-def rise_then_fall(
-    values: pd.DataFrame, stds: pd.DataFrame, *, level: float = LEVEL
-) -> RiseThenFall:
-    """Does the curve rise to an interior maximum and fall again, by more than the noise?
-
-    Parameters
-    ----------
-    values, stds : DataFrame
-        Index: the x axis (steps or layers), sorted; one column per seed (as `grid` returns).
-
-    Raises
-    ------
-    ValueError
-        With fewer than 3 points, or when the two frames differ in shape.
-    """
-    if len(values) < 3:
-        raise ValueError(f"values: need at least 3 points for a rise and a fall, got {len(values)}")
-    if values.shape != stds.shape:
-        raise ValueError(f"values, stds: shapes differ, {values.shape} and {stds.shape}")
-    v, s = values.to_numpy(dtype=float), np.nan_to_num(stds.to_numpy(dtype=float))
-    curve = [t_interval(row, level=level) for row in v]
-    peak = int(np.argmax([c.mean for c in curve]))
-    above_start = change("peak − start", v, s, 0, peak, level=level)
-    above_end = change("peak − end", v, s, len(v) - 1, peak, level=level)
-    holding = 0
-    for k in range(v.shape[1]):
-        own = int(np.argmax(v[:, k]))
-        if (0 < own < len(v) - 1
-                and v[own, k] - v[0, k] > quadrature(s[own, k], s[0, k])
-                and v[own, k] - v[-1, k] > quadrature(s[own, k], s[-1, k])):
-            holding += 1
-    return RiseThenFall(tuple(values.index), tuple(curve), peak, above_start, above_end, holding,
-                        int(v.shape[1]))

@@ -1,7 +1,8 @@
-"""The noise rule every verdict uses: an effect must beat the probe's batch noise and the spread
-over seeds. Used by the phases of one trajectory (`repgeom.probes.report.phases`, during training
-too) and
-by the cross-run report (`repgeom.experiments.seeds`, which adds the tables of several seeds).
+"""The probe's noise: an effect must beat the probe's batch noise and the spread over seeds. Used
+by the phases of one trajectory (`repgeom.probes.report.phases`, during training too); the
+cross-run report (`repgeom.experiments.seeds`) uses its intervals and stacked tables, and prints
+the batch noise as information only: its verdicts are tests over seeds
+(`repgeom.experiments.statistics`), which this rule no longer decides.
 
 * `t_interval`: the mean over ``n`` seeds and its 95% Student-t interval,
   ``mean ± t_{0.975, n-1} · s / √n`` with ``s`` the sample standard deviation (``ddof=1``);
@@ -334,8 +335,7 @@ def change(
 
     ``v[end] − v[start]`` for every seed, with the batch stds of the two points combined in
     quadrature (the module doc's rule (a)); `Effect.holds` then says whether it beats the noise.
-    The report's peak − start / peak − end (`rise_then_fall`) and the phases of a trajectory
-    (`repgeom.probes.report.phases`) use it.
+    The phases of a trajectory (`repgeom.probes.report.phases`) use it.
 
     Parameters
     ----------
