@@ -1,0 +1,80 @@
+"""The turn test's parts against known answers: the critical value where its law is known in
+closed form, and the standard errors read from a table."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from repgeom.probes.report import turn_test
+
+
+def test_the_critical_value_of_two_points_is_the_one_sided_t_point() -> None:
+    # Two points: the largest fall is the one difference (x0 − x1) / √(s0² + s1²). With known
+    # noise that is N(0, 1); with s² ~ χ²_df / df at each point, √((s0² + s1²) / 2) is
+    # √(χ²_2df / 2df), so the ratio is Student's t on 2·df degrees of freedom. The Monte Carlo
+    # draws 20,000 curves: its 95% point is off by about 1% (tolerance 3%).
+    assert turn_test.critical(2, 1e9) == pytest.approx(stats.norm.ppf(0.95), rel=0.03)
+    for df in (1, 3, 10):
+        assert turn_test.critical(2, df) == pytest.approx(stats.t.ppf(0.95, 2 * df), rel=0.03)
+
+
+def test_the_critical_value_grows_with_the_trajectory_and_shrinks_with_the_noise_known() -> None:
+    # More steps, more chances of a false fall: a higher bar; above the Šidák point of the
+    # adjacent falls alone (K − 1 of them) and below Bonferroni over all K(K − 1)/2 pairs.
+    values = [turn_test.critical(k, 30) for k in (2, 5, 16, 50)]
+    assert values == sorted(values)
+    k = 16
+    sidak = stats.norm.ppf(1 - (1 - (1 - 0.05) ** (1 / (k - 1))))
+    bonferroni = stats.t.ppf(1 - 0.05 / (k * (k - 1) / 2), 60)
+    assert sidak < turn_test.critical(k, 1e9) < bonferroni
+    assert turn_test.critical(16, 1) > turn_test.critical(16, 15) > turn_test.critical(16, 1e9)
+    assert turn_test.critical(16, 0.5) == math.inf and turn_test.critical(16, np.nan) == math.inf
+    assert turn_test.critical(1, 5) == 0.0
+    # Seeded: the same number on every call (and cached).
+    turn_test.critical.cache_clear()
+    first = turn_test.critical(7, 4)
+    turn_test.critical.cache_clear()
+    assert turn_test.critical(7, 4) == first
+
+
+def test_standard_errors_from_the_noise_columns_or_the_batches() -> None:
+    frame = pd.DataFrame({
+        "std": [0.3, 0.3, 0.3, np.nan, 0.0, 0.3],
+        "n_batches": [2, 16, np.nan, 2, 2, 1],
+        "se": [np.nan, 0.05, np.nan, np.nan, np.nan, np.nan],
+        "se_df": [np.nan, 15, np.nan, np.nan, np.nan, np.nan],
+    })
+    se, df = turn_test.standard_errors(frame)
+    # std is the population std over n batches: se = std / √(n − 1) on n − 1 degrees of
+    # freedom; a missing n_batches reads as the default protocol's 2; the se column wins where
+    # it is set; no std, a std of 0 or one batch: unknown.
+    assert se.iloc[0] == pytest.approx(0.3) and df.iloc[0] == 1
+    assert se.iloc[1] == pytest.approx(0.05) and df.iloc[1] == 15
+    assert se.iloc[2] == pytest.approx(0.3) and df.iloc[2] == 1
+    assert se.iloc[3:].isna().all() and df.iloc[3:].isna().all()
+    # A table written before the noise columns existed: read as 2 batches.
+    old = pd.DataFrame({"std": [0.2]})
+    se, df = turn_test.standard_errors(old)
+    assert se.iloc[0] == pytest.approx(0.2) and df.iloc[0] == 1
+
+
+def test_several_seeds_pool_the_batch_noise_and_need_the_seed_interval() -> None:
+    # Two steps, three seeds: the mean's se is √(Σ se²) / 3, its df Welch-Satterthwaite's.
+    v = np.array([[0.0, 0.0, 0.0], [1.0, 1.1, 0.9]])
+    se = np.full_like(v, 0.1)
+    df = np.full_like(v, 4.0)
+    test = turn_test.curve_test(v, se, df)
+    assert test.se[0] == pytest.approx(math.sqrt(3 * 0.01) / 3)
+    assert test.df == pytest.approx(12)  # three equal parts: 3 · 4
+    assert test.beats(0, 1) and not test.beats(1, 0)
+    # The same mean change, but one seed against it: the batch test passes, the seed interval
+    # (95%, t on 2 df) covers 0, so no change is decided.
+    split = np.array([[0.0, 0.0, 0.0], [3.0, 3.0, -3.0]])
+    test = turn_test.curve_test(split, se, df)
+    assert test.z(0, 1) > test.threshold
+    assert not test.beats(0, 1)
