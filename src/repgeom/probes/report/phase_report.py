@@ -113,8 +113,11 @@ class PhaseWatch:
     found at a probe uses only the steps up to it, so later probes do not move an alerted turn.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, n_probes: int | None = None) -> None:
         self.alerted: set[tuple[str, int]] = set()
+        self.n_probes = n_probes
+        """The schedule's length (`phases.find_phases`'s ``n_steps``): the false-turn rate is
+        controlled over the whole run, not over the probes so far."""
 
     def state_dict(self) -> list[list]:
         return [[m, s] for m, s in sorted(self.alerted)]
@@ -127,11 +130,13 @@ class PhaseWatch:
         logged phases (empty with fewer than two steps or no W&B run)."""
         if not runs or frame["step"].nunique() < 2:
             return {}
+        n = self.n_probes
         if step == frame["step"].max():  # the usual case: one pass gives both
-            every, events = phases.phases_and_events(frame)
+            every, events = phases.phases_and_events(frame, n_steps=n)
             now = every.loc[every["step"] == step]
         else:
-            now, events = phase_by_step_at(frame, step), phases.find_phases(frame)
+            now = phase_by_step_at(frame, step, n_steps=n)
+            events = phases.find_phases(frame, n_steps=n)
         scalars = {f"probe/phase/{r.metric}/{_layer_key(r.layer)}": int(r.phase)
                    for r in now.itertuples()}
         for run in runs:
@@ -161,7 +166,8 @@ def alert_title(metric: str) -> str:
     return f"{catalogue.label(metric)}: compression began"[:63]
 
 
-def phase_by_step_at(frame: pd.DataFrame, step: int) -> pd.DataFrame:
+def phase_by_step_at(frame: pd.DataFrame, step: int, *,
+                     n_steps: int | None = None) -> pd.DataFrame:
     """`phases.phase_by_step` at `step` only: the phase of every layer and of the mean."""
-    every = phases.phase_by_step(frame.loc[frame["step"] <= step])
+    every = phases.phase_by_step(frame.loc[frame["step"] <= step], n_steps=n_steps)
     return every.loc[every["step"] == step]

@@ -152,7 +152,8 @@ class ProbeCallback(L.Callback):
         self.run_dir = Path(trainer.default_root_dir)
         self.recorder = ProbeRecorder(self.run_dir, self.spec,
                                       plot_every_n_probes=self.plot_every_n_probes,
-                                      plot_metrics=self.plot_metrics)
+                                      plot_metrics=self.plot_metrics,
+                                      n_probes=len(self.schedule))
         self.recorder.load_state_dict(self._phase_state)
         self._trained = False
         self._not_recorded = None
@@ -366,6 +367,7 @@ class ProbeCallback(L.Callback):
             "hyper_parameters": _plain(dict(pl_module.hparams)),
             "callbacks": {type(self).__name__: {"spec": self.probe_config()}},
             "offload": {"plot_every_n_probes": self.plot_every_n_probes,
+                        "n_probes": len(self.schedule),
                         "plot_metrics": self.plot_metrics},
         }
         datamodule = getattr(trainer, "datamodule", None)

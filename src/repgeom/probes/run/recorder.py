@@ -35,16 +35,20 @@ class ProbeRecorder:
         Redraw the figures every this many probes (and always at the end); 0 only at the end.
     plot_metrics : list of str or None
         The metrics to draw; None draws every metric.
+    n_probes : int, optional
+        The schedule's length: the phases' false-turn rate is controlled over the whole
+        trajectory (`repgeom.probes.report.turn_test`), so a turn seen online is one the finished
+        run shows too.
     """
 
     def __init__(self, run_dir: Path, spec: ProbeSpec, *, plot_every_n_probes: int,
-                 plot_metrics: list[str] | None) -> None:
+                 plot_metrics: list[str] | None, n_probes: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.settings = spec.probe_settings()
         self.pairs = catalogue.select(self.settings).pairs
         self.plot_every_n_probes = plot_every_n_probes
         self.plot_metrics = plot_metrics
-        self.phase_watch = phase_report.PhaseWatch()  # phases per probe, one alert per turn
+        self.phase_watch = phase_report.PhaseWatch(n_probes)  # phases per probe, one alert per turn
 
     def record(self, step: int, output: ProbeOutput, runs: list, *, n_done: int,
                seconds: float) -> pd.DataFrame:

@@ -257,7 +257,8 @@ class Follower:
         self.recorder = ProbeRecorder(
             self.run_dir, spec,
             plot_every_n_probes=int(self._options.get("plot_every_n_probes", 0)),
-            plot_metrics=self._options.get("plot_metrics"))
+            plot_metrics=self._options.get("plot_metrics"),
+            n_probes=self._options.get("n_probes"))
         self.recorder.load_state_dict(self._phase_state)
         if self.use_wandb:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
