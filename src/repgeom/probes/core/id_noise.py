@@ -35,6 +35,9 @@ from repgeom import metrics
 MIN_NOISE_BATCH = 256
 """Fewest states in a noise batch: GRIDE up to order 64 needs more than 64 distinct points, and
 below a few hundred points TwoNN's bias is no longer small against its spread."""
+NOISE_MAX_ORDER = 16
+"""GRIDE's highest order on the noise batches: the phases follow ``gride_k16`` (the catalogue's
+GRIDE member), and orders 32 and 64 cost as much again (their rows get no ``se``)."""
 NOISE_COLUMNS = ("n_batches", "se", "se_df")
 """The table columns this module fills (`repgeom.probes.core.table.NOISE_COLUMNS`)."""
 
@@ -56,7 +59,8 @@ def standard_errors(X, settings, value_batches: int) -> dict[str, dict]:
         return {}
     result = metrics.intrinsic_dimension(
         X, discard_fraction=settings.discard_fraction, batch_size=size,
-        max_order=settings.max_order, near_duplicate_threshold=settings.near_duplicate_threshold,
+        max_order=min(settings.max_order, NOISE_MAX_ORDER),
+        near_duplicate_threshold=settings.near_duplicate_threshold,
         seed=settings.seed,
     )
     n = result.twonn.n_batches
