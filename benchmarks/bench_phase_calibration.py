@@ -15,7 +15,9 @@ the value (4,096 states):
   batch size); ``value`` is their mean (variance 1/2, as the 2 batches'), ``se`` their standard
   error ``sd / √16`` and ``se_df`` 15 (`repgeom.probes.core.measure`).
 
-Seeds are independent tables of the same curve. The curves (``mu`` over the 16 steps):
+Seeds are independent tables of the same curve, or (``--taus``) of curves that differ: each seed
+adds wiggles of its own, ``N(0, tau²)`` at each step, as trained seeds do. The curves (``mu``
+over the 16 steps):
 
 * ``flat``: 0 everywhere;
 * ``rise_flat``: a rise of 20 over the first 5 steps, then flat (the null a trained run looks like
@@ -29,6 +31,7 @@ On the null curves the printed share is the false-turn rate (issue 37 asks for 5
 
     python benchmarks/bench_phase_calibration.py                 # 1,000 draws per cell
     python benchmarks/bench_phase_calibration.py --draws 300 --seeds 1 3
+    python benchmarks/bench_phase_calibration.py --seeds 3 5 --taus 1 3 --protocols default
 
 tests/probes/report/test_phase_calibration.py runs a fast version (300 draws) of the null rows.
 """
@@ -68,23 +71,25 @@ def curve(name: str) -> np.ndarray:
 
 
 def draw_tables(name: str, protocol: str, n_seeds: int, draws: int,
-                rng: np.random.Generator) -> list[pd.DataFrame]:
-    """One probe table per seed, each holding `draws` trajectories (column ``run``)."""
-    mu = curve(name)
+                rng: np.random.Generator, tau: float = 0.0) -> list[pd.DataFrame]:
+    """One probe table per seed, each holding `draws` trajectories (column ``run``); with `tau`,
+    each seed's curve has wiggles of its own, ``N(0, tau²)`` at each step (shared by its blocks)."""
     shape = (draws, len(STEPS), N_BLOCKS)
     index = np.indices(shape).reshape(3, -1)
     tables = []
     for _ in range(n_seeds):
+        wiggle = tau * rng.standard_normal((draws, len(STEPS), 1, 1))
+        mu = curve(name)[None, :, None, None] + wiggle
         frame = pd.DataFrame({"run": index[0].astype(str), "step": np.asarray(STEPS)[index[1]],
                               "layer": index[2] + 1, "metric": "twonn"})
         if protocol == "2-batch":
-            batches = mu[None, :, None, None] + rng.standard_normal((*shape, 2))
+            batches = mu + rng.standard_normal((*shape, 2))
             frame["value"] = batches.mean(axis=-1).ravel()
             frame["std"] = batches.std(axis=-1).ravel()
             frame["n_batches"] = 2
         elif protocol == "default":
             n = 2 * NOISE_SPLITS
-            noise = mu[None, :, None, None] + np.sqrt(NOISE_SPLITS) * rng.standard_normal(
+            noise = mu + np.sqrt(NOISE_SPLITS) * rng.standard_normal(
                 (*shape, n))
             frame["value"] = noise.mean(axis=-1).ravel()
             frame["std"] = np.nan  # the 2 value batches' std: not what the finder reads here
@@ -138,22 +143,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 3, 5])
     parser.add_argument("--protocols", nargs="+", default=["default", "2-batch"])
     parser.add_argument("--curves", nargs="+", default=list(NULL_CURVES + TRUE_CURVES))
+    parser.add_argument("--taus", type=float, nargs="+", default=[0.0],
+                        help="the seeds' own wiggles (module doc); several seeds only")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     print(f"{args.draws} trajectories per cell, {len(STEPS)} steps, {N_BLOCKS} blocks; share "
           "with an expansion_to_compression turn (null curves: the false-turn rate; "
           "rise_fall_h: the power)")
-    print("| curve | protocol | seeds | per layer | layer mean |")
-    print("|---|---|---|---|---|")
+    print("| curve | protocol | seeds | seed wiggle | per layer | layer mean |")
+    print("|---|---|---|---|---|---|")
     start = time.perf_counter()
     for name in args.curves:
         for protocol in args.protocols:
             for n_seeds in args.seeds:
-                tables = draw_tables(name, protocol, n_seeds, args.draws, rng)
-                per_layer, mean = turn_shares(tables, args.draws)
-                print(f"| {name} | {protocol} | {n_seeds} | {per_layer:.1%} | {mean:.1%} |",
-                      flush=True)
+                for tau in args.taus if n_seeds > 1 else [0.0]:
+                    tables = draw_tables(name, protocol, n_seeds, args.draws, rng, tau)
+                    per_layer, mean = turn_shares(tables, args.draws)
+                    print(f"| {name} | {protocol} | {n_seeds} | {tau:g} | {per_layer:.1%} | "
+                          f"{mean:.1%} |", flush=True)
     print(f"({time.perf_counter() - start:.0f} s)")
 
 

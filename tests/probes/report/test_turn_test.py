@@ -63,18 +63,32 @@ def test_standard_errors_from_the_noise_columns_or_the_batches() -> None:
     assert se.iloc[0] == pytest.approx(0.2) and df.iloc[0] == 1
 
 
-def test_several_seeds_pool_the_batch_noise_and_need_the_seed_interval() -> None:
-    # Two steps, three seeds: the mean's se is √(Σ se²) / 3, its df Welch-Satterthwaite's.
-    v = np.array([[0.0, 0.0, 0.0], [1.0, 1.1, 0.9]])
-    se = np.full_like(v, 0.1)
-    df = np.full_like(v, 4.0)
-    test = turn_test.curve_test(v, se, df)
+def test_several_seeds_pool_the_batch_noise_and_add_their_own_disagreement() -> None:
+    base = np.array([0.0, 1.0, 2.0, 3.0, 2.0, 1.0])
+    se = np.full((6, 3), 0.1)
+    df = np.full((6, 3), 4.0)
+    # Seeds that differ by a constant offset (and 0.001 of wiggle): the offsets cancel
+    # (paired), so the noise is the pooled batch noise, √(Σ se²) / 3, on Welch-Satterthwaite's
+    # 3 · 4 = 12 degrees of freedom, capped by the two-way layout's (6 − 1)(3 − 1) = 10.
+    rng = np.random.default_rng(0)
+    offset = base[:, None] + np.array([0.0, 5.0, -2.0]) + rng.normal(0, 1e-3, (6, 3))
+    test = turn_test.curve_test(offset, se, df)
     assert test.se[0] == pytest.approx(math.sqrt(3 * 0.01) / 3)
-    assert test.df == pytest.approx(12)  # three equal parts: 3 · 4
-    assert test.beats(0, 1) and not test.beats(1, 0)
-    # The same mean change, but one seed against it: the batch test passes, the seed interval
-    # (95%, t on 2 df) covers 0, so no change is decided.
+    assert test.df == pytest.approx(10)
+    assert test.beats(0, 3) and not test.beats(3, 0)
+    # Seeds whose curves differ in shape: the residual of the step x seed layout, computed here
+    # cell by cell, pooled on 10 degrees of freedom, is the larger noise.
+    wiggly = offset + rng.normal(0, 1.0, offset.shape)
+    residual = [[wiggly[t, s] - wiggly[t].mean() - wiggly[:, s].mean() + wiggly.mean()
+                 for s in range(3)] for t in range(6)]
+    sigma2 = sum(r**2 for row in residual for r in row) / 10
+    test = turn_test.curve_test(wiggly, se, df)
+    assert test.se == pytest.approx(np.full(6, math.sqrt(sigma2 / 3)))
+    assert test.se[0] > math.sqrt(3 * 0.01) / 3
+    # The same mean change, but one seed against it: the seed interval (95%, t on 2 df) covers 0,
+    # so no change is decided whatever the z.
     split = np.array([[0.0, 0.0, 0.0], [3.0, 3.0, -3.0]])
-    test = turn_test.curve_test(split, se, df)
-    assert test.z(0, 1) > test.threshold
-    assert not test.beats(0, 1)
+    assert not turn_test.curve_test(split, se[:2], df[:2]).beats(0, 1)
+    # Seeds equal to the last bit decide nothing.
+    same = np.repeat(base[:, None], 3, axis=1)
+    assert not turn_test.curve_test(same, se, df).beats(0, 3)

@@ -1,4 +1,4 @@
-"""The standard error of the intrinsic-dimension rows, from noise batches (issue 37).
+"""The standard error of the TwoNN and MLE rows, from noise batches (issue 37).
 
 The value of a TwoNN, GRIDE or MLE row is the mean over the estimator batches of 4,096 states
 (Razzhigaev et al. 2023, section 2.2), and its ``std`` the spread over those batches: with the
@@ -13,7 +13,8 @@ estimator is run on each, and the row gets
   likelihood estimate's is ``d² / N``, Facco et al. 2017), so the mean of ``n`` estimates on
   batches of ``N / n`` states has about the variance of the value, the mean over the value's
   batches of the same ``N`` states; benchmarks/README.md ("Phase calibration") checks that
-  assumption against independent batches of 4,096;
+  assumption against the spread of the value over independent sets (it holds for TwoNN and the
+  MLE, not for GRIDE: `NOISE_MAX_ORDER`);
 * ``se_df``: ``n − 1``, its degrees of freedom;
 * ``n_batches``: the number of value batches (what ``std`` is the spread of).
 
@@ -35,9 +36,15 @@ from repgeom import metrics
 MIN_NOISE_BATCH = 256
 """Fewest states in a noise batch: GRIDE up to order 64 needs more than 64 distinct points, and
 below a few hundred points TwoNN's bias is no longer small against its spread."""
-NOISE_MAX_ORDER = 16
-"""GRIDE's highest order on the noise batches: the phases follow ``gride_k16`` (the catalogue's
-GRIDE member), and orders 32 and 64 cost as much again (their rows get no ``se``)."""
+NOISE_MAX_ORDER = 2
+"""GRIDE's highest order on the noise batches: the lowest, since no GRIDE row gets an ``se``.
+Measured on manifolds of known dimension (benchmarks/README.md, "Phase calibration"), GRIDE k16's
+noise-batch ``se`` came out 1.2-1.7 times smaller than the spread of its value: at order 16 a
+batch of 512 reads a length scale about 8^(1/d) times that of a batch of 4,096, so its variance
+is not the value's scaled by the batch size. A standard error that small would let false turns
+through, so GRIDE rows keep ``std`` and ``n_batches`` only (undecided with one seed at the
+default protocol; with several seeds their disagreement is the noise,
+`repgeom.probes.report.turn_test`)."""
 NOISE_COLUMNS = ("n_batches", "se", "se_df")
 """The table columns this module fills (`repgeom.probes.core.table.NOISE_COLUMNS`)."""
 
@@ -51,7 +58,7 @@ def noise_batch_size(n_states: int, state_batch_size: int, noise_splits: int) ->
 
 
 def standard_errors(X, settings, value_batches: int) -> dict[str, dict]:
-    """``{row name: {"n_batches", "se", "se_df"}}`` for the TwoNN, GRIDE and MLE rows of
+    """``{row name: {"n_batches", "se", "se_df"}}`` for the TwoNN and MLE rows of
     `repgeom.probes.core.catalogue`'s intrinsic-dimension entry on the states `X`; empty where
     the noise batches are off or too small."""
     size = noise_batch_size(X.shape[0], settings.state_batch_size, settings.noise_splits)
@@ -71,12 +78,9 @@ def standard_errors(X, settings, value_batches: int) -> dict[str, dict]:
         # sd with ddof 1 is std · √(n / (n − 1)); over √n: std / √(n − 1)
         return {"n_batches": value_batches, "se": float(std) / math.sqrt(n - 1), "se_df": n - 1}
 
-    out = {"twonn": noise(result.twonn.dimension_std),
-           "twonn_mle": noise(result.twonn.mle_std),
-           "mle_dimension": noise(result.mle.dimension_std)}
-    for order, std in zip(result.gride.orders, result.gride.dimension_std, strict=True):
-        out[f"gride_k{order}"] = noise(std)
-    return out
+    return {"twonn": noise(result.twonn.dimension_std),
+            "twonn_mle": noise(result.twonn.mle_std),
+            "mle_dimension": noise(result.mle.dimension_std)}
 
 
 def attach(rows: list[tuple], noise: dict[str, dict], value_batches: int) -> list[tuple]:

@@ -222,10 +222,16 @@ def _rms_or_nan(values: pd.Series) -> float:
 
 
 def _layer_mean_grids(blocks: pd.DataFrame) -> list[pd.DataFrame]:
-    """(step, seed) grids of the layer mean: its value (the mean over the blocks read), standard
-    error (the root mean square of theirs: an upper bound whatever the blocks' correlation;
-    unknown if any block read has none) and degrees of freedom (the smallest)."""
-    read = blocks.loc[blocks["value"].notna()]
+    """(step, seed) grids of the layer mean: its value (the mean over a fixed set of blocks:
+    those read at every step in every seed), standard error (the root mean square of theirs: an
+    upper bound whatever the blocks' correlation; unknown if any has none) and degrees of freedom
+    (the smallest). A mean over whichever blocks are read at each step would jump where one
+    goes missing, and read as a turn; with no block read throughout, the grids are empty."""
+    steps = blocks.groupby("step").ngroups
+    seeds = blocks[noise.SEED].nunique()
+    finite = blocks.loc[blocks["value"].notna()].groupby("layer").size()
+    always = finite.index[finite == steps * seeds]
+    read = blocks.loc[blocks["layer"].isin(always)]
     grouped = read.groupby(["step", noise.SEED])
     values = grouped["value"].mean().unstack(noise.SEED).sort_index()
     ses = grouped["se"].agg(_rms_or_nan).unstack(noise.SEED).reindex_like(values)

@@ -37,12 +37,16 @@ standardised fall anywhere along it), not a per-step one, and it controls the fa
   is at most that of the flat curve: ``FALSE_TURN_RATE`` (5%), per curve and over all its steps;
 * the same holds for a false ``compression_to_expansion`` turn under curves that never rise.
 
-With several seeds, a change must also hold over seeds: the lower end of the 95% Student-t
-interval of the paired per-seed changes ``v_s(b) − v_s(a)`` is above 0 (the seed interval of
-`repgeom.probes.report.noise`). That second condition can only remove turns (an intersection of
-two tests, Berger 1982), so the rate stays at most 5%. It guards against one seed carrying a turn;
-it is not corrected for the pair chosen, which is the cross-run report's job
-(`repgeom.experiments`).
+With several seeds the batch noise is not the whole noise: seeds differ in the shape of their
+curves, and a mean over seeds inherits that. So each point's standard error is the larger of the
+pooled batch noise above and the seeds' own disagreement (`_seed_noise`: the residual of the
+two-way step-by-seed layout, pooled over the steps on ``(K − 1)(S − 1)`` degrees of freedom;
+a seed's constant offset cancels), with the smaller of the two degrees of freedom. That assumes
+the seeds' wiggles are of one size along the curve. A change must also hold over seeds: the lower
+end of the 95% Student-t interval of the paired per-seed changes ``v_s(b) − v_s(a)`` is above 0
+(seeds that agree to the last bit, with no spread at all, decide nothing). That second condition
+can only remove turns (an intersection of two tests, Berger 1982). Which of these seeds' curves
+generalise to others is the cross-run report's question (`repgeom.experiments`), not this one's.
 
 Where no noise is known (one seed and no std: a single estimator batch), or the degrees of freedom
 are below 1, ``c`` is infinite and nothing is decided: the phase stays *undecided*. With the
@@ -164,7 +168,7 @@ class CurveTest:
         known = len(self.se) and np.isfinite(self.se).all()
         # df rounded down (a smaller df only raises c), and capped where c no longer moves, so
         # that curves share the cached critical values
-        df = math.floor(min(self.df, MAX_DF)) if np.isfinite(self.df) else math.nan
+        df = math.floor(min(self.df, MAX_DF)) if not np.isnan(self.df) else math.nan
         self.threshold = critical(int(self.n_steps), df, self.rate) if known else math.inf
         """``c(n_steps, df)``; ``inf`` where the noise is unknown."""
         n_seeds = self.values.shape[1] if self.values.ndim == 2 else 1
@@ -187,9 +191,25 @@ class CurveTest:
             return True
         change = self.values[end] - self.values[start]
         sd = float(change.std(ddof=1))
-        if sd == 0:
-            return bool(change.mean() > 0)
+        if sd == 0:  # seeds that agree to the last bit were likely not seeded apart: no test
+            return False
         return bool(change.mean() - self._t * sd / math.sqrt(n_seeds) > 0)
+
+
+def _seed_noise(v: np.ndarray) -> tuple[float, float]:
+    """The standard error of a mean over seeds from the seeds' own disagreement, and its df.
+
+    The residual of the two-way layout ``v[t, s] = m_t + a_s + e[t, s]`` (a step effect, a
+    seed's offset, and the rest: batch noise and each seed's own wiggles along the curve), its
+    variance pooled over the steps on ``(K − 1)(S − 1)`` degrees of freedom (the error term of a
+    repeated-measures ANOVA), gives ``se = √(σ² / S)`` at every step. A seed's constant offset
+    cancels in every change, as in a paired test. NaN with one seed or one step."""
+    n_steps, n_seeds = v.shape if v.ndim == 2 else (len(v), 1)
+    if n_seeds < 2 or n_steps < 2:
+        return math.nan, math.nan
+    residual = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
+    df = (n_steps - 1) * (n_seeds - 1)
+    return math.sqrt(float(np.sum(residual**2)) / df / n_seeds), float(df)
 
 
 def curve_test(v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
@@ -200,9 +220,13 @@ def curve_test(v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
     n_seeds = max(v.shape[1], 1)
     var = np.sum(se**2, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        welch = var**2 / np.sum(se**4 / df, axis=1)  # Welch-Satterthwaite, per step
+        welch = var**2 / np.sum(se**4 / np.minimum(df, MAX_DF), axis=1)  # Welch-Satterthwaite
     known = np.isfinite(se).all(axis=1) & np.isfinite(welch)
     mean_se = np.where(known, np.sqrt(var) / n_seeds, np.nan)
     curve_df = float(np.min(welch)) if len(welch) and known.all() else math.nan
+    seed_se, seed_df = _seed_noise(v)
+    if np.isfinite(seed_se):  # the larger of the two noises, the smaller of their df
+        mean_se = np.fmax(mean_se, seed_se) if known.all() else np.full(len(v), seed_se)
+        curve_df = min(curve_df, seed_df) if known.all() else seed_df
     steps = len(v) if n_steps is None else max(int(n_steps), len(v))
     return CurveTest(v, mean_se, curve_df, steps, rate, level)

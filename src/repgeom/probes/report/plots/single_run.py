@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 
+from repgeom.probes.core.table import NOISE_COLUMNS
 from repgeom.probes.report.aggregate import head_means, layer_means
 from repgeom.probes.report.plots.phase_markers import mark_turns
 from repgeom.probes.report.plots.style import (
@@ -117,7 +118,8 @@ def metric_vs_step(
     else:  # in the order the groups first appear in the table
         groups = [(name, means.loc[means[by] == name]) for name in pd.unique(rows[by].dropna())]
     if by is None and means.duplicated("step").any():
-        extra = [c for c in means.columns if c not in ("step", "metric", "value", "std")][1:]
+        extra = [c for c in means.columns
+                 if c not in ("step", "metric", "value", "std", *NOISE_COLUMNS)][1:]
         raise ValueError(f"metric {metric!r}: several runs share a step; pass by= one of {extra}")
     fig, ax, _ = single_axes(7.5, 4.5)
     colours = mpl.colormaps["tab10"](np.arange(len(groups)) % 10)

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from repgeom.probes.core import catalogue
-from repgeom.probes.core.table import FINAL_NORM
+from repgeom.probes.core.table import FINAL_NORM, NOISE_COLUMNS
 from repgeom.probes.report.aggregate import head_means
 
 DPI = 120
@@ -50,7 +50,8 @@ def one_run(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     dup = per_layer.duplicated(["step", "layer"], keep=False)
     if dup.any():
         extra = [c for c in per_layer.columns if c not in ("step", "layer", "layer_name", "head",
-                                                             "metric", "value", "std")]
+                                                             "metric", "value", "std",
+                                                             *NOISE_COLUMNS)]
         varying = [c for c in extra if per_layer.loc[dup, c].nunique(dropna=False) > 1]
         hint = ", ".join(f"{c!r}" for c in varying) or "no column tells them apart"
         raise ValueError(
