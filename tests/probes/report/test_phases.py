@@ -216,3 +216,14 @@ def test_report_writes_phases_csv_and_summary(tmp_path: Path, capsys) -> None:
     assert Run.summary["probe_summary/phases/twonn/mean/peak_step"] == 40
     assert Run.summary["probe_summary/phases/twonn/mean/expansion_to_compression"] == [40]
     assert Run.summary["probe_summary/phases/twonn/layer_01/peak_value"] == pytest.approx(10.0)
+
+
+def test_a_block_missing_at_some_steps_makes_no_turn_of_the_layer_mean() -> None:
+    """The layer mean is over the blocks read at every step: a mean over whichever blocks are
+    read would jump from 1.5 to 2 where block 1 goes missing, and read as a turn."""
+    frame = trajectory([0.0] * len(STEPS))  # flat: blocks at 1 and 2
+    gone = (frame["layer"] == 1) & frame["step"].isin([40, 80])
+    frame.loc[gone, "value"] = np.nan
+    mean = mean_rows(find_phases(frame))
+    assert set(mean["event"]) == {PEAK}
+    assert mean["value"].tolist() == [2.0]  # block 2 alone: the one read throughout
