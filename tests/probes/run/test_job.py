@@ -77,3 +77,32 @@ def test_defaults_and_follow(tmp_path) -> None:
 def test_a_bad_option_is_refused_by_name(tmp_path, overrides, match) -> None:
     with pytest.raises(ValueError, match=match):
         probe_job(compose_probe(tmp_path, overrides))
+
+
+def _documented_commands() -> list[list[str]]:
+    """The overrides of every ``python probe.py`` line in the code blocks of README.md and
+    docs/*.md; a sweep (``-m hf=a,b``) by its first job."""
+    import re
+    import shlex
+
+    commands = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                if not line.strip().startswith("python probe.py"):
+                    continue
+                words = [w for w in shlex.split(line, comments=True)[2:] if w != "-m"]
+                commands.append([re.sub(r"=([^\[,]*),[^\[]*$", r"=\1", w) for w in words])
+    return commands
+
+
+def test_every_documented_command_builds_a_job(tmp_path, monkeypatch) -> None:
+    """Each probe.py command of the README and docs composes and passes the job's checks (no
+    model is loaded: the checks need none; data/examples/ is read from the checkout)."""
+    commands = _documented_commands()
+    assert len(commands) >= 8 and ["hf=gpt2"] in commands
+    monkeypatch.chdir(ROOT)
+    for words in commands:
+        words = [w for w in words if not w.startswith("hydra")]
+        job = probe_job(compose_probe(tmp_path, words))
+        assert job.mode in ("run", "ckpt", "hf", "follow"), words
