@@ -54,3 +54,10 @@ def compose_probe(tmp_path: Path, overrides: list[str] = ()) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("probe", overrides=[f"output_dir={tmp_path}", *overrides])
+
+
+def compose_job(tmp_path: Path, overrides: list[str] = ()):
+    """`compose_probe`'s config read and checked as probe.py does: its `ProbeJob`."""
+    from repgeom.probes.run.job import probe_job
+
+    return probe_job(compose_probe(tmp_path, overrides))

@@ -13,8 +13,9 @@ from hydra_configs import CONF_DIR, ROOT, compose_probe, compose_train
 from omegaconf import OmegaConf
 
 from repgeom.models.gpt import GPTConfig
-from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve
+from repgeom.probes.core.spec import ProbeSpec, resolve
 from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.job import probe_request
 from repgeom.train import build_callbacks, build_loggers, train
 
 
@@ -133,7 +134,7 @@ def test_each_protocol_is_one_preset_read_by_both_commands(tmp_path: Path) -> No
     trained = ProbeCallback(**{k: v for k, v in given.items() if k != "_target_"}).spec
     probe_cfg = compose_probe(tmp_path, ["hf=gpt2", "protocol=llm_microscope"])
     assert probe_cfg.positions_per_window == "all"
-    asked = resolve(ProbeRequest.from_config(probe_cfg), seed=trained.seed)
+    asked = resolve(probe_request(probe_cfg), seed=trained.seed)
     fields = ("protocol", "n_states", "positions_per_window", "attention_windows")
     assert [getattr(trained, f) for f in fields] == [getattr(asked, f) for f in fields]
     # the estimator options too, but `distributions`: probe.py fits them by default (slow), the

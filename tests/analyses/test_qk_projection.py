@@ -16,7 +16,7 @@ from repgeom.analyses import probe_extras
 from repgeom.analyses.qk_projection import common_svd, project, qk_trajectory, svd_basis
 from repgeom.cli import qk_projection
 from repgeom.probes.core import table
-from repgeom.probes.run import runner
+from repgeom.probes.run.job import probe_job
 from repgeom.train import train
 
 
@@ -182,7 +182,7 @@ def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
     cfg = compose_probe(tmp_path / "probe", [
         f"run={run}", "qk_projection=true", "device=cpu", "metrics=[qk_alignment]",
         "plot_metrics=[]", "settings.distributions=false"])
-    result = probe_extras.probe(cfg)  # probe.py's function: the pipeline and its extras
+    result = probe_extras.probe(probe_job(cfg))  # probe.py's function: the pipeline and its extras
     drawn = sorted(p.name for p in result.plots)
     assert drawn == [f"qk_projection_layer{layer:02d}_head{head:02d}.png"
                      for layer in (1, 2) for head in (0, 1)]
@@ -195,4 +195,4 @@ def test_probe_py_draws_it_on_request(run, tmp_path) -> None:
     # Off by default, and refused where there is no trajectory.
     assert compose_probe(tmp_path, [f"run={run}"]).qk_projection is False
     with pytest.raises(ValueError, match="qk_projection=true draws a trajectory and needs run="):
-        runner.check_config(compose_probe(tmp_path, ["hf=gpt2", "qk_projection=true"]))
+        probe_job(compose_probe(tmp_path, ["hf=gpt2", "qk_projection=true"]))

@@ -1,8 +1,9 @@
 """The analyses a ``probe.py`` run can ask for, dispatched from the entry point.
 
 The probe pipeline (`repgeom.probes.run.runner`) sits below the analyses and never imports them; it
-takes *extras*, functions ``(cfg, output_dir, device) -> list of figure paths`` run after its
-own figures (so W&B logs theirs too). `probe` is ``probe.py``'s function: the pipeline with:
+takes *extras*, functions ``(job) -> list of figure paths`` (`repgeom.probes.run.job.ProbeJob`,
+the command's options read and checked once) run after its own figures (so W&B logs theirs
+too). `probe` is ``probe.py``'s function: the pipeline with:
 
 - ``qk_projection=true`` (``run=`` only): the queries and keys of every checkpoint in one SVD
   projection per head (Godey et al. 2024 Figs. 11-12; `repgeom.analyses.qk_projection`), into
@@ -16,41 +17,39 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-import torch
-from omegaconf import DictConfig
 
 from repgeom.probes.core.measure import ProbeSettings
 from repgeom.probes.report import console
+from repgeom.probes.run.job import ProbeJob
 from repgeom.probes.run.runner import ProbeRunResult
 from repgeom.probes.run.runner import probe as run_probes
 
 
-def qk_projection_figures(cfg: DictConfig, output_dir: Path, device: torch.device) -> list[Path]:
+def qk_projection_figures(job: ProbeJob) -> list[Path]:
     """``qk_projection=true``: `repgeom.analyses.qk_projection` on the run's checkpoints."""
-    if not cfg.get("qk_projection"):
+    if not job.qk_projection:
         return []
     from repgeom.analyses import qk_projection
 
-    return qk_projection.write(cfg.run, output_dir / "qk_projection",
-                               windows=cfg.get("attention_windows"), device=device)[1]
+    return qk_projection.write(job.run, job.output_dir / "qk_projection",
+                               windows=job.request.attention_windows, device=job.device)[1]
 
 
-def label_group_fits(cfg: DictConfig, output_dir: Path, device: torch.device) -> list[Path]:
+def label_group_fits(job: ProbeJob) -> list[Path]:
     """``labels.csv=``: `repgeom.analyses.distributions` on the model of ``ckpt=``/``hf=``, one
     fit per group of ``labels.csv`` (the post fits each subject:attribute pair)."""
-    if not (cfg.get("labels") or {}).get("csv"):
+    if job.labels.csv is None:
         return []
     from repgeom.analyses import distributions
     from repgeom.analyses.subjects import load_subject
 
-    subject = load_subject(hf=cfg.get("hf"), ckpt=cfg.get("ckpt"), tokenizer=cfg.get("tokenizer"))
-    samples = (cfg.get("settings") or {}).get("distribution_samples")
+    subject = load_subject(hf=job.hf, ckpt=job.ckpt, tokenizer=job.tokenizer)
+    samples = job.request.settings.get("distribution_samples")
     tables = distributions.run(
-        subject, pd.read_csv(Path(str(cfg.labels.csv)).expanduser()),
-        output_dir / "distributions",
-        group_by=[str(c) for c in cfg.labels.get("group_by") or []],
+        subject, pd.read_csv(job.labels.csv), job.output_dir / "distributions",
+        group_by=list(job.labels.group_by),
         n_samples=samples or ProbeSettings.distribution_samples,
-        seed=0 if cfg.get("seed") is None else int(cfg.seed),
+        seed=0 if job.request.seed is None else int(job.request.seed),
     )
     console.print_family_shares(tables["shares"])
     return []
@@ -59,6 +58,6 @@ def label_group_fits(cfg: DictConfig, output_dir: Path, device: torch.device) ->
 EXTRAS = (qk_projection_figures, label_group_fits)
 
 
-def probe(cfg: DictConfig) -> ProbeRunResult:
-    """``probe.py``: the probe pipeline, then the analyses `cfg` asks for (`EXTRAS`)."""
-    return run_probes(cfg, extras=EXTRAS)
+def probe(job: ProbeJob) -> ProbeRunResult:
+    """``probe.py``: the probe pipeline, then the analyses `job` asks for (`EXTRAS`)."""
+    return run_probes(job, extras=EXTRAS)

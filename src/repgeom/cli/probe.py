@@ -13,10 +13,12 @@ from repgeom.cli.yaml_config import run_yaml
 
 
 def task(cfg):
-    """Run the job; its imports are here, so that --help and --cfg load none of them."""
+    """Read and check the job (`repgeom.probes.run.job.probe_job`), then run it; the imports are
+    here, so that --help and --cfg load none of them."""
     from repgeom.analyses.probe_extras import probe
+    from repgeom.probes.run.job import probe_job
 
-    return probe(cfg)
+    return probe(probe_job(cfg))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -21,6 +21,7 @@ from repgeom import metrics
 from repgeom.models.capture import Capture
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.measure import ProbeSettings, measure
+from repgeom.probes.run.job import probe_job
 from repgeom.probes.run.runner import probe
 from repgeom.train import train
 
@@ -202,7 +203,7 @@ def test_user_metric_by_configuration_in_train_and_probe(tmp_path, user_module) 
             f"output_dir={probe_dir}", f"ckpt={run_dir}/checkpoints/last.ckpt", "device=cpu",
             "logger=wandb", "settings.distributions=false",
             f"metrics=[default,{user_module}.width,{user_module}.shape]"])
-    result = probe(cfg)
+    result = probe(probe_job(cfg))
     _assert_user_metric_everywhere(probe_dir, result.wandb_dir, n_layers=2)
     # probe.py of the last checkpoint gives the training probe's numbers for the user metric.
     trained = table.read_table(run_dir)
@@ -230,7 +231,7 @@ def test_similarity_maps_in_probe_py_over_a_run(tmp_path) -> None:
             f"output_dir={out}", f"run={run_dir}", "device=cpu", "logger=wandb",
             "n_states=256", "settings.state_batch_size=128", "settings.max_order=8",
             "settings.distributions=false", "metrics=[anisotropy,linear_cka,mutual_knn]"])
-    result = probe(cfg)
+    result = probe(probe_job(cfg))
     frame = table.read_table(out)
     layer_pairs = frame.loc[(frame["metric"] == "linear_cka") & (frame["step_b"] < 0)]
     assert set(layer_pairs["step"]) == {10, 20}

@@ -18,6 +18,7 @@ from repgeom.probes.core.spec import (
     resolve,
     training_probe,
 )
+from repgeom.probes.run.job import probe_request
 
 TRAINED = ProbeSpec(n_states=512, positions_per_window=None, attention_windows=3, batch_size=4,
                     seed=9, metrics=["anisotropy"], settings={"state_batch_size": 64},
@@ -64,7 +65,7 @@ def test_request_from_config_reads_probe_yaml_keys() -> None:
                             "metrics": ["all"], "settings": {"max_order": None, "attention": False},
                             "text_file": None, "text_source": "sample", "window": None,
                             "include_special": False, "protocol": "repgeom", "hf": "x"})
-    request = ProbeRequest.from_config(cfg)
+    request = probe_request(cfg)
     assert request == ProbeRequest(n_states=64, positions_per_window="all", metrics=("all",),
                                    settings={"attention": False}, protocol="repgeom")
 

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from hydra_configs import compose_probe
+from hydra_configs import compose_job, compose_probe
 from probe_runs import SMALL, assert_every_metric_every_layer
 from wandb_records import wandb_history
 
@@ -18,6 +18,7 @@ from repgeom.models.checkpoints import read_checkpoint
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import training_probe
 from repgeom.probes.core.texts import default_text
+from repgeom.probes.run.job import probe_job
 from repgeom.probes.run.runner import probe
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def test_hf_folder_every_metric_every_layer(
 ) -> None:
     folder = tiny_hf_folder(family)
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
-    result = probe(cfg)
+    result = probe(probe_job(cfg))
     assert result.kinds == {folder: kind}
     frame = table.read_table(tmp_path)
     assert set(frame["model"]) == {folder} and frame["step"].unique().tolist() == [0]
@@ -56,7 +57,7 @@ def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text
     base += ["settings.intrinsic_dimension=false", "settings.distributions=false"]
     drift = {}
     for include in ("false", "true"):
-        probe(compose_probe(tmp_path / include, [*base, f"include_special={include}"]))
+        probe(compose_job(tmp_path / include, [*base, f"include_special={include}"]))
         frame = table.read_table(tmp_path / include)
         drift[include] = frame.query("metric == 'drift_norm' and layer == 2")["value"].item()
     assert drift["false"] != pytest.approx(drift["true"])
@@ -65,7 +66,7 @@ def test_special_tokens_are_excluded_unless_asked(tmp_path, tiny_hf_folder, text
 @pytest.mark.slow
 def test_encoder_decoder_is_probed_as_two_models(tmp_path, tiny_hf_folder, text_file) -> None:
     folder = tiny_hf_folder("t5")  # 2 encoder blocks, 3 decoder blocks, 4 heads
-    result = probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}",
+    result = probe(compose_job(tmp_path, [f"hf={folder}", f"text_file={text_file}",
                                             "window=32", *SMALL]))
     encoder, decoder = f"{folder}:encoder", f"{folder}:decoder"
     assert result.kinds == {encoder: "encoder", decoder: "decoder"}
@@ -93,7 +94,7 @@ def test_encoder_decoder_stacks_log_apart_in_wandb(
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     folder = tiny_hf_folder("t5")
-    result = probe(compose_probe(tmp_path, [
+    result = probe(compose_job(tmp_path, [
         f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL, "logger=wandb",
         "metrics=[anisotropy]", "settings.distributions=false", "plot_metrics=[anisotropy]"]))
     history = wandb_history(result.wandb_dir)
@@ -114,10 +115,10 @@ def test_tokenizer_option_for_a_folder_without_one(tmp_path, tiny_hf_folder, tex
     bare = tiny_hf_folder("gpt2", tokenizer=False)  # the weights of tiny_hf_folder("gpt2")
     base = [f"text_file={text_file}", "window=32", *SMALL, "plot_metrics=[]", "metrics=[default]"]
     with pytest.raises(ValueError, match=re.escape(f"{bare} has no tokenizer; pass tokenizer=")):
-        probe(compose_probe(tmp_path / "none", [f"hf={bare}", *base]))
-    ours = probe(compose_probe(tmp_path / "given", [f"hf={bare}",
+        probe(compose_job(tmp_path / "none", [f"hf={bare}", *base]))
+    ours = probe(compose_job(tmp_path / "given", [f"hf={bare}",
                                                     f"tokenizer={tiny_hf_folder('gpt2')}", *base]))
-    full = probe(compose_probe(tmp_path / "full", [f"hf={tiny_hf_folder('gpt2')}", *base]))
+    full = probe(compose_job(tmp_path / "full", [f"hf={tiny_hf_folder('gpt2')}", *base]))
     # Same weights, tokenizer and probe set: the same table but for the model column.
     columns = ["step", "layer", "head", "metric", "value"]
     pd.testing.assert_frame_equal(ours.frame[columns], full.frame[columns])
@@ -127,7 +128,7 @@ def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder
     folder = tiny_hf_folder("electra")
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL])
     with pytest.warns(UserWarning, match="model family 'electra' has no query/key hooks"):
-        result = probe(cfg)
+        result = probe(probe_job(cfg))
     metrics = set(result.frame["metric"])
     assert {"anisotropy", "twonn", "attention_entropy"} <= metrics
     assert not {"qk_cosine", "qk_cosine_concat"} & metrics
@@ -141,7 +142,7 @@ def test_unknown_family_still_gets_hidden_state_metrics(tmp_path, tiny_hf_folder
 @pytest.mark.slow
 def test_checkpoint_gives_the_training_probe_numbers(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
-    result = probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "plot_metrics=[anisotropy]"]))
+    result = probe(compose_job(tmp_path, [f"ckpt={ckpt}", "plot_metrics=[anisotropy]"]))
     assert result.kinds == {"last (step 20)": "decoder"}
     ours = table.read_table(tmp_path)
     logged = table.read_table(trained_run)
@@ -187,8 +188,8 @@ def test_checkpoint_and_its_hf_export_give_the_same_table(tmp_path, trained_run)
               "seed=3", "device=cpu", "plot_metrics=[]",
               *(f"++settings.{k}={str(v).lower() if isinstance(v, bool) else v}"
                 for k, v in settings.items())]  # fmt: skip
-    ours_run = probe(compose_probe(tmp_path / "ckpt", [f"ckpt={ckpt}", *common]))
-    theirs_run = probe(compose_probe(tmp_path / "hf", [f"hf={folder}", *common]))
+    ours_run = probe(compose_job(tmp_path / "ckpt", [f"ckpt={ckpt}", *common]))
+    theirs_run = probe(compose_job(tmp_path / "hf", [f"hf={folder}", *common]))
     assert [s.source for s in (*ours_run.subjects, *theirs_run.subjects)] == ["ours", "hf"]
     assert list(ours_run.kinds.values()) == list(theirs_run.kinds.values()) == ["decoder"]
     ours, theirs = ours_run.frame, theirs_run.frame
@@ -222,7 +223,7 @@ def test_protocol_llm_microscope_on_an_hf_model(tmp_path, tiny_hf_folder, text_f
                                    "settings.state_batch_size=256", "settings.max_order=8",
                                    "settings.distributions=false", "plot_metrics=[]",
                                    "metrics=[default]"])
-    result = probe(cfg)
+    result = probe(probe_job(cfg))
     metrics_seen = set(result.frame["metric"])
     assert "twonn_llm_microscope" in metrics_seen and "twonn" not in metrics_seen
     info = json.loads((tmp_path / "probe_info.json").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from hydra_configs import compose_probe
+from hydra_configs import compose_job
 
 from repgeom.probes.run.runner import probe
 
@@ -17,7 +17,7 @@ def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
     folder = tiny_hf_folder("bert")
     text = "the lazy dog sleeps"
     result = probe(
-        compose_probe(tmp_path, [f"hf={folder}", f"compare.text_a='{text}'",
+        compose_job(tmp_path, [f"hf={folder}", f"compare.text_a='{text}'",
                                  f"compare.text_b='{text}'"])
     )  # fmt: skip
     pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
@@ -32,7 +32,7 @@ def test_compare_identical_texts_hf(tmp_path, tiny_hf_folder) -> None:
 
 def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_folder) -> None:
     folder = tiny_hf_folder("t5")
-    probe(compose_probe(tmp_path, [f"hf={folder}", "compare.text_a='the cat sat'",
+    probe(compose_job(tmp_path, [f"hf={folder}", "compare.text_a='the cat sat'",
                                    "compare.text_b='a dog ran.'", "device=cpu"]))
     encoder, decoder = (
         pd.read_csv(tmp_path / "compare" / f"pooled_cosine_step0_{stack}.csv")
@@ -51,7 +51,7 @@ def test_compare_encoder_decoder_writes_one_file_per_stack(tmp_path, tiny_hf_fol
 @pytest.mark.slow  # trains (the trained_run fixture)
 def test_compare_different_texts_checkpoint(tmp_path, trained_run) -> None:
     ckpt = trained_run / "checkpoints" / "last.ckpt"
-    probe(compose_probe(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
+    probe(compose_job(tmp_path, [f"ckpt={ckpt}", "compare.text_a=abc", "compare.text_b='xyz!'"]))
     pooled = pd.read_csv(tmp_path / "compare" / "pooled_cosine.csv")
     # The probe table's layers: embedding, two blocks, our GPT's final norm.
     assert pooled["layer_name"].tolist() == ["embedding", "block_1", "block_2", "final_norm"]

@@ -13,14 +13,14 @@ import pytest
 import torch
 from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
-from hydra_configs import compose_probe
+from hydra_configs import compose_job, compose_probe
 from probe_runs import SMALL, assert_every_metric_every_layer
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.models.checkpoints import CheckpointFormatError, find_checkpoints
 from repgeom.probes.core import table
 from repgeom.probes.report import phase_report, phases
-from repgeom.probes.run import runner
+from repgeom.probes.run.job import probe_job
 from repgeom.probes.run.runner import probe
 from repgeom.probes.run.trajectory import timings
 
@@ -116,7 +116,7 @@ def test_run_folder_is_a_trajectory_with_one_step_per_checkpoint(tmp_path, train
     overrides = [f"run={trained_run}", "logger=wandb", "settings.distributions=false",
                  "plot_metrics=[anisotropy,twonn]"]  # fmt: skip
     os.environ.setdefault("WANDB_MODE", "offline")
-    result = probe(compose_probe(tmp_path, overrides))
+    result = probe(compose_job(tmp_path, overrides))
     frame = table.read_table(tmp_path)
     assert sorted(frame["step"].unique()) == [10, 20]
     assert set(frame["model"]) == {trained_run.name}
@@ -155,27 +155,27 @@ def test_missing_paths(tmp_path) -> None:
         ("hf=/nonexistent/model", "no such local folder"),
     ):
         with pytest.raises(FileNotFoundError, match=match):
-            probe(compose_probe(tmp_path, [override]))
+            probe(compose_job(tmp_path, [override]))
     (tmp_path / "empty_run").mkdir()
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
-        probe(compose_probe(tmp_path, [f"run={tmp_path / 'empty_run'}"]))
+        probe(compose_job(tmp_path, [f"run={tmp_path / 'empty_run'}"]))
 
 
 def test_checkpoint_of_another_format(tmp_path, tiny_hf_folder) -> None:
     state_dict = tmp_path / "weights.pt"
     torch.save({"layer.weight": torch.zeros(2, 2)}, state_dict)
     with pytest.raises(CheckpointFormatError, match="plain state dict"):
-        probe(compose_probe(tmp_path, [f"ckpt={state_dict}"]))
+        probe(compose_job(tmp_path, [f"ckpt={state_dict}"]))
     lightning_other = tmp_path / "other.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 0.1}}, lightning_other)
     with pytest.raises(CheckpointFormatError, match="not one of repgeom's CharLM"):
-        probe(compose_probe(tmp_path, [f"ckpt={lightning_other}"]))
+        probe(compose_job(tmp_path, [f"ckpt={lightning_other}"]))
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint")
     with pytest.raises(CheckpointFormatError, match="torch.load cannot read it"):
-        probe(compose_probe(tmp_path, [f"ckpt={text}"]))
+        probe(compose_job(tmp_path, [f"ckpt={text}"]))
     with pytest.raises(ValueError, match="use ckpt= instead|not a Hugging Face model folder"):
-        probe(compose_probe(tmp_path, [f"hf={tmp_path}"]))
+        probe(compose_job(tmp_path, [f"hf={tmp_path}"]))
 
 
 @pytest.mark.slow  # trains (the trained_run fixture)
@@ -184,10 +184,10 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
     short.write_text("too short")
     folder = tiny_hf_folder("gpt2")
     with pytest.raises(ValueError, match="one window of 32 tokens"):
-        probe(compose_probe(tmp_path, [f"hf={folder}", f"text_file={short}", "window=32"]))
+        probe(compose_job(tmp_path, [f"hf={folder}", f"text_file={short}", "window=32"]))
     ckpt = trained_run / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError, match="block_size=32"):
-        probe(compose_probe(tmp_path, [f"ckpt={ckpt}", f"text_file={short}"]))
+        probe(compose_job(tmp_path, [f"ckpt={ckpt}", f"text_file={short}"]))
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_text_shorter_than_the_window(tmp_path, tiny_hf_folder, trained_run) -> 
 )
 def test_bad_config(tmp_path, overrides, match) -> None:
     with pytest.raises(ValueError, match=match):
-        probe(compose_probe(tmp_path, overrides))
+        probe(compose_job(tmp_path, overrides))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_labels_csv_fits_each_label_group_separately(tmp_path, tiny_hf_folder, t
     pd.DataFrame(rows).to_csv(csv, index=False)
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", "window=32", *SMALL,
                                    f"labels.csv={csv}", "labels.group_by=[subject,tone]"])
-    result = probe_with_analyses(cfg)  # probe.py's function: the pipeline and its extras
+    result = probe_with_analyses(probe_job(cfg))  # probe.py's function: the pipeline and its extras
     out = result.output_dir / "distributions"
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["group"]) == {"fox:calm", "fox:loud", "dog:calm", "dog:loud"}
@@ -259,10 +259,10 @@ def test_labels_csv_is_refused_for_a_run_and_when_missing(tmp_path, tiny_hf_fold
     cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}",
                                    f"labels.csv={tmp_path / 'none.csv'}"])
     with pytest.raises(FileNotFoundError, match="labels.csv=.*does not exist"):
-        runner.check_config(cfg)
+        probe_job(cfg)
     cfg = compose_probe(tmp_path, [f"run={tmp_path}", f"labels.csv={tmp_path / 'none.csv'}"])
     with pytest.raises(ValueError, match="labels.csv fits the distributions of one model"):
-        runner.check_config(cfg)
+        probe_job(cfg)
 
 
 @pytest.mark.slow
@@ -270,6 +270,6 @@ def test_model_name_labels_the_table(tmp_path, tiny_hf_folder, text_file) -> Non
     cfg = compose_probe(tmp_path, [f"hf={tiny_hf_folder('gpt2')}", f"text_file={text_file}",
                                    "window=32", *SMALL, "plot_metrics=[]", "model_name=tiny-gpt2",
                                    "settings.distributions=false"])
-    result = probe(cfg)
+    result = probe(probe_job(cfg))
     assert set(result.frame["model"]) == {"tiny-gpt2"}
     assert set(result.drift_cosine["model"]) == {"tiny-gpt2"}

@@ -121,7 +121,8 @@ class ProbeRequest:
     ``settings`` holds the non-null estimator options). The last four say where the windows come
     from besides a checkpoint's own validation data: ``text_file`` (any text), ``text_source``
     (HF models without a text file: ``sample`` or ``enwik8``), ``window`` (HF tokens per window)
-    and ``include_special`` (keep BOS/CLS/SEP positions of HF models).
+    and ``include_special`` (keep BOS/CLS/SEP positions of HF models). Read from the config, by
+    field name, by `repgeom.probes.run.job.probe_request`, as a part of probe.py's `ProbeJob`.
     """
 
     n_states: int | None = None
@@ -151,20 +152,6 @@ class ProbeRequest:
                 raise ValueError(f"settings.{key}: give it as {misplaced[key]} (top level)")
             if key not in known:
                 raise ValueError(f"settings: unknown key {key!r}; known: {known}")
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> ProbeRequest:
-        """probe.py's config (a DictConfig or mapping): the one place its probe options are read;
-        every field by its name, absent keys as the field's default."""
-        given = {f.name: cfg.get(f.name) for f in dataclasses.fields(cls)
-                 if cfg.get(f.name) is not None}
-        if "metrics" in given:
-            given["metrics"] = tuple(str(m) for m in given["metrics"])
-        given["settings"] = {str(k): v for k, v in dict(given.get("settings") or {}).items()
-                             if v is not None}
-        if "text_file" in given:
-            given["text_file"] = str(given["text_file"])
-        return cls(**given)
 
 
 def resolve(request: ProbeRequest, trained: ProbeSpec | None = None, *,

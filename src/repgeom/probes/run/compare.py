@@ -9,20 +9,23 @@ from typing import Any
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig
 
 from repgeom import metrics
 from repgeom.models.capture import FINAL_NORM
 from repgeom.models.text_states import read_text_states
 from repgeom.probes.report import plots
+from repgeom.probes.run.job import CompareTexts
 
 
 def compare(
-    cfg: DictConfig, subject, loaded: Any, output_dir: Path, *, several: bool
+    texts: CompareTexts, subject, loaded: Any, output_dir: Path, *, include_special: bool,
+    several: bool
 ) -> tuple[pd.DataFrame, list[Path]]:
-    include = bool(cfg.include_special)
-    a = read_text_states(loaded, str(cfg.compare.text_a), include_special=include)
-    b = read_text_states(loaded, str(cfg.compare.text_b), include_special=include)
+    """``compare.text_a``/``text_b`` (`texts`) read by the `loaded` model of `subject`: its
+    per-layer pooled cosine (returned, and in ``compare/pooled_cosine*.csv``) and the last
+    block's token x token cosines; `include_special` keeps BOS/CLS/SEP positions."""
+    a = read_text_states(loaded, texts.text_a, include_special=include_special)
+    b = read_text_states(loaded, texts.text_b, include_special=include_special)
     A, B, tokens_a, tokens_b, names = a.states, b.states, a.tokens, b.tokens, a.layer_names
     pooled = metrics.layer_pooled_similarity(A, B)
     last = max(i for i, name in enumerate(names) if name != FINAL_NORM)  # the last block

@@ -1,4 +1,4 @@
-"""`probe(cfg)`: the geometry probes on saved checkpoints, whole runs and Hugging Face models.
+"""`probe(job)`: the geometry probes on saved checkpoints, whole runs and Hugging Face models.
 
 The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
 
@@ -13,7 +13,8 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
 
 Every number comes from `repgeom.probes.core.measure.measure`, the function the training probe
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.core.table`) through the
-same sink (`repgeom.probes.report.sink`). This file only orchestrates: the targets (`targets`:
+same sink (`repgeom.probes.report.sink`). This file only orchestrates: the job (`job.ProbeJob`:
+the config read and checked once, by `job.probe_job`), the targets (`targets`:
 `CheckpointTarget`, `HFTarget`, one interface), checkpoint reading (`checkpoints`), text
 (`texts`), compare mode (`compare`), the console (`console`) and similarity across checkpoints
 (`similarity`) live in files of their own; nothing here imports the Lightning callback.
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from repgeom.console import quiet_console
 from repgeom.models.checkpoints import (  # noqa: F401 - the public names of probe.py's engine
@@ -52,7 +53,6 @@ from repgeom.models.checkpoints import (  # noqa: F401 - the public names of pro
     resolve_device,
 )
 from repgeom.models.hf import STACKS, model_stacks
-from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.core.targets import CheckpointTarget, HFTarget
@@ -61,6 +61,7 @@ from repgeom.probes.report import aggregate, console, phase_report, plots, sink
 from repgeom.probes.report.drift_cosine import save_drift_cosine
 from repgeom.probes.run import schedule
 from repgeom.probes.run.compare import compare
+from repgeom.probes.run.job import FOLLOW, ProbeJob
 from repgeom.probes.run.offload.follow import follow
 from repgeom.probes.run.trajectory import Trajectory, weights_by_revision
 
@@ -92,78 +93,13 @@ class ProbeRunResult:
 
 
 # ---------------------------------------------------------------------------------------------
-# Config
-
-
-_MODES = ("run", "ckpt", "hf")
-
-
-def check_config(cfg: DictConfig) -> str:
-    """The mode (``run``, ``ckpt`` or ``hf``); raises ValueError on an inconsistent config."""
-    given = [m for m in _MODES if cfg.get(m) not in (None, "")]
-    if len(given) != 1:
-        got = ", ".join(f"{m}={cfg.get(m)}" for m in given) or "none"
-        raise ValueError(
-            f"give exactly one of run=<train run folder>, ckpt=<file.ckpt> or hf=<hub name or "
-            f"folder> (got {got}); e.g. python probe.py ckpt=outputs/.../checkpoints/last.ckpt "
-            "(or follow=<run folder> for the worker of a run trained with probe.offload)"
-        )
-    mode = given[0]
-    for key in ("hf_revisions", "tokenizer"):
-        if cfg.get(key) and mode != "hf":
-            raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
-    schedule.check_options(cfg.get("hf_revisions"), cfg.get("max_revisions"), mode)
-    schedule.check_shard(cfg.get("shard"), cfg.get("shards"), mode)
-    compare = cfg.get("compare") or {}
-    texts = [compare.get("text_a"), compare.get("text_b")]
-    if any(t is not None for t in texts):
-        if any(t is None or t == "" for t in texts):
-            raise ValueError(
-                "compare needs both compare.text_a=... and compare.text_b=... (non-empty)"
-            )
-        if mode == "run":
-            raise ValueError(
-                "compare takes ckpt= or hf=, not run=; pick one checkpoint, e.g. "
-                "ckpt=<run>/checkpoints/last.ckpt"
-            )
-    labels = cfg.get("labels") or {}
-    if labels.get("csv"):
-        if mode == "run" or cfg.get("hf_revisions"):
-            raise ValueError(
-                "labels.csv fits the distributions of one model: give ckpt=<file.ckpt> or "
-                f"hf=<name> without hf_revisions (got {mode}=)"
-            )
-        if not Path(str(labels.csv)).expanduser().is_file():
-            raise FileNotFoundError(
-                f"labels.csv={labels.csv} does not exist; give a CSV with a 'text' column and "
-                "label columns (e.g. data/examples/subject_attribute.csv)"
-            )
-    if cfg.get("qk_projection") and mode != "run":
-        raise ValueError(
-            f"qk_projection=true draws a trajectory and needs run=<train run folder>, got {mode}=; "
-            "or leave qk_projection=false"
-        )
-    _retry_budget(cfg)
-    return mode
-
-
-# ---------------------------------------------------------------------------------------------
 # The run
 
 
-def _retry_budget(cfg: DictConfig) -> float:
-    """``retry_budget_s``: seconds of hub retries allowed per revision (default 15 minutes)."""
-    value = cfg.get("retry_budget_s")
-    if value is None:
-        return RETRY_BUDGET_S
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"retry_budget_s must be a number of seconds >= 0 (0: no retries), "
-                         f"got {value!r}")
-    return float(value)
-
-
-def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
-    """Probe what `cfg` names (``run``, ``ckpt`` or ``hf``); write the table, plots and logs.
+def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
+          ) -> ProbeRunResult:
+    """Probe what `job` names (``run``, ``ckpt`` or ``hf``; `job.probe_job` builds it from
+    ``conf/probe.yaml``); write the table, plots and logs.
 
     Returns
     -------
@@ -174,23 +110,20 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
         ``<output_dir>/probes/drift_cosine.csv``), and in compare mode the per-layer pooled
         cosine (``<output_dir>/compare/pooled_cosine.csv``).
 
-    `extras` are functions ``(cfg, output_dir, device) -> figure paths`` run after the probe's
+    `extras` are functions ``(job) -> figure paths`` run after the probe's
     own figures: the analyses a run asks for (``repgeom.analyses.probe_extras``, which
     ``probe.py`` passes; the pipeline does not import the analyses).
     """
     quiet_console()
-    if cfg.get("follow") not in (None, ""):
-        return _follow(cfg)
-    mode = check_config(cfg)
-    request = ProbeRequest.from_config(cfg)  # the probe options, read (and checked) once
-    output_dir = Path(cfg.output_dir).expanduser().resolve()
+    if job.mode == FOLLOW:
+        return _follow(job)
+    request, output_dir, device = job.request, job.output_dir, job.device
     output_dir.mkdir(parents=True, exist_ok=True)
-    device = resolve_device(cfg.get("device"))
     pairwise = bool(catalogue.select(resolve(request).probe_settings()).pairs)
-    subjects = targets(cfg, mode, reference_final=pairwise)
-    comparing = cfg.get("compare") is not None and cfg.compare.get("text_a") is not None
+    subjects = targets(job, reference_final=pairwise)
+    comparing = job.compare is not None
 
-    loggers = _wandb_runs(cfg, output_dir, mode, subjects)
+    loggers = _wandb_runs(job, output_dir, subjects)
     frame = table.rows_to_frame([])
     compare_frames: list[pd.DataFrame] = []
     figures: list[Path] = []
@@ -200,19 +133,18 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     if comparing:
         for subject in subjects:
             loaded = subject.load(device)
-            pooled, paths = compare(cfg, subject, loaded, output_dir, several=len(subjects) > 1)
+            pooled, paths = compare(job.compare, subject, loaded, output_dir,
+                                    include_special=request.include_special,
+                                    several=len(subjects) > 1)
             compare_frames.append(pooled)
             figures += paths
             console.print_compare(subject, pooled)
             del loaded
     else:  # streamed: bounded disk and memory, resumable (`trajectory`)
-        work_dir = cfg.get("work_dir")
-        loop = Trajectory(request, device, output_dir, loggers,
-                          work_dir=None if work_dir is None else Path(str(work_dir)),
-                          keep_weights=bool(cfg.get("keep_weights")), pairwise=pairwise,
+        loop = Trajectory(request, device, output_dir, loggers, work_dir=job.work_dir,
+                          keep_weights=job.keep_weights, pairwise=pairwise,
                           stack_dir=_stack_dir, prefix=_wandb_prefix,
-                          retry_skipped=bool(cfg.get("retry_skipped")),
-                          retry_budget_s=_retry_budget(cfg))
+                          retry_skipped=job.retry_skipped, retry_budget_s=job.retry_budget_s)
         frame = loop.run(subjects)
         all_warnings = loop.warnings
         skipped, copied = list(loop.skipped.values()), dict(loop.copies)
@@ -223,16 +155,15 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
             output_dir, frame, subjects, figures, pd.concat(compare_frames, ignore_index=True)
         )
     else:
-        wanted = cfg.get("plot_metrics")
-        figures = save_figures(frame, stacks, output_dir,
-                               None if wanted is None else [str(m) for m in wanted])
+        wanted = job.plot_metrics
+        figures = save_figures(frame, stacks, output_dir, None if wanted is None else list(wanted))
         for extra in extras:  # the analyses asked for (repgeom.analyses.probe_extras)
-            figures += extra(cfg, output_dir, device)
+            figures += extra(job)
         console.print_tables(frame, subjects)
         correlation = summarise(frame, output_dir, loggers)
         result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
                                 drift_cosine=correlation, skipped=skipped, copies=copied)
-    _write_info(result, cfg, mode)
+    _write_info(result, job)
     for run in loggers:
         _log_figures(run, figures, max(s.step for s in subjects))
         run.summary["probe/kind"] = ", ".join(sorted({s.kind for s in subjects}))
@@ -242,21 +173,12 @@ def probe(cfg: DictConfig, extras: Sequence[Callable] = ()) -> ProbeRunResult:
     return result
 
 
-def _follow(cfg: DictConfig) -> ProbeRunResult:
+def _follow(job: ProbeJob) -> ProbeRunResult:
     """``follow=<run folder>``: the worker of a run trained with ``probe.offload``
     (`repgeom.probes.run.offload.follow`); the table, phases and figures go into that run folder,
     with the training probe's spec (probe.py's own probe options do not apply)."""
-    given = [m for m in _MODES if cfg.get(m) not in (None, "")]
-    if given:
-        raise ValueError(
-            f"follow= probes a training run's snapshots as they appear and takes none of "
-            f"run=/ckpt=/hf= (got {', '.join(given)}); run them as separate probe.py commands"
-        )
-    result = follow(
-        str(cfg.follow), device=resolve_device(cfg.get("device")),
-        timeout_s=float(cfg.get("follow_timeout_s") or 600.0),
-        keep_snapshots=bool(cfg.get("keep_snapshots")), lock=str(cfg.get("follow_lock") or "auto"),
-    )
+    result = follow(job.follow, device=job.device, timeout_s=job.follow_timeout_s,
+                    keep_snapshots=job.keep_snapshots, lock=job.follow_lock)
     return ProbeRunResult(result.run_dir, result.frame, [], result.plots)
 
 
@@ -295,41 +217,40 @@ def _stack_dir(folder: Path, stack: str | None) -> Path:
     return folder if stack is None else folder / stack
 
 
-def targets(cfg: DictConfig, mode: str, *, reference_final: bool = False
+def targets(job: ProbeJob, *, reference_final: bool = False
             ) -> list[CheckpointTarget | HFTarget]:
-    """What `cfg` names: one `HFTarget` per revision (and stack), or one `CheckpointTarget` per
+    """What `job` names: one `HFTarget` per revision (and stack), or one `CheckpointTarget` per
     checkpoint; with ``shard``/``shards``, this job's share (`schedule.shard_of`), plus the final
     revision as a `reference` when `reference_final` (pairwise metrics compare with it) and
     another shard owns it."""
-    if mode == "hf":
-        found = schedule.hub_revisions(str(cfg.hf), cfg.get("hf_revisions"),
-                                       max_revisions=cfg.get("max_revisions"),
-                                       retry_budget_s=_retry_budget(cfg))
-    elif mode == "ckpt":
-        path = Path(str(cfg.ckpt)).expanduser()
+    revisions = job.hf_revisions
+    if job.mode == "hf":
+        found = schedule.hub_revisions(
+            job.hf, list(revisions) if isinstance(revisions, tuple) else revisions,
+            max_revisions=job.max_revisions, retry_budget_s=job.retry_budget_s)
+    elif job.mode == "ckpt":
+        path = Path(job.ckpt).expanduser()
         ckpt = read_checkpoint(path)  # fails early on a missing or foreign file
         found = [(int(ckpt["global_step"]), path)]
     else:
-        found = schedule.run_checkpoints(find_checkpoints(str(cfg.run)), cfg.get("max_revisions"))
+        found = schedule.run_checkpoints(find_checkpoints(job.run), job.max_revisions)
     chosen = [(step, where, False) for step, where in
-              schedule.shard_of(found, cfg.get("shard"), cfg.get("shards"))]
+              schedule.shard_of(found, job.shard, job.shards)]
     if not chosen:
         raise ValueError(
-            f"shard={cfg.shard} of shards={cfg.shards} gets none of the {len(found)} "
+            f"shard={job.shard} of shards={job.shards} gets none of the {len(found)} "
             f"revisions or checkpoints; use at most shards={len(found)}"
         )
     if reference_final and found[-1] not in [(step, where) for step, where, _ in chosen]:
         chosen.append((*found[-1], True))
-    if mode != "hf":
-        return [CheckpointTarget(path, step, model=str(cfg.get("model_name") or ""),
+    if job.mode != "hf":
+        return [CheckpointTarget(path, step, model=job.model_name or "",
                                  reference=reference) for step, path, reference in chosen]
-    tokenizer, budget = cfg.get("tokenizer"), _retry_budget(cfg)
-    stacks = model_stacks(str(cfg.hf), revision=found[0][1], retry_budget_s=budget)
+    budget = job.retry_budget_s
+    stacks = model_stacks(job.hf, revision=found[0][1], retry_budget_s=budget)
     return [
-        HFTarget(str(cfg.hf), revision, step, dtype=cfg.get("dtype"),
-                 tokenizer=None if tokenizer is None else str(tokenizer), stack=stack,
-                 alias=str(cfg.get("model_name") or ""), reference=reference,
-                 retry_budget_s=budget)
+        HFTarget(job.hf, revision, step, dtype=job.dtype, tokenizer=job.tokenizer, stack=stack,
+                 alias=job.model_name or "", reference=reference, retry_budget_s=budget)
         for step, revision, reference in chosen
         for stack in stacks
     ]
@@ -347,13 +268,13 @@ def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:
     }
 
 
-def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
+def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
     """``probe_info.json``: what was probed, encoder or decoder, at which step, and the name of
     every layer index in the table (``embedding``, ``block_<i>``, ``final_norm``)."""
     info = {
-        "mode": mode,
+        "mode": job.mode,
         # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
-        "protocol": str(cfg.get("protocol") or "repgeom"),
+        "protocol": job.protocol,
         "twonn_convention": "llm_microscope" if result.frame is not None and (
             result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
         "compare": result.compare is not None,
@@ -370,24 +291,23 @@ def _write_info(result: ProbeRunResult, cfg: DictConfig, mode: str) -> None:
         "skipped": result.skipped,
         "weights": weights_by_revision(result.output_dir),
         "weights_copies": result.copies,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": job.config,
     }
     (result.output_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
-def _wandb_runs(cfg: DictConfig, output_dir: Path, mode: str, subjects: list) -> list:
-    """The W&B runs of `cfg.logger` (offline unless logged in), with the probe's step axis;
-    started by `repgeom.loggers.wandb_runs`, without Lightning."""
+def _wandb_runs(job: ProbeJob, output_dir: Path, subjects: list) -> list:
+    """The W&B runs of `job.logger` (offline unless logged in), with the probe's step axis;
+    started by `repgeom.loggers.wandb_runs`, without Lightning. The logger entries are read
+    against the job's config, with the run name ``probe-<model>`` unless ``run_name`` gives one."""
     from repgeom.loggers import wandb_runs
 
-    conf = cfg.copy()
-    with open_dict(conf):
-        if conf.get("run_name") is None:
-            conf.run_name = f"probe-{subjects[0].model.replace('/', '-')}" if subjects else "probe"
+    name = job.run_name or (
+        f"probe-{subjects[0].model.replace('/', '-')}" if subjects else "probe")
+    conf = OmegaConf.create({**job.config, "logger": job.logger, "run_name": name})
     runs = wandb_runs(conf, output_dir)
     for run in runs:
-        sink.prepare_wandb_run(
-            run, {"probe_run": OmegaConf.to_container(cfg, resolve=True), "mode": mode})
+        sink.prepare_wandb_run(run, {"probe_run": job.config, "mode": job.mode})
     return runs
 
 

@@ -22,13 +22,14 @@ from typing import Any
 
 import pandas as pd
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from repgeom.models.hf import STACKS
 from repgeom.probes.core import table
 from repgeom.probes.report import sink
 from repgeom.probes.report.survey import INFO_FILE
 from repgeom.probes.run import runner
+from repgeom.probes.run.job import ProbeJob, probe_job
 
 MERGED = "merged"
 """The merged folder's name inside the sweep folder (``merged-<k>`` for the k-th group)."""
@@ -87,18 +88,19 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
                                 .reset_index(drop=True))
     out = Path(out)
     table.write_table(frame, table.probe_dir(out))
-    cfg = OmegaConf.create(infos[0]["config"])
-    with open_dict(cfg):
-        cfg.output_dir, cfg.shard, cfg.shards = str(out), None, None
     subjects = [s for info in infos for s in info["subjects"] if not s.get("reference")]
     stacks = {s.get("stack"): s["model"] for s in subjects}
-    wanted = cfg.get("plot_metrics")
-    figures = runner.save_figures(frame, stacks, out,
-                                  None if wanted is None else [str(m) for m in wanted])
-    loggers = _wandb_runs(cfg, out, infos[0]["mode"], subjects, frame, stacks)
+    # The shards' job, as one job would have run it: this folder, no shard, and a run name.
+    config = infos[0]["config"]
+    name = config.get("run_name") or f"probe-{subjects[0]['model']}-merged".replace("/", "-")
+    job = probe_job(OmegaConf.create(
+        {**config, "output_dir": str(out), "shard": None, "shards": None, "run_name": name}))
+    wanted = job.plot_metrics
+    figures = runner.save_figures(frame, stacks, out, None if wanted is None else list(wanted))
+    loggers = _wandb_runs(job, frame, stacks)
     runner.summarise(frame, out, loggers)
     info = {**infos[0], "subjects": subjects, "merged_from": [str(f) for f in folders],
-            "config": OmegaConf.to_container(cfg, resolve=True)}
+            "config": job.config}
     (out / INFO_FILE).write_text(json.dumps(info, indent=2, default=str))
     for run in loggers:
         images = {f"probe/plots/{p.parent.name}/{p.stem}" if p.parent.name in STACKS
@@ -110,13 +112,9 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     return frame
 
 
-def _wandb_runs(cfg: DictConfig, out: Path, mode: str, subjects: list[dict],
-                frame: pd.DataFrame, stacks: dict) -> list:
+def _wandb_runs(job: ProbeJob, frame: pd.DataFrame, stacks: dict) -> list:
     """The merged table in one W&B run (when the jobs logged to W&B), step by step."""
-    with open_dict(cfg):
-        cfg.run_name = cfg.get("run_name") or f"probe-{subjects[0]['model']}-merged".replace(
-            "/", "-")
-    runs = runner._wandb_runs(cfg, out, mode, [])
+    runs = runner._wandb_runs(job, job.output_dir, [])
     stack_of = {model: stack for stack, model in stacks.items()}
     for (model, step), part in frame.groupby(["model", "step"], dropna=False):
         sink.log_scalars(runs, int(step), part, {},
