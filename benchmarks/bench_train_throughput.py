@@ -63,10 +63,11 @@ def compose_train(overrides: list[str]):
         return compose("train", overrides=[*overrides, "output_dir=/tmp"])
 
 
-def build_module(cfg, recipe: dict, total_steps: int, device: torch.device) -> CharLM:
-    """A `CharLM` as train.py builds it for `device`, over enwik8's byte vocabulary, with
-    `recipe`'s switches (recipe.pad_vocab among them)."""
-    vocab = Vocab(range(205))
+def build_module(cfg, recipe: dict, total_steps: int, device: torch.device,
+                 symbols: int = 205) -> CharLM:
+    """A `CharLM` as train.py builds it for `device`, over a byte vocabulary of `symbols` (205:
+    enwik8's; with [MASK] and [UNK], 207), with `recipe`'s switches (recipe.pad_vocab too)."""
+    vocab = Vocab(range(symbols))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("_target_")
     model_cfg.update(vocab_size=vocab.size, causal=bool(cfg.masking.causal),
@@ -209,6 +210,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="a 2 x 32 gpt_tiny, 2 steps, knee at 1 and 2 windows, on the CPU")
+    parser.add_argument("--symbols", type=int, default=205,
+                        help="byte symbols of the vocabulary (205: enwik8's; 200: the bundled "
+                             "sample's, which gpu_check's train.py runs read, so that all share "
+                             "one compiled graph)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args()
     model_overrides = [f"model={args.model}", f"masking={args.masking}"]
@@ -233,7 +238,7 @@ def main() -> None:
     recipes["plain loop"] = recipes["new default"]
     total = (args.warmup + args.steps) * args.rounds + 10
     modules = {p: build_module(recipes[p], OmegaConf.to_container(recipes[p].recipe), total,
-                               device) for p in PATHS}
+                               device, args.symbols) for p in PATHS}
     for p in PATHS[1:]:  # one initial state for all three
         modules[p].load_state_dict(modules["today"].state_dict())
     block = modules["today"].model.config.block_size
@@ -251,7 +256,8 @@ def main() -> None:
         knee = []
         new = recipes["new default"]
         for size in (int(s) for s in args.knee.split(",") if s.strip()):
-            module = build_module(new, OmegaConf.to_container(new.recipe), total, device)
+            module = build_module(new, OmegaConf.to_container(new.recipe), total, device,
+                                  args.symbols)
             knee_batches = Batches(args.warmup + args.knee_steps, size, block, vocab_size)
             try:
                 r = measure("new default", module, OmegaConf.to_container(new.recipe),

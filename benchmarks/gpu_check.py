@@ -7,19 +7,20 @@ stderr lines there; the next stage runs anyway. The stages share one Inductor ca
 write no checkpoints. In order, with their budgets on a GPU (`BUDGETS_S`, 400 s in all, so that
 the whole check fits in gpu_check.sh's 420 s):
 
-0. ``device`` (60 s): torch, CUDA, the GPU's name, a bf16 matmul's TFLOP/s, the compile of
+0. ``device`` (45 s): torch, CUDA, the GPU's name, a bf16 matmul's TFLOP/s, the compile of
    gpt_tiny's training loss;
 1. ``training`` (100 s): gpt_small at batch 16 x 512 through today's path (`recipe=off`), the new
    default (conf/recipe/default.yaml) and a plain PyTorch loop (`bench_train_throughput.py`):
    tokens/s, ms/step, MFU and peak memory each; their ratios;
-2. ``knee`` (70 s): the new default at 16, 32, 64 and 128 windows of 512;
-3. ``band`` (50 s): two 200-step runs of today's path on the bundled sample differ by a band;
+2. ``knee`` (80 s): the new default at 16, 32, 64 and 128 windows of 512, a line (and a
+   process) each, then the knee;
+3. ``band`` (55 s): two 200-step runs of today's path on the bundled sample differ by a band;
    the new default's run against their mean, within it or not;
-4. ``share`` (70 s): the training probe's share of the wall time at gpt_small's default schedule,
+4. ``share`` (75 s): the training probe's share of the wall time at gpt_small's default schedule,
    in-process and offloaded (``probe.offload=worker``, the worker on the same GPU): runs of the
    same length with no probe, in-process probes and offloaded ones give each probe's extra wall
    seconds, which the default schedule's probe count and step time turn into a share;
-5. ``knn`` (25 s): exact k nearest neighbours on 100k x 768, repgeom's GPU search against FAISS
+5. ``knn`` (20 s): exact k nearest neighbours on 100k x 768, repgeom's GPU search against FAISS
    on the CPU (its first 2,000 queries), and the share of neighbours both find;
 6. ``hub`` (25 s): one revision of a tiny Pythia from the tests' hub stand-in through
    ``probe.py hf=... hf_revisions=[...]``, and its seconds.
@@ -49,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 for folder in ("tests", "src", "benchmarks"):  # hub stand-in; this checkout; train_timing
     sys.path.insert(0, str(ROOT / folder))
 
-BUDGETS_S = {"device": 60, "training": 100, "knee": 70, "band": 50, "share": 70, "knn": 25,
+BUDGETS_S = {"device": 45, "training": 100, "knee": 80, "band": 55, "share": 75, "knn": 20,
              "hub": 25}
 """Each stage's seconds on a GPU; their sum (400 s) leaves gpu_check.sh's 420 s some margin."""
 SMOKE_BUDGET_S = 300
@@ -60,10 +61,12 @@ KILL_GRACE_S = 5
 
 FULL = {
     "model": "gpt_small", "device": "cuda", "compile_block": 256, "compile_backend": "inductor",
+    # --symbols 200: the bundled sample's vocabulary, which the train.py runs read, so that
+    # every stage's gpt_small at 16 x 512 is one compiled graph (the shared Inductor cache)
     "throughput": ["--model", "gpt_small", "--batch-size", "16", "--steps", "20", "--rounds", "3",
-                   "--warmup", "3", "--knee-steps", "10"],
+                   "--warmup", "3", "--knee-steps", "10", "--symbols", "200"],
     "knee": "16,32,64,128", "band_steps": 200,
-    "share_steps": 300, "share_probe_every": 100, "timer_warmup": 10, "worker_wait_s": 20,
+    "share_steps": 200, "share_probe_every": 100, "timer_warmup": 10, "worker_wait_s": 10,
     "share_overrides": ["model=gpt_small", "data=sample", "data.batch_size=16",
                         "trainer.limit_val_batches=0", "trainer.val_check_interval=100000"],
     "share_probe": [],

@@ -98,15 +98,23 @@ def training(opts: dict, tmp: Path, emit: Emit) -> None:
 
 
 def knee(opts: dict, tmp: Path, emit: Emit) -> None:
-    """The new default at each micro-batch of `opts["knee"]` (its own stage: a compile each)."""
-    r = _throughput(opts, tmp, ["--rounds", "0", "--knee", opts["knee"]])
-    parts = "; ".join(
-        f"{k['batch']}: out of memory" if k["tokens_per_s"] is None else
-        f"{k['batch']}: {k['tokens_per_s']:,.0f} tokens/s"
-        + (f" ({k['peak_gib']:.2f} GiB)" if k["peak_gib"] is not None else "")
-        for k in r["knee"])
-    emit(f"micro-batch knee (new default, windows of {r['block']}): {parts}; knee "
-         f"{r['knee_batch']}")
+    """The new default at each micro-batch of `opts["knee"]`, one process and one line each
+    (each is a compile of its own: a stage that runs out of time keeps the sizes it measured)."""
+    measured, block = [], None
+    for size in opts["knee"].split(","):
+        r = _throughput(opts, tmp, ["--rounds", "0", "--knee", size])
+        k, block = r["knee"][0], r["block"]
+        measured.append(k)
+        emit(f"micro-batch {k['batch']} x {block} (new default): out of memory"
+             if k["tokens_per_s"] is None else
+             f"micro-batch {k['batch']} x {block} (new default): {k['tokens_per_s']:,.0f} "
+             f"tokens/s" + (f", peak {k['peak_gib']:.2f} GiB" if k["peak_gib"] is not None
+                           else ""))
+    fitting = [k for k in measured if k["tokens_per_s"] is not None]
+    best = max((k["tokens_per_s"] for k in fitting), default=0.0)
+    knee_batch = next((k["batch"] for k in fitting if k["tokens_per_s"] >= 0.95 * best), None)
+    emit(f"micro-batch knee (new default, windows of {block}): {knee_batch} (the smallest "
+         f"within 5% of the best, {best:,.0f} tokens/s)")
 
 
 def _train_seconds(overrides: list[str], run_dir: Path):

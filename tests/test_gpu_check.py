@@ -23,8 +23,10 @@ LINES = [
                                                                 "plain loop")),
     r"training ratios: new default / today [\d.]+x, Lightning \(new default\) / plain loop "
     r"[\d.]+",
-    r"micro-batch knee \(new default, windows of \d+\): \d+: [\d,]+ tokens/s( \([\d.]+ GiB\))?"
-    r"(; \d+: ([\d,]+ tokens/s( \([\d.]+ GiB\))?|out of memory))*; knee \d+",
+    r"micro-batch 1 x \d+ \(new default\): ([\d,]+ tokens/s(, peak [\d.]+ GiB)?|out of memory)",
+    r"micro-batch 2 x \d+ \(new default\): ([\d,]+ tokens/s(, peak [\d.]+ GiB)?|out of memory)",
+    r"micro-batch knee \(new default, windows of \d+\): \d+ \(the smallest within 5% of the "
+    r"best, [\d,]+ tokens/s\)",
     r"loss band \(gpt_\w+, \d+ steps on the sample, \d+ logged steps\): two runs of today "
     r"differ by at most [\d.e+-]+ \(mean [\d.e+-]+\); the new default differs from their mean "
     r"by at most [\d.e+-]+ \(mean [\d.e+-]+\): (within|OUTSIDE) the band",
