@@ -116,3 +116,27 @@ def test_build_carries_only_what_the_image_lacks(tmp_path: Path, monkeypatch) ->
                               env_version=versions.__getitem__)
     assert sorted(fetched) == sorted(versions)
     assert len(wheels) == 3
+
+
+def test_the_rehearsal_stops_on_a_cp311_wheel_before_the_check_runs(tmp_path: Path) -> None:
+    # The whole `gpu_check.sh --rehearse`: the bundle's wheels are already there (stand-ins at
+    # this environment's versions, so the build fetches nothing), one of them tagged for 3.11.
+    import importlib.metadata
+    import subprocess
+
+    from cli_runs import PYTHON, subprocess_env
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for name in LACKED:
+        _stand_in(name, Version(importlib.metadata.version(name)), bundle)
+    wheel = _retag(next(bundle.glob("faiss_cpu-*.whl")), "cp311-cp311-manylinux2014_x86_64")
+    proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--rehearse"], cwd=ROOT,
+                          env=subprocess_env(PYTHON=PYTHON, GPU_CHECK_WHEELS=str(bundle),
+                                             GPU_CHECK_RESULTS=str(tmp_path / "results.txt")),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "does not install on the node's Python 3.12.3" in proc.stderr
+    assert wheel.name in proc.stderr
+    assert "repgeom GPU check" not in proc.stdout  # no stage ran
+    assert not (tmp_path / "results.txt").exists()
