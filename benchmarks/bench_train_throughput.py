@@ -47,7 +47,7 @@ from train_timing import StepTimer, sync  # noqa: E402
 
 from repgeom.data.vocab import Vocab  # noqa: E402
 from repgeom.models.lightning_module import CharLM, warmup_cosine  # noqa: E402
-from repgeom.models.recipe import set_tf32_matmul, switch_on  # noqa: E402
+from repgeom.models.recipe import set_tf32_matmul, switch_on, vocab_multiple  # noqa: E402
 from repgeom.train import resolve_precision  # noqa: E402
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -63,12 +63,15 @@ def compose_train(overrides: list[str]):
         return compose("train", overrides=[*overrides, "output_dir=/tmp"])
 
 
-def build_module(cfg, recipe: dict, total_steps: int) -> CharLM:
-    """A `CharLM` as train.py builds it, over enwik8's byte vocabulary, with `recipe`'s switches."""
-    vocab = Vocab(range(205))
+def build_module(cfg, recipe: dict, total_steps: int, device: torch.device,
+                 symbols: int = 205) -> CharLM:
+    """A `CharLM` as train.py builds it for `device`, over a byte vocabulary of `symbols` (205:
+    enwik8's; with [MASK] and [UNK], 207), with `recipe`'s switches (recipe.pad_vocab too)."""
+    vocab = Vocab(range(symbols))
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.pop("_target_")
-    model_cfg.update(vocab_size=vocab.size, causal=bool(cfg.masking.causal))
+    model_cfg.update(vocab_size=vocab.size, causal=bool(cfg.masking.causal),
+                     vocab_multiple=vocab_multiple(recipe, device))
     optim = OmegaConf.to_container(cfg.optim, resolve=False)
     optim["scheduler"]["total_steps"] = total_steps
     switches = {k: recipe[k] for k in ("compile", "fused_adamw", "finite_check_every_n_steps",
@@ -165,18 +168,21 @@ def measure(path: str, module: CharLM, recipe: dict, batches: Batches, device: t
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """The GPU's dense peak for the training dtype (Lightning's table), None on the CPU."""
+    """The GPU's dense peak for the training dtype, None on the CPU: `repgeom.peak_flops` for
+    an H100, H200 or GH200 (train.py's ThroughputMonitor reads the same table), else
+    Lightning's table."""
     if device.type != "cuda":
         return None
-    from lightning.fabric.utilities.throughput import _CUDA_FLOPS, get_available_flops
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    from repgeom.peak_flops import hopper_variant
+    from repgeom.peak_flops import peak_flops as hopper_peak
 
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
-    peak = get_available_flops(device, dtype)
-    if peak is None and "h200" in torch.cuda.get_device_name(device).lower():
-        # Lightning maps only "H200 SXM1"/"NVL1", and its h200 rows hold the with-sparsity
-        # rates; the H200 is the H100 SXM's chip with its dense rates (989 TFLOP/s bf16).
-        peak = _CUDA_FLOPS["h100 sxm"].get(dtype)
-    return peak
+    name = torch.cuda.get_device_name(device)
+    if hopper_variant(name):
+        return hopper_peak(name, dtype)
+    return get_available_flops(device, dtype)
 
 
 def flops_per_token(module: CharLM) -> dict:
@@ -197,18 +203,27 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="the paths' micro-batch")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--knee", default="16,32,64,128", help="micro-batches for the knee")
+    parser.add_argument("--rounds", type=int, default=3, help="0: no paths, the knee only")
+    parser.add_argument("--knee", default="16,32,64,128",
+                        help="micro-batches for the knee ('': no knee)")
     parser.add_argument("--knee-steps", type=int, default=10)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="a 2 x 32 gpt_tiny, 2 steps, knee at 1 and 2 windows, on the CPU")
+    parser.add_argument("--symbols", type=int, default=205,
+                        help="byte symbols of the vocabulary (205: enwik8's; 200: the bundled "
+                             "sample's, which gpu_check's train.py runs read, so that all share "
+                             "one compiled graph)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args()
     model_overrides = [f"model={args.model}", f"masking={args.masking}"]
     if args.cpu_smoke:
-        args.model, args.device, args.batch_size, args.knee = "gpt_tiny", "cpu", 2, "1,2"
-        args.steps, args.warmup, args.rounds, args.knee_steps = 2, 1, 1, 2
+        args.model, args.device, args.batch_size = "gpt_tiny", "cpu", 2
+        args.steps, args.warmup, args.knee_steps = 2, 1, 2
+        if args.knee == parser.get_default("knee"):  # else as given (gpu_check's stages)
+            args.knee = "1,2"
+        if args.rounds == parser.get_default("rounds"):
+            args.rounds = 1
         model_overrides = ["model=gpt_tiny", f"masking={args.masking}", *SMOKE_MODEL]
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     # recompile_limit: newer torch's name of cache_size_limit (setting an unknown one raises)
@@ -222,8 +237,8 @@ def main() -> None:
                "new default": compose_train(model_overrides)}
     recipes["plain loop"] = recipes["new default"]
     total = (args.warmup + args.steps) * args.rounds + 10
-    modules = {p: build_module(recipes[p], OmegaConf.to_container(recipes[p].recipe), total)
-               for p in PATHS}
+    modules = {p: build_module(recipes[p], OmegaConf.to_container(recipes[p].recipe), total,
+                               device, args.symbols) for p in PATHS}
     for p in PATHS[1:]:  # one initial state for all three
         modules[p].load_state_dict(modules["today"].state_dict())
     block = modules["today"].model.config.block_size
@@ -240,8 +255,9 @@ def main() -> None:
                                           args.warmup, callbacks[p], log_dir))
         knee = []
         new = recipes["new default"]
-        for size in (int(s) for s in args.knee.split(",")):
-            module = build_module(new, OmegaConf.to_container(new.recipe), total)
+        for size in (int(s) for s in args.knee.split(",") if s.strip()):
+            module = build_module(new, OmegaConf.to_container(new.recipe), total, device,
+                                  args.symbols)
             knee_batches = Batches(args.warmup + args.knee_steps, size, block, vocab_size)
             try:
                 r = measure("new default", module, OmegaConf.to_container(new.recipe),
@@ -256,14 +272,14 @@ def main() -> None:
     flops = flops_per_token(modules["today"])
     peak = peak_flops(device, precision)
     summary = {}
-    for p in PATHS:
+    for p in PATHS if args.rounds else ():
         tps = statistics.median(r["tokens_per_s"] for r in results[p])
         peaks = [r["peak_gib"] for r in results[p] if r["peak_gib"] is not None]
         summary[p] = {"tokens_per_s": tps, "ms_per_step": 1000 * tokens_per_step / tps,
                       "mfu": tps * flops["total"] / peak if peak else None,
                       "peak_gib": max(peaks) if peaks else None}
     fitting = [k for k in knee if k["tokens_per_s"] is not None]
-    best = max((k["tokens_per_s"] for k in fitting), default=None)
+    best = max((k["tokens_per_s"] for k in fitting), default=0.0)
     knee_batch = next((k["batch"] for k in fitting if k["tokens_per_s"] >= 0.95 * best), None)
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"
              else f"{torch.get_num_threads()} CPU threads")
@@ -299,8 +315,9 @@ def _print(report: dict) -> None:
     for p, r in report["paths"].items():
         print(f"{p + ':':12} {_fmt(r)}")
     tps = {p: r["tokens_per_s"] for p, r in report["paths"].items()}
-    print(f"new default / today {tps['new default'] / tps['today']:.2f}x; "
-          f"Lightning (new default) / plain loop {tps['new default'] / tps['plain loop']:.3f}")
+    if tps:
+        print(f"new default / today {tps['new default'] / tps['today']:.2f}x; Lightning (new "
+              f"default) / plain loop {tps['new default'] / tps['plain loop']:.3f}")
     parts = []
     for k in report["knee"]:
         if k["tokens_per_s"] is None:

@@ -12,37 +12,48 @@ pytestmark = pytest.mark.slow
 PATH = (r"{} [\d,]+ tokens/s \([\d.]+ ms/step, MFU ([\d.]+|n/a), "
         r"peak ([\d.]+ GiB|n/a)\)")
 LINES = [
-    r"repgeom GPU check: device .+, torch \S+, faiss \S+",
+    r"repgeom GPU check \(cpu smoke\) \d{4}-\d\d-\d\d \d\d:\d\d UTC, stages device, training, "
+    r"knee, band, share, knn, hub, results .+",
+    r"device: cpu \(smoke\), torch \S+, CUDA \S+, python [\d.]+",
+    r"matmul \d+\^3 \w+: [\d.]+ TFLOP/s",
+    r"compile \(gpt_tiny 2 x 64, forward and backward, backend \w+, Inductor cache .+\): "
+    r"[\d.]+ s",
     r"training: gpt_\w+ (bf16-mixed|32-true), batch \d+ x \d+, N [\d,]+, [\d,]+ FLOPs/token "
     r"\(6N \+ 12 L d T\): " + "; ".join(PATH.format(p) for p in ("today", "new default",
                                                                 "plain loop")),
     r"training ratios: new default / today [\d.]+x, Lightning \(new default\) / plain loop "
     r"[\d.]+",
-    r"micro-batch knee \(new default, windows of \d+\): \d+: [\d,]+ tokens/s( \([\d.]+ GiB\))?"
-    r"(; \d+: ([\d,]+ tokens/s( \([\d.]+ GiB\))?|out of memory))*; knee \d+",
+    r"micro-batch 1 x \d+ \(new default\): ([\d,]+ tokens/s(, peak [\d.]+ GiB)?|out of memory)",
+    r"micro-batch 2 x \d+ \(new default\): ([\d,]+ tokens/s(, peak [\d.]+ GiB)?|out of memory)",
+    r"micro-batch knee \(new default, windows of \d+\): \d+ \(the smallest within 5% of the "
+    r"best, [\d,]+ tokens/s\)",
     r"loss band \(gpt_\w+, \d+ steps on the sample, \d+ logged steps\): two runs of today "
     r"differ by at most [\d.e+-]+ \(mean [\d.e+-]+\); the new default differs from their mean "
     r"by at most [\d.e+-]+ \(mean [\d.e+-]+\): (within|OUTSIDE) the band",
     r"probe share \(gpt_\w+ new default, default schedule: \d+ probes in \d+ steps\): "
-    r"in-process [\d.]+% \([\d.]+ s per probe\), offloaded [\d.]+% \([\d.]+ s per probe\), "
-    r"step [\d.]+ ms \([\d,]+ tokens/s\)",
-    r"knn exact \d+ x \d+, k=10: (repgeom on the GPU \(.+\) [\d.]+ s, )?FAISS CPU [\d.]+ s "
-    r"\(\d+ threads\)(; no GPU here| \(\d+x\); neighbours shared with FAISS CPU [\d.]+%)",
+    r"in-process [\d.]+% \([\d.]+ s per probe\), offloaded [\d.]+% \([\d.]+ s per probe; "
+    r"the worker (done \d+ s|not done \d+ s) after the run\), step [\d.]+ ms \([\d,]+ tokens/s\)",
+    r"knn exact \d+ x \d+, k=10: (repgeom on the GPU \(.+\) [\d.]+ s for all, )?FAISS CPU "
+    r"[\d.]+ s for \d+ queries \(\d+ threads, ~\d+ s for all\)(; no GPU here|; neighbours "
+    r"shared with FAISS CPU [\d.]+%)",
     r"hub trajectory \(tiny Pythia, 1 revision\): [\d.]+ s per revision \(download [\d.]+, "
     r"load [\d.]+, forward [\d.]+, metrics [\d.]+\); the probe.py process [\d.]+ s",
-    r"total: \d+ s",
+    r"total: \d+ s \(device \d+ s; training \d+ s; knee \d+ s; band \d+ s; share \d+ s; "
+    r"knn \d+ s; hub \d+ s\)",  # no stage FAILED
 ]
 
 
-def test_gpu_check_runs_at_toy_sizes_on_the_cpu() -> None:
+def test_gpu_check_runs_every_stage_at_toy_sizes_on_the_cpu(tmp_path) -> None:
+    results = tmp_path / "results.txt"
     proc = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--cpu-smoke"], cwd=ROOT,
-                          env=subprocess_env(PYTHON=PYTHON), capture_output=True, text=True,
-                          timeout=600)
+                          env=subprocess_env(PYTHON=PYTHON, GPU_CHECK_RESULTS=str(results)),
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == len(LINES), proc.stdout
     for line, pattern in zip(lines, LINES, strict=True):
         assert re.fullmatch(pattern, line), (line, pattern)
+    assert results.read_text().splitlines() == lines  # every line also in the results file
 
 
 def test_gpu_check_refuses_a_machine_without_a_gpu_by_name() -> None:
@@ -57,66 +68,44 @@ def test_gpu_check_refuses_a_machine_without_a_gpu_by_name() -> None:
     assert "no CUDA device here" in proc.stderr and "--cpu-smoke" in proc.stderr
 
 
-# `python` for gpu_wheels.sh with no network: `pip freeze` lists every package at 1.0, `pip
-# download` and `pip wheel` of a pin leave a placeholder wheel; `pip wheel` of a folder (repgeom
-# itself) is the real one, without build isolation (no index to fetch setuptools from).
-FAKE_PYTHON = """#!/usr/bin/env bash
-if [ "$1 $2" != "-m pip" ]; then exec "$REAL_PYTHON" "$@"; fi
-shift 2
-cmd="$1"; shift
-if [ "$cmd" = freeze ]; then
-  for n in hydra-core omegaconf antlr4-python3-runtime faiss-cpu huggingface_hub httpx2 \\
-           httpcore2 hf-xet truststore idna regex transformers tokenizers safetensors; do
-    echo "$n==1.0"
-  done
-  exit 0
-fi
-last="${@: -1}"
-if [ "$cmd" = wheel ] && [ -d "$last" ]; then
-  exec "$REAL_PYTHON" -m pip wheel --no-build-isolation "$@"
-fi
-dest=""
-while [ $# -gt 0 ]; do
-  case "$1" in --dest|--wheel-dir) dest="$2"; shift;; esac
-  shift
-done
-touch "$dest/${last%%==*}-1.0-py3-none-any.whl"
-"""
+def _check_module():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    return gpu_check
 
 
-def _tree(root) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts}
+def test_a_failing_stage_leaves_its_last_40_stderr_lines(tmp_path) -> None:
+    gpu_check = _check_module()
+    lines: list[str] = []
+    code = "import sys\nfor i in range(100): print('line', i, file=sys.stderr)\nsys.exit(3)"
+    outcome, _ = gpu_check.run_budgeted([PYTHON, "-c", code], 60, lines.append, "stage x")
+    assert outcome == "failed (exit 3)"
+    assert lines[0].startswith("stage x failed (exit 3) after ")
+    assert lines[0].endswith("its last 40 stderr lines:")
+    assert lines[1:] == [f"  | line {i}" for i in range(60, 100)]
 
 
-def test_gpu_wheels_writes_only_into_its_own_folder(tmp_path) -> None:
-    import shutil
+def test_a_stage_past_its_budget_is_stopped_even_if_it_ignores_sigterm(tmp_path) -> None:
+    gpu_check = _check_module()
+    lines: list[str] = []
+    code = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('started', file=sys.stderr, flush=True)\ntime.sleep(600)")
+    outcome, seconds = gpu_check.run_budgeted([PYTHON, "-c", code], 2, lines.append, "stage y")
+    assert outcome == "stopped at its 2 s budget"
+    assert seconds < 60  # SIGKILL after gpu_check.KILL_GRACE_S, not the 600 s sleep
+    assert lines[-1] == "  | started"
 
-    repo = tmp_path / "repo"
-    for name in ("pyproject.toml", "setup.py", "README.md"):
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, repo / name)
-    for name in ("src", "conf", "benchmarks"):
-        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns(
-            "__pycache__", "*.egg-info"))
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON)
-    fake.chmod(0o755)
-    before = _tree(repo)
-    proc = subprocess.run(["bash", "benchmarks/gpu_wheels.sh", "bundle"], cwd=repo,
-                          env=subprocess_env(PYTHON=str(fake), REAL_PYTHON=PYTHON),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    written = _tree(repo) - before
-    outside = sorted(p for p in written if not p.startswith("bundle"))
-    assert outside == [], outside  # setuptools' build/ and src/repgeom.egg-info before the fix
-    wheels = sorted(p.name for p in (repo / "bundle").iterdir())
-    assert any(w.startswith("repgeom-") and w.endswith(".whl") for w in wheels), wheels
-    assert "hydra-core-1.0-py3-none-any.whl" in wheels and len(wheels) == 15, wheels
-    import zipfile
 
-    own = next(w for w in wheels if w.startswith("repgeom-"))
-    names = zipfile.ZipFile(repo / "bundle" / own).namelist()
-    assert "repgeom/conf/train.yaml" in names and "repgeom/train.py" in names
+def test_the_stage_budgets_fit_the_check_limit() -> None:
+    gpu_check = _check_module()
+    assert sum(gpu_check.BUDGETS_S.values()) <= 400  # gpu_check.sh's 420 s, less a margin
+    assert gpu_check.BUDGETS_S["device"] <= 60
+    text = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    assert 'LIMIT_S="${GPU_CHECK_LIMIT_S:-420}"' in text
+    assert 'PYTHON="${PYTHON:-python3}"' in text
 
 
 # A `python` that imports everything (`-c`) and then, as the check, ignores SIGTERM and hangs:

@@ -8,6 +8,10 @@ write (trainer.log_every_n_steps): the tokens between two such steps over the se
 them, which is the same quantity measured over longer intervals; its rolling window
 (`window_size`, in updates) is divided by the logging interval, so that it still spans the same
 number of steps. Off (the CPU, `recipe=off`), it is Lightning's monitor unchanged.
+
+On an H100, H200 or GH200 its MFU (``device/mfu``) reads the dense bf16 peak of
+`repgeom.peak_flops`, not Lightning's table (which lacks a plain "NVIDIA H200" and holds the
+with-sparsity figure of the H100 NVL); other devices keep Lightning's figure.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ThroughputMonitor as _LightningThroughputMonitor
+from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities import rank_zero_only
 
 from repgeom.models.recipe import switch_on
+from repgeom.peak_flops import hopper_variant, peak_flops
 
 
 def sync_free(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
@@ -56,6 +63,12 @@ class ThroughputMonitor(_LightningThroughputMonitor):
             window = self.kwargs.get("window_size", 100)
             self.kwargs = {**self.kwargs, "window_size": max(2, window // every)}
         super().setup(trainer, pl_module, stage)
+        device = trainer.strategy.root_device
+        if device.type == "cuda" and hopper_variant(torch.cuda.get_device_name(device)):
+            dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
+            self.available_flops = peak_flops(torch.cuda.get_device_name(device), dtype)
+            for throughput in self._throughputs.values():
+                throughput.available_flops = self.available_flops
 
     @rank_zero_only
     def on_train_batch_end(

@@ -22,7 +22,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     wandb_logged_in,
 )
 from repgeom.models.lightning_module import CharLM
-from repgeom.models.recipe import set_tf32_matmul, switch_on
+from repgeom.models.recipe import set_tf32_matmul, switch_on, vocab_multiple
 from repgeom.options import check_options
 from repgeom.probes.run.offload.snapshots import check_offload
 
@@ -116,6 +116,8 @@ def train(cfg: DictConfig) -> TrainResult:
     datamodule.setup("fit")
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model_cfg.update(vocab_size=datamodule.vocab.size, causal=bool(cfg.masking.causal))
+    if "vocab_multiple" not in model_cfg:  # recipe.pad_vocab, unless the model sets it
+        model_cfg["vocab_multiple"] = vocab_multiple(recipe, _run_device(cfg.trainer))
     model_config = instantiate(model_cfg)
     module = CharLM(
         model=asdict(model_config),
@@ -166,6 +168,15 @@ def train(cfg: DictConfig) -> TrainResult:
 
 _MODULE_SWITCHES = ("compile", "fused_adamw", "finite_check_every_n_steps", "sync_free_logging")
 """The recipe switches (conf/recipe/) that `CharLM` reads against its device."""
+
+
+def _run_device(trainer_cfg: DictConfig) -> torch.device:
+    """The device type the trainer will train on, before it is built (the model's layout
+    depends on it: recipe.pad_vocab): its accelerator, "auto" meaning CUDA where available."""
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    if accelerator == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device("cuda" if accelerator == "gpu" else accelerator)
 
 
 def _set_tf32(tf32: bool | str, device: torch.device) -> None:

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
+
+
+@lru_cache(maxsize=64)
+def _constants(
+    vocab_size: int, special_ids: tuple[int, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The special ids and the ids a random replacement may take, on `device`, made once per
+    (vocabulary, device): built on the CPU and copied over once, so that a training step on a
+    GPU issues no pageable host-to-device copy and no `nonzero` (each a host sync)."""
+    special = torch.tensor(special_ids, dtype=torch.long)
+    keep = torch.ones(vocab_size, dtype=torch.bool)
+    keep[special] = False
+    allowed = keep.nonzero().squeeze(1)  # (n_allowed,) ids a random replacement may take
+    if allowed.numel() == 0:
+        raise ValueError("every symbol is special: nothing to draw random replacements from")
+    return special.to(device), allowed.to(device)
 
 
 def mlm_mask(
@@ -65,12 +82,7 @@ def mlm_mask(
         raise ValueError(f"ids must be an integer tensor, got dtype {ids.dtype}")
     ids = ids.long()
     device = ids.device
-    special = torch.tensor(sorted(set(special_ids)), dtype=torch.long, device=device)
-    keep = torch.ones(vocab_size, dtype=torch.bool, device=device)
-    keep[special] = False
-    allowed = keep.nonzero().squeeze(1)  # (n_allowed,) ids a random replacement may take
-    if allowed.numel() == 0:
-        raise ValueError("every symbol is special: nothing to draw random replacements from")
+    special, allowed = _constants(int(vocab_size), tuple(sorted(set(special_ids))), device)
 
     chosen = torch.rand(ids.shape, generator=generator, device=device) < mask_prob
     if special.numel():

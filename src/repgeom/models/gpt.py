@@ -8,6 +8,13 @@ Besides the logits, `capture()` returns what the probes read: the residual strea
 embedding and after every block, the output of the final norm (pre-LN only), per-head queries
 and keys, and (on request) attention probabilities. Normal training goes through
 `scaled_dot_product_attention` and pays nothing for this.
+
+`vocab_multiple` pads the token embedding and the output layer (tied, one matrix) to a multiple
+of that many rows, for the GPU's matmul tiles (issue 41: 207 symbols become 256 rows at 64).
+The extra rows are zero, never looked up, and their logits are cut off in `forward`, so the
+loss, its gradients and every captured state are those of the unpadded model; `state_dict`
+holds the vocabulary's rows only, so checkpoints keep their keys and shapes, and a checkpoint
+of either layout loads into the other.
 """
 
 from __future__ import annotations
@@ -37,9 +44,15 @@ class GPTConfig:
     bias: bool = True
     norm: Literal["pre", "post"] = "pre"
     causal: bool = True
+    vocab_multiple: int = 1  # pad the embedding/output rows to a multiple of this (1: none)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The rows of the embedding and output matrix: vocab_size rounded up to the multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "vocab_multiple"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(
                     f"model.{name} must be a positive integer, got {getattr(self, name)}"
@@ -174,23 +187,40 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.padded_vocab_size > config.vocab_size:
+            # zero rows appended after the layers are made: every random draw (theirs, the
+            # init's below) is that of the unpadded model
+            weight = self.lm_head.weight.detach()
+            padding = weight.new_zeros(config.padded_vocab_size - config.vocab_size, config.n_embd)
+            self.lm_head.weight = nn.Parameter(torch.cat([weight, padding]))
+            self.lm_head.out_features = self.transformer.wte.num_embeddings = (
+                config.padded_vocab_size)
+            self._register_state_dict_hook(_unpad_vocab_rows)
+            self.register_load_state_dict_pre_hook(_pad_vocab_rows)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # scaled residual init (GPT-2 paper)
                 torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
+    def _vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """The vocabulary's rows of the (tied) embedding/output matrix, the whole of any other
+        weight: initialised alone, they draw the same random numbers as an unpadded model's."""
+        return weight[: self.config.vocab_size] if weight is self.lm_head.weight else weight
+
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            torch.nn.init.normal_(self._vocab_rows(module.weight), mean=0.0, std=0.02)
             if module.bias is not None:
                 torch.nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            torch.nn.init.normal_(self._vocab_rows(module.weight), mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; position embeddings excluded by default, as in nanoGPT."""
-        n = sum(p.numel() for p in self.parameters())
+        """Parameter count; position embeddings excluded by default, as in nanoGPT; the zero
+        rows that pad the vocabulary (`vocab_multiple`) are layout, not parameters."""
+        padding = (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
+        n = sum(p.numel() for p in self.parameters()) - padding
         return n - self.transformer.wpe.weight.numel() if non_embedding else n
 
     def _embed(self, idx: torch.Tensor) -> torch.Tensor:
@@ -220,7 +250,11 @@ class GPT(nn.Module):
             x = self.transformer.ln(x)
             if record is not None:
                 record["final_norm"] = x
-        return self.lm_head(x) if logits else None  # (B, T, vocab)
+        if not logits:
+            return None
+        logits = self.lm_head(x)  # (B, T, padded vocab)
+        vocab = self.config.vocab_size
+        return logits if logits.size(-1) == vocab else logits[..., :vocab]  # (B, T, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, vocab) for token ids (B, T)."""
@@ -331,3 +365,23 @@ class GPT(nn.Module):
         final = kept.pop()[None] if pre_norm else None
         return Capture(hidden=[h[None] for h in kept], final_norm=final,
                        causal=self.config.causal)
+
+
+_VOCAB_WEIGHTS = ("transformer.wte.weight", "lm_head.weight")
+
+
+def _unpad_vocab_rows(module: GPT, state_dict: dict, prefix: str, local_metadata) -> None:
+    """`state_dict` hook: the embedding/output matrix without its zero padding rows."""
+    for key in _VOCAB_WEIGHTS:
+        if prefix + key in state_dict:
+            state_dict[prefix + key] = state_dict[prefix + key][: module.config.vocab_size]
+
+
+def _pad_vocab_rows(module: GPT, state_dict: dict, prefix: str, *args) -> None:
+    """`load_state_dict` pre-hook: a checkpoint's vocabulary rows, padded with zero rows."""
+    rows = module.config.padded_vocab_size
+    for key in _VOCAB_WEIGHTS:
+        weight = state_dict.get(prefix + key)
+        if weight is not None and weight.size(0) == module.config.vocab_size:
+            pad = weight.new_zeros(rows - weight.size(0), *weight.shape[1:])
+            state_dict[prefix + key] = torch.cat([weight, pad])

@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
-SWITCHES = ("compile", "tf32", "fused_adamw", "sync_free_logging", "pin_memory")
+SWITCHES = ("compile", "tf32", "fused_adamw", "sync_free_logging", "pin_memory", "pad_vocab")
 """The recipe's on/off parts; `finite_check_every_n_steps` is a step count or "auto"."""
+VOCAB_MULTIPLE = 64
+"""recipe.pad_vocab pads the embedding/output rows to a multiple of this (`GPTConfig`)."""
 
 
 class RecipeError(ValueError):
@@ -35,6 +37,12 @@ def finite_check_interval(value: int | str, device: torch.device | str, log_ever
     if value == "auto":
         return max(1, int(log_every)) if torch.device(device).type == "cuda" else 1
     return int(value)
+
+
+def vocab_multiple(recipe: Mapping[str, Any] | None, device: torch.device | str) -> int:
+    """`model.vocab_multiple` for a run on `device`: VOCAB_MULTIPLE where recipe.pad_vocab is
+    on (by default: on CUDA), else 1 (no padding: the CPU's numbers stay as they were)."""
+    return VOCAB_MULTIPLE if switch_on((recipe or {}).get("pad_vocab", False), device) else 1
 
 
 def set_tf32_matmul(on: bool) -> None:
