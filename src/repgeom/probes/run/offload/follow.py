@@ -273,6 +273,8 @@ class Follower:
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
             return False
+        if unreadable is None and snapshots.marker_time(marker) is None:
+            unreadable = f"its time is not a number: {marker.get('time')!r}"
         if unreadable is not None:
             failed = (path / snapshots.COMPLETE, unreadable)
         if failed is not None:  # the same files before and after: broken for good
@@ -287,7 +289,7 @@ class Follower:
         self.lock.check()  # a worker that lost the run writes and deletes nothing more
         self.recorder.record(step, output, self.runs, n_done=len(self.done) + 1,
                              seconds=self.seconds)
-        self.done[step] = float(marker.get("time", 0.0))
+        self.done[step] = snapshots.marker_time(marker)
         self.finished = None  # a step probed after the end-of-run work: that work again
         if self.quarantined.pop(step, None) is not None:  # a broken one, written again since
             self._write_skipped({})

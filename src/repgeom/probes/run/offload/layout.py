@@ -103,11 +103,18 @@ def _fsync_dir(folder: Path) -> None:  # noqa: D401 - fsync of a folder's entrie
 
 
 def snapshot_time(path: Path) -> float | None:
-    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it); None
-    when it cannot be read."""
+    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it; 0.0 for a
+    marker without one); None when it cannot be read or is not a number."""
+    return marker_time(read_json(path / COMPLETE))
+
+
+def marker_time(marker: Any) -> float | None:
+    """`snapshot_time` of a ``complete.json`` already read (None: unreadable)."""
+    if not isinstance(marker, dict):
+        return None
     try:
-        return float((read_json(path / COMPLETE) or {})["time"])
-    except (KeyError, TypeError, ValueError):
+        return float(marker.get("time", 0.0))
+    except (TypeError, ValueError):
         return None
 
 

@@ -80,6 +80,7 @@ from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's nam
     WRITING,
     _fsync_dir,
     leftovers,
+    marker_time,
     read_json,
     remove_snapshot,
     snapshot_dir,
