@@ -58,6 +58,10 @@ SEED = 38
 EXAMPLES = 200
 RULES = 24
 STEPS = (0, 1, 2, 3, 4, 5)
+DRAWN = ["train", "train", "train", "kill_trainer", "requeue", "finish", "corrupt", "disk", "time",
+         "start", "start", "run", "run", "run", "run", "kill", "pause", "unpause"]
+"""The rules an event is drawn from (a rule twice: twice as likely)."""
+LOCK_KINDS = ["flock", "file"]
 
 
 def _allowed(error: BaseException) -> bool:
@@ -100,10 +104,7 @@ def _event(world: World, rng: random.Random, n: int) -> str:
     live = _live(world)
     runnable = [h for h in live if not h.paused]
     paused = [h for h in live if h.paused]
-    rules = ["train", "train", "train", "kill_trainer", "requeue", "finish", "corrupt",
-             "disk", "time", "start", "start", "run", "run", "run", "run", "kill", "pause",
-             "unpause"]
-    rule = rng.choice(rules)
+    rule = rng.choice(DRAWN)
     if rule == "train":
         world.train_step()
     elif rule == "kill_trainer":
@@ -121,7 +122,7 @@ def _event(world: World, rng: random.Random, n: int) -> str:
     elif rule == "time":
         world.clock += rng.uniform(0, 70)
     elif rule == "start" and len(live) < 3:
-        world.hands.append(Hand(world, f"w{n}", rng.choice(["flock", "file"]),
+        world.hands.append(Hand(world, f"w{n}", rng.choice(LOCK_KINDS),
                                 keep=rng.random() < 0.3))
         world.hands[-1].full = world.disk_full
         world.run_worker(world.hands[-1])
