@@ -1,7 +1,8 @@
 """The world of `test_offload_model`: one run folder, a training process and probe workers, all
 in this process and driven one event at a time, with the real files, the real lock, the real
-snapshot writer and the real worker loop (`Follower.run`); only the model and the probe are
-stand-ins (a 3-number "model" whose probe row is its sum), so that an event costs milliseconds.
+snapshot writer and the real worker loop (`Follower.run`); only the model, the probe and the
+table are stand-ins (a 3-number "model" whose probe row is its sum, in a JSON table read, merged
+and renamed into place as the real one is), so that an event costs milliseconds.
 
 Each worker runs `Follower.run` in a thread of its own, and only one thread runs at a time: a
 worker stops ("parks") at its yield points, and the driver resumes it. The yield points are the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -124,8 +126,21 @@ def _hand() -> Hand | None:
     return getattr(_local, "hand", None)
 
 
+ROWS = "rows.json"
+"""The stand-in table beside the real one: step -> value, read, merged and written whole
+(`repgeom.files.atomic_write_text`, a fenced rename), as the table is, without pandas' cost."""
+
+
+def read_rows(run_dir: Path) -> dict[int, float]:
+    try:
+        return {int(k): v for k, v in
+                json.loads((table.probe_dir(run_dir) / ROWS).read_text()).items()}
+    except FileNotFoundError:
+        return {}
+
+
 class FakeRecorder:
-    """`ProbeRecorder`'s part the worker calls: one row per step, through the real table."""
+    """`ProbeRecorder`'s part the worker calls: one row per step, in `ROWS`."""
 
     settings = None
     pairs: list = []
@@ -134,9 +149,10 @@ class FakeRecorder:
         self.run_dir = run_dir
 
     def record(self, step: int, output: Any, runs: list, **_: Any) -> None:
-        table.append_rows(table.probe_dir(self.run_dir), [{
-            "step": step, "layer": 0, "head": -1, "metric": "sum", "value": output.value,
-            "std": 0.0}])
+        rows = read_rows(self.run_dir)
+        rows[step] = output.value
+        table.probe_dir(self.run_dir).mkdir(parents=True, exist_ok=True)
+        files.atomic_write_text(table.probe_dir(self.run_dir) / ROWS, json.dumps(rows))
 
     def finish(self, *args: Any, **kwargs: Any) -> float:
         return 0.0
@@ -171,7 +187,6 @@ class World:
         self.corrupted: dict[int, float] = {}  # step -> marker time of a corrupted snapshot
         self.seen_rows: set = set()
         self.seen_done: set = set()
-        self.table_seen: tuple | None = None
         World.active = self
 
     # -- patches: install once for a session of examples ----------------------------------------
@@ -225,9 +240,7 @@ class World:
         patch.setattr(follow_module.Follower, "_prepare", _prepare)
         patch.setattr(follow_module, "gpt_from_checkpoint", _model)
         patch.setattr(follow_module, "probe_gpt", _probe)
-        # Cheaper files, same paths through the code: the table as CSV alone, and no fsync (the
-        # world is never power-cut; kills are played by the threads)
-        patch.setattr(table, "_has_parquet", lambda: False)
+        # No fsync: the world is never power-cut (kills are played by the threads)
         patch.setattr(os, "fsync", lambda fd: None)
         patch.setattr(snapshots, "_free_bytes",
                       lambda folder: 0 if World.active.disk_full else 1 << 40)
@@ -349,20 +362,7 @@ class World:
         held = self.holders()
         if len(held) > 1:
             raise Violation(f"two holders of the run: {held}")
-        path = table.probe_dir(self.run_dir) / "probes.csv"
-        try:
-            info = path.stat()
-            seen = (info.st_ino, info.st_mtime_ns, info.st_size)
-        except FileNotFoundError:
-            seen = None
-        if seen is None:
-            rows = set()
-        elif seen == self.table_seen:
-            rows = self.seen_rows
-        else:
-            frame = table.read_table(path)
-            rows = set(zip(frame["step"], frame["metric"], strict=True))
-        self.table_seen = seen
+        rows = set(read_rows(self.run_dir))
         lost = self.seen_rows - rows
         if lost:
             raise Violation(f"the table lost rows {sorted(lost)}")

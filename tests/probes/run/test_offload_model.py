@@ -1,5 +1,5 @@
 """A model-based test of a run folder under many hands (issue 38): random sequences of events,
-from a fixed seed, against the real snapshot writer, worker loop, lock and table, with the
+from a fixed seed, against the real snapshot writer, worker loop and lock, with the
 invariants checked after every event (`offload_world` says how one process plays them all).
 
 Rules (each example draws 24 of them):
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from offload_world import STALE_S, Hand, Violation, World
+from offload_world import STALE_S, Hand, Violation, World, read_rows
 
 from repgeom.probes.core import table
 from repgeom.probes.run.offload import snapshots
@@ -170,11 +170,7 @@ def _finish(world: World, rng: random.Random) -> None:
     _ended(world)
     if last.outcome is None or last.outcome[0] != "done":
         raise Violation(f"the last worker did not finish: {last.outcome}")
-    try:
-        frame = table.read_table(world.run_dir)
-        values = dict(zip(frame["step"], frame["value"], strict=True))
-    except FileNotFoundError:  # nothing probed at all (every step corrupted or skipped)
-        values = {}
+    values = read_rows(world.run_dir)
     skipped = json.loads((table.probe_dir(world.run_dir) / "skipped.json").read_text()) \
         if (table.probe_dir(world.run_dir) / "skipped.json").exists() else {}
     probed = (snapshots.read_json(world.folder / snapshots.WORKER) or {}).get("done") or {}
