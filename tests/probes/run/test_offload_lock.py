@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import socket
 import subprocess
@@ -113,7 +114,9 @@ def test_the_lease_of_a_dead_process_on_this_host_is_taken_at_once(tmp_path: Pat
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     lease = tmp_path / worker_lock.LEASE_NAME
-    lease.write_text(f'{{"host": "{socket.gethostname()}", "pid": {gone.pid}, "token": "x"}}')
+    from repgeom.probes.run.offload.host import host_identity
+
+    lease.write_text(json.dumps({**host_identity(), "pid": gone.pid, "token": "x"}))
     held = WorkerLock(tmp_path, kind="file", stale_s=600, heartbeat_s=1)
     started = time.monotonic()
     held.acquire(timeout_s=600, what="the run")

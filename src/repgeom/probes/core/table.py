@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.files import atomic_write_text, fsync_file  # noqa: F401 - callers use table's
+from repgeom.files import atomic_write_text, fsync_file, replace  # noqa: F401 - callers use table's
 from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
 
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
@@ -281,7 +281,7 @@ def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
             write(tmp)
             fsync_file(tmp)
         for (path, _), tmp in zip(writers, temps, strict=True):
-            os.replace(tmp, path)
+            replace(tmp, path)  # fenced: a probe worker that lost its run raises here
         fsync_file(folder)  # the renames themselves
     finally:
         for tmp in temps:

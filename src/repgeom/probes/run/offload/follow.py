@@ -26,20 +26,24 @@ in-process probe writes on the same weights.
   another node is judged on the worker's own clock, from when it saw them change, since two
   nodes' clocks may differ by more than the timeout); at once when the
   run is certainly gone (its state ``failed``, or its pid gone on this host).
-- One worker per run (`repgeom.probes.run.offload.lock`: flock on a local file system, a lease
-  file with a heartbeat on a shared one or where flock is refused): a second one waits for the
-  first to finish (at most ``follow_timeout_s``, then it says which one holds the run).
+- One worker per run (`repgeom.probes.run.offload.lock`: a lease file with a heartbeat, always,
+  and flock as well on a local file system): a second one waits for the first to finish (at most
+  ``follow_timeout_s``, then it says which one holds the run). ``worker.json`` is read only once
+  the run is held, and every write into place and deletion is fenced by the lease's token
+  (`Follower.fenced`): a worker that lost the run writes nothing more.
+- A complete snapshot that cannot be read or loaded is quarantined
+  (`repgeom.probes.run.offload.quarantine`): recorded, named once, skipped, and listed in
+  ``probes/skipped.json``; the worker goes on to the later steps.
 - Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
   the training step of the heartbeat. Nothing is dropped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,33 +51,35 @@ from typing import Any
 import pandas as pd
 import torch
 
+from repgeom import files
 from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint, validation_windows_for
 from repgeom.probes.core import table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import probe_gpt
 from repgeom.probes.report import sink
-from repgeom.probes.run.offload import snapshots
-from repgeom.probes.run.offload.lock import WorkerLock, process_alive
+from repgeom.probes.run.offload import quarantine, snapshots
+from repgeom.probes.run.offload.liveness import TrainingDiedError, training_alive
+from repgeom.probes.run.offload.lock import WorkerLock
+from repgeom.probes.run.offload.worker_process import (  # noqa: F401 - used as follow.<name>
+    BEATS_PER_TIMEOUT,
+    WORKER_STOP_S,
+    check_heartbeat,
+    start_worker,
+    stop_worker,
+    worker_command,
+)
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
 """Seconds between two looks at the snapshot folder while nothing is waiting."""
-BEATS_PER_TIMEOUT = 2
-"""The fewest heartbeats that fit in ``follow_timeout_s``: one late beat is not a death."""
-WORKER_STOP_S = 30.0
-"""Seconds a worker stopped by train.py (SIGTERM) gets to exit before it is killed."""
-
-
-class TrainingDiedError(RuntimeError):
-    """The followed run stopped without its done marker; the message says what was probed."""
 
 
 @dataclass
 class FollowResult:
     """What a worker did: the steps it probed (this start), why it stopped, the table, the
-    incomplete snapshots it skipped, and the steps training skipped for lack of space (step ->
-    why)."""
+    steps it skipped (incomplete or quarantined snapshots), the steps training skipped for lack
+    of space (step -> why), and the quarantined ones (step -> the file and why)."""
 
     run_dir: Path
     probed: list[int]
@@ -82,66 +88,18 @@ class FollowResult:
     skipped: list[int] = field(default_factory=list)
     plots: list[Path] = field(default_factory=list)
     no_space: dict[int, str] = field(default_factory=dict)
+    quarantined: dict[int, str] = field(default_factory=dict)
 
 
-def _written(path: Path) -> float:
-    """When the snapshot in `path` was completed (its marker's ``time``)."""
-    return float((snapshots.read_json(path / snapshots.COMPLETE) or {}).get("time", 0.0))
-
-
-def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
-    """A ValueError unless `timeout_s` holds `BEATS_PER_TIMEOUT` heartbeats of `heartbeat_s`."""
-    if timeout_s < BEATS_PER_TIMEOUT * heartbeat_s:
-        raise ValueError(
-            f"the worker's timeout ({timeout_s:g} s: probe.worker.timeout_s, or probe.py's "
-            f"follow_timeout_s) must be at least {BEATS_PER_TIMEOUT} heartbeats of the training "
-            f"run (probe.worker.heartbeat_s={heartbeat_s:g} s), or a late beat reads as a dead "
-            f"run; raise the timeout to >= {BEATS_PER_TIMEOUT * heartbeat_s:g} s or lower "
-            "heartbeat_s"
-        )
-
-
-def training_alive(folder: Path, timeout_s: float, now: float | None = None,
-                   watch: dict[str, Any] | None = None) -> tuple[bool, str]:
-    """Whether the training process of `folder` (``training.json``) lives, and why not.
-
-    Alive: its state is ``running``, its heartbeat is less than `timeout_s` old, its training
-    step moved less than `timeout_s` ago (the heartbeat thread of a deadlocked trainer still
-    beats), and, on this host, its pid exists.
-
-    The ages are read from the trainer's clock against this host's. With `watch` (kept by the
-    caller between looks) a trainer on another host is judged on this host's clock alone, as
-    the worker lease is: the ages count from when this process saw its heartbeat, and its step,
-    last change. Two nodes' clocks can be minutes apart.
-    """
-    beat = snapshots.read_json(folder / snapshots.TRAINING)
-    if beat is None:
-        return False, "no training process has started in this run folder yet"
-    if beat.get("state") != "running":
-        return False, f"the training process {beat.get('state')}"
-    if beat.get("host") == socket.gethostname() and not process_alive(int(beat.get("pid", -1))):
-        return False, f"the training process (pid {beat.get('pid')}) is gone"
-    if watch is not None and beat.get("host") != socket.gethostname():
-        seen = time.monotonic()
-        if watch.get("time") != beat.get("time"):
-            watch.update(time=beat.get("time"), seen=seen)
-        if watch.get("step") != beat.get("step"):
-            watch.update(step=beat.get("step"), step_seen=seen)
-        age, stuck = seen - watch["seen"], seen - watch["step_seen"]
-    else:
-        now = time.time() if now is None else now
-        age = now - float(beat.get("time", 0))
-        stuck = now - float(beat.get("step_time", beat.get("time", 0)))
-    if age > timeout_s:
-        return False, f"no heartbeat from the training process for {age:.0f} s"
-    if stuck > timeout_s:
-        return False, (f"the training process beats but has been at step {beat.get('step')} for "
-                       f"{stuck:.0f} s (no progress)")
-    return True, ""
+def _written(path: Path) -> float | None:
+    """When the snapshot in `path` was completed (its marker's ``time``); None if unreadable."""
+    return snapshots.snapshot_time(path)
 
 
 class Follower:
-    """One worker on one run folder (`follow`)."""
+    """One worker on one run folder (`follow`). Its progress (``worker.json``) is read only once
+    it holds the run (`run`): a worker started while another finishes reads what that one left,
+    never an older state it would write back."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
                  keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
@@ -160,34 +118,53 @@ class Follower:
         self.keep = keep_snapshots
         self.use_wandb = wandb
         self.lock = WorkerLock(self.folder, kind=lock)
-        state = snapshots.read_json(self.folder / snapshots.WORKER) or {}
         # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
         # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
-        self.done: dict[int, float] = {int(k): float(v) for k, v in
-                                       (state.get("done") or {}).items()}
-        self.seconds = float(state.get("seconds", 0.0))
-        self._phase_state = state.get("phase_alerts", [])
-        self._spec_state = state.get("spec")  # the recorder's, for an end-of-run work alone
-        self._options = state.get("options") or {}
-        self.finished = state.get("finished")  # the final step whose end-of-run work is done
+        self.done: dict[int, float] = {}
+        self.seconds = 0.0
+        self._phase_state: Any = []
+        self._spec_state: dict | None = None  # the recorder's, for an end-of-run work alone
+        self._options: dict = {}
+        self.finished: int | None = None  # the final step whose end-of-run work is done
+        # step -> {"generation", "file", "reason"}: a snapshot that cannot be probed (quarantine)
+        self.quarantined: dict[int, dict[str, Any]] = {}
         self.recorder: ProbeRecorder | None = None
         self.probes: ProbeSet | None = None
         self.spec: ProbeSpec | None = None
         self.runs: list = []
         self._beats: dict[str, Any] = {}  # another host's heartbeat, judged on this clock
-        self.broken: dict[int, float] = {}  # step -> the time of a marker without its weights
+
+    def _load_state(self) -> None:
+        """``worker.json``, read once this worker holds the run (and so after any takeover)."""
+        state = snapshots.read_json(self.folder / snapshots.WORKER) or {}
+        self.done = {int(k): float(v) for k, v in (state.get("done") or {}).items()}
+        self.seconds = float(state.get("seconds", 0.0))
+        self._phase_state = state.get("phase_alerts", [])
+        self._spec_state = state.get("spec")
+        self._options = state.get("options") or {}
+        self.finished = state.get("finished")
+        self.quarantined = {int(k): v for k, v in (state.get("quarantined") or {}).items()}
+
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[None]:
+        """Every rename into place and deletion inside runs `WorkerLock.check` just before it
+        (`repgeom.files.fenced`): a worker that lost the run writes nothing more."""
+        with files.fenced(self.lock.check):
+            yield
 
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self) -> FollowResult:
-        print(f"Following {self.run_dir}: probing its snapshots as they appear "
-              f"({len(self.done)} probed before)", flush=True)
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         if beat.get("state") == "running" and "heartbeat_s" in beat:  # judged by its beats
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
-            return self._follow()
+            self._load_state()
+            print(f"Following {self.run_dir}: probing its snapshots as they appear "
+                  f"({len(self.done)} probed before)", flush=True)
+            with self.fenced():
+                return self._follow()
         finally:
             self.lock.release()
 
@@ -198,17 +175,16 @@ class Follower:
             finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
             for path in snapshots.leftovers(self.folder):  # probed; deleting it was cut
-                self.lock.check()
                 snapshots.remove_snapshot(path)
             todo = []
             for step, path in complete:
+                if step in self.quarantined and (
+                        self.quarantined[step]["generation"] == quarantine.generation(path)):
+                    continue  # cannot be probed, and not rewritten since: skipped
                 written = _written(path)
-                if self.broken.get(step) == written:  # complete.json without weights: skipped
-                    continue
-                if self.done.get(step) != written:
+                if written is None or self.done.get(step) != written:
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
-                    self.lock.check()
                     self._remove(path, self.done[step])
             if todo:
                 step, path = todo[0]
@@ -217,7 +193,9 @@ class Follower:
                 last_news = time.monotonic()
                 continue
             if finished:
-                return self._finish(probed, sorted({*(s for s, _ in incomplete), *self.broken}))
+                return self._finish(probed, sorted({*(s for s, _ in incomplete),
+                                                    *self.quarantined}),
+                                    {s: p for s, p in incomplete})
             alive, why = training_alive(self.folder, self.timeout_s, watch=self._beats)
             beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
             # A failed run or a vanished process on this host is gone for sure: stop now, once
@@ -263,31 +241,45 @@ class Follower:
         if self.use_wandb:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
 
-    def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
-        """Probe and record one snapshot, then delete it; False when it changed or vanished
-        while being read (nothing recorded: the next look sees what is there now)."""
-        started = time.perf_counter()
-        marker = snapshots.read_json(path / snapshots.COMPLETE)
+    def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
+        """The model of the snapshot in `path` (its weights file read once), or None and the
+        file and error that stopped it. Errors of the run's own setup (`_prepare`) are raised."""
         try:
             ckpt = read_checkpoint(path / snapshots.WEIGHTS)
-            if self.recorder is None:
-                self._prepare(path, ckpt)
-            model = gpt_from_checkpoint(ckpt, self.device).model  # the file read once
+        except MemoryError:
+            raise
         except FileNotFoundError:
-            ckpt = model = None
-        del ckpt
-        again = snapshots.read_json(path / snapshots.COMPLETE)
-        if model is None and marker is not None and again == marker:
-            # the same complete.json before and after, its weights file missing: not a snapshot
-            # being replaced (that changes complete.json) but one broken for good (its file
-            # deleted by hand or lost); looking again would spin forever
-            self.broken[step] = float(marker.get("time", 0.0))
-            print(f"warning: the snapshot of step {step} ({path}) is complete but has no "
-                  f"{snapshots.WEIGHTS}; it is not probed", flush=True)
-            return False
-        if marker is None or model is None or again != marker:
+            return None, (path / snapshots.WEIGHTS, f"the snapshot {path} is complete but has no "
+                          f"{snapshots.WEIGHTS}")
+        except Exception as error:  # cut short, unreadable, not a checkpoint
+            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
+        if self.recorder is None:
+            self._prepare(path, ckpt)
+        try:
+            return gpt_from_checkpoint(ckpt, self.device).model, None
+        except MemoryError:
+            raise
+        except Exception as error:  # a checkpoint whose weights do not fit its model
+            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
+
+    def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
+        """Probe and record one snapshot, then delete it; False when it changed or vanished
+        while being read (nothing recorded: the next look sees what is there now), or when it
+        cannot be read or loaded (quarantined: recorded, named, skipped)."""
+        started = time.perf_counter()
+        before = quarantine.generation(path)
+        marker, unreadable = quarantine.read_marker(path)
+        model, failed = self._read(path) if unreadable is None else (None, None)
+        if quarantine.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
+            return False
+        if unreadable is None and snapshots.marker_time(marker) is None:
+            unreadable = f"its time is not a number: {marker.get('time')!r}"
+        if unreadable is not None:
+            failed = (path / snapshots.COMPLETE, unreadable)
+        if failed is not None:  # the same files before and after: broken for good
+            self._quarantine(step, before, *failed)
             return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
                            settings=self.recorder.settings, keep_states=bool(self.recorder.pairs))
@@ -298,8 +290,10 @@ class Follower:
         self.lock.check()  # a worker that lost the run writes and deletes nothing more
         self.recorder.record(step, output, self.runs, n_done=len(self.done) + 1,
                              seconds=self.seconds)
-        self.done[step] = float(marker.get("time", 0.0))
+        self.done[step] = snapshots.marker_time(marker)
         self.finished = None  # a step probed after the end-of-run work: that work again
+        if self.quarantined.pop(step, None) is not None:  # a broken one, written again since
+            self._write_skipped({})
         self._save()
         if not self.keep:
             self._remove(path, self.done[step])
@@ -312,23 +306,50 @@ class Follower:
                      "probe/worker/lag_steps": lag})
         return True
 
+    def _quarantine(self, step: int, generation: str, file: Path, reason: str) -> None:
+        """Record a snapshot that cannot be probed (``worker.json``, ``skipped.json``), warn
+        once naming its file, and go on."""
+        self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
+        print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
+              f"{reason}. It is named in {table.probe_dir(self.run_dir) / quarantine.SKIPPED}; "
+              "if training writes this step again, the new snapshot is probed", flush=True)
+        self._save()
+        self._write_skipped({})
+
+    def _write_skipped(self, more: dict[int, dict[str, Any]]) -> None:
+        """``skipped.json``: the quarantined steps and `more` (incomplete, no space)."""
+        steps = {s: {"reason": q["reason"], "file": q["file"]}
+                 for s, q in self.quarantined.items()}
+        quarantine.write_skipped(self.run_dir, {**more, **steps})
+
     def _remove(self, path: Path, probed: float) -> None:
-        """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time)."""
+        """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time);
+        a newer one found in its place meanwhile is put back (`snapshots.remove_snapshot`)."""
         if _written(path) == probed:
-            snapshots.remove_snapshot(path)
+            snapshots.remove_snapshot(path, written=probed)
 
     def _save(self) -> None:
-        snapshots.write_json(self.folder / snapshots.WORKER, {
-            "done": {str(k): v for k, v in sorted(self.done.items())}, "seconds": self.seconds,
-            "phase_alerts": self.recorder.state_dict() if self.recorder else self._phase_state,
-            "spec": self.spec.to_dict() if self.spec else self._spec_state,
-            "options": self._options, "finished": self.finished})
+        with self.fenced():
+            snapshots.write_json(self.folder / snapshots.WORKER, {
+                "done": {str(k): v for k, v in sorted(self.done.items())},
+                "seconds": self.seconds,
+                "phase_alerts": self.recorder.state_dict() if self.recorder else
+                self._phase_state,
+                "spec": self.spec.to_dict() if self.spec else self._spec_state,
+                "options": self._options, "finished": self.finished,
+                "quarantined": {str(k): v for k, v in sorted(self.quarantined.items())},
+                "token": self.lock.token})  # the fencing token of the holder that wrote it
 
-    def _finish(self, probed: list[int], skipped: list[int]) -> FollowResult:
+    def _finish(self, probed: list[int], skipped: list[int],
+                incomplete: dict[int, Path]) -> FollowResult:
         """The end-of-run work, unless ``worker.json`` says it is done for this final step."""
-        if skipped:
-            print(f"warning: incomplete snapshots of steps {skipped} (no {snapshots.COMPLETE}: "
-                  "training was killed while writing them) were not probed", flush=True)
+        if incomplete:
+            print(f"warning: incomplete snapshots of steps {sorted(incomplete)} (no "
+                  f"{snapshots.COMPLETE}: training was killed while writing them) were not "
+                  "probed", flush=True)
+        if self.quarantined:
+            print(f"warning: steps {sorted(self.quarantined)} were skipped: their snapshots "
+                  f"cannot be read (named in {quarantine.SKIPPED} beside the table)", flush=True)
         try:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
@@ -344,6 +365,11 @@ class Follower:
                   + "). A step's weights are not kept once training moves on, so only training "
                   "again from before those steps, with more free space, can fill the gap",
                   flush=True)
+        self._write_skipped({
+            **{s: {"reason": f"training skipped its snapshot for lack of disk space: {why}"}
+               for s, why in no_space.items()},
+            **{s: {"reason": "its snapshot is incomplete (training was killed while writing "
+                             "it)", "file": str(p)} for s, p in incomplete.items()}})
         if self.finished != final and not frame.empty:
             if self.recorder is None and self._spec_state:
                 # killed during the end-of-run work after its last probe: this start probed
@@ -359,7 +385,9 @@ class Follower:
         plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
         print(f"Run {self.run_dir} is done; probes in {table.probe_dir(self.run_dir)}", flush=True)
-        return FollowResult(self.run_dir, probed, "done", frame, skipped, plots, no_space)
+        return FollowResult(self.run_dir, probed, "done", frame, skipped, plots, no_space,
+                            {s: f"{q['file']}: {q['reason']}"
+                             for s, q in sorted(self.quarantined.items())})
 
     def _finish_wandb(self) -> None:
         for run in self.runs:
@@ -369,14 +397,16 @@ class Follower:
 
 def work_left(run_dir: Path) -> bool:
     """Whether a finished run (``done.json``) still has probing to do: a complete snapshot
-    not probed, or the end-of-run work not done (``worker.json``)."""
+    not probed (nor quarantined as it is), or the end-of-run work not done (``worker.json``)."""
     folder = snapshots.snapshot_dir(run_dir)
     done = snapshots.read_json(folder / snapshots.DONE)
     if done is None:
         return False
     state = snapshots.read_json(folder / snapshots.WORKER) or {}
     probed = {int(k): float(v) for k, v in (state.get("done") or {}).items()}
-    waiting = [s for s, path in snapshots.snapshots(folder)[0] if probed.get(s) != _written(path)]
+    broken = {int(k): v.get("generation") for k, v in (state.get("quarantined") or {}).items()}
+    waiting = [s for s, path in snapshots.snapshots(folder)[0]
+               if probed.get(s) != _written(path) and broken.get(s) != quarantine.generation(path)]
     return bool(waiting) or state.get("finished") != done.get("step")
 
 
@@ -416,62 +446,3 @@ def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
     """
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()
-
-
-def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
-                   ) -> list[str]:
-    """The command of a worker for `run_dir`: ``repgeom-probe follow=<run_dir> ...`` (probe.py
-    as the installed command, `repgeom.cli.probe`), its Hydra files in
-    ``<run_dir>/probes/worker/``."""
-    return [sys.executable, "-m", "repgeom.cli.probe",
-            f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
-            f"keep_snapshots={str(keep_snapshots).lower()}",
-            f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
-
-
-def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
-    """Start a worker process for `run_dir` on this node (``probe.offload=worker``).
-
-    `options` are ``probe.worker``'s: ``threads`` (its torch threads, OMP_NUM_THREADS),
-    ``device``, ``cpus`` (the cores it may run on, Linux), ``timeout_s``, ``keep_snapshots``.
-    Its output goes to ``<run_dir>/probes/worker.log``.
-    """
-    threads = int(options.get("threads") or 1)
-    check_heartbeat(float(options.get("heartbeat_s") or 10.0),
-                    float(options.get("timeout_s") or 600.0))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cpus = options.get("cpus")
-    affinity = None if cpus is None else {int(c) for c in cpus}
-    if affinity is not None and not hasattr(os, "sched_setaffinity"):
-        raise ValueError("probe.worker.cpus needs Linux (os.sched_setaffinity); leave it null")
-    log_path = table.probe_dir(run_dir) / "worker.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = worker_command(run_dir, device=str(options.get("device") or "cpu"),
-                             timeout_s=float(options.get("timeout_s") or 600.0),
-                             keep_snapshots=bool(options.get("keep_snapshots")))
-    with open(log_path, "ab") as log:
-        # start_new_session, not preexec_fn: preexec_fn is unsafe once threads run (the
-        # heartbeat, Lightning's) (https://docs.python.org/3/library/subprocess.html#popen-
-        # constructor); the worker's own session also keeps a Ctrl-C for train.py from it: it
-        # stops on the failed state or when train.py's pid is gone, or train.py stops it
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
-    if affinity is not None:  # before its interpreter has started any thread of its own
-        os.sched_setaffinity(process.pid, affinity)
-    return process
-
-
-def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
-    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
-    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
-    try:
-        return process.wait(timeout=limit_s)
-    except subprocess.TimeoutExpired:
-        pass
-    process.terminate()
-    try:
-        process.wait(timeout=WORKER_STOP_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    return None

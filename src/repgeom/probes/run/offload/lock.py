@@ -1,20 +1,31 @@
 """One probe worker per run folder: `WorkerLock` on ``<run>/probes/snapshots/``.
 
-Two kinds, chosen by `lock_kind` (``follow_lock=auto``):
+Every worker takes the lease file, whatever its kind, so that no two workers can hold one run by
+different means (a file server that sees ext4 and its NFS clients that see nfs4 would pick
+different kinds with ``follow_lock=auto``, and a flock and a lease never exclude each other):
 
-- ``flock``: an exclusive `fcntl.flock` on ``worker.lock``, on a local file system. The kernel
-  drops it when the process dies (kill -9 included).
-- ``file``: a lease file, ``worker.lease``, created with ``O_CREAT | O_EXCL``. It holds the
-  holder's host, pid and a random token, and its modification time is the heartbeat: a thread
-  touches it every `LEASE_HEARTBEAT_S` seconds. Another worker respects it until the heartbeat
-  has not moved for `LEASE_STALE_S` seconds on its own clock (no clock is compared across
-  hosts), or at once when the holder's pid is gone on this same host. Then it takes the lease
-  over.
+- the lease, ``worker.lease``, created with ``O_CREAT | O_EXCL``. It holds the holder's host,
+  boot id and pid namespace (`repgeom.probes.run.offload.host`), pid and a random token, and its
+  modification time is the heartbeat: a thread touches it every `LEASE_HEARTBEAT_S` seconds.
+  Another worker respects it until the heartbeat has not moved for `LEASE_STALE_S` seconds on
+  its own clock (no clock is compared across hosts), or at once when the holder's pid is gone on
+  this same host (same hostname, boot and pid namespace; a container that shares the node's
+  hostname is not the same host). Then it takes the lease over.
+- with kind ``flock`` (a local file system), an exclusive `fcntl.flock` on ``worker.lock`` is
+  taken first, as an extra: two workers of one node wait on it without reading the lease.
 
-The lease is used where flock cannot be trusted. That is a shared file system, where flock may be
+The token is the fencing token: `WorkerLock.check` raises `LockLostError` once the lease names
+another token, and the worker runs it (`repgeom.files.fenced`) just before each rename into
+place of the table, ``worker.json``, ``skipped.json`` and each deletion. A holder paused past the
+stale time (SIGSTOP, an NFS partition, a frozen VM) that wakes up writes nothing over the new
+holder's files. What no file system offers is a rename that checks the token itself, so a pause
+of more than `LEASE_STALE_S` between that check and its rename (microseconds apart) is not
+covered.
+
+flock is taken only where it can be trusted. That is a shared file system, where flock may be
 refused (NFS without lockd: ENOLCK; ENOSYS, EOPNOTSUPP) or, worse, may succeed on each node alone
 (NFS ``local_lock=flock``, Lustre ``localflock``), and then two workers would delete each other's
-snapshots. `auto` picks the lease on the file systems in `SHARED_FILE_SYSTEMS`
+snapshots. `auto` takes the lease alone on the file systems in `SHARED_FILE_SYSTEMS`
 (``/proc/self/mountinfo``) and when flock is refused. Any other error of flock is raised as what it
 is, not read as "another worker holds it". A file descriptor opened here is closed on every way
 out.
@@ -28,13 +39,13 @@ import fcntl
 import json
 import os
 import re
-import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 
-from repgeom.probes.run.offload.snapshots import read_json
+from repgeom.probes.run.offload.host import host_identity, same_host
+from repgeom.probes.run.offload.layout import read_json
 
 LOCK_KINDS = ("auto", "flock", "file")
 """``follow_lock``'s values: pick by file system, or force one kind."""
@@ -138,22 +149,28 @@ class WorkerLock:
         deadline = time.monotonic() + timeout_s
         said = False
         watch: dict[str, float] = {}
-        while True:
-            other = self._try_flock() if self.kind == "flock" else self._try_lease(watch)
-            if other is None:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"another probe worker ({other}) follows {what} and did not finish within "
-                    f"{timeout_s:.0f} s (follow_timeout_s); two would probe each snapshot "
-                    "twice. Stop it first, or let it finish"
-                )
-            if not said:  # e.g. a resumed train.py's worker while the last start's finishes
-                print(f"Another probe worker ({other}) follows {what}; waiting for it to finish"
-                      + (f" (its lease counts as stale after {self.stale_s:.0f} s without a "
-                         "heartbeat)" if self.kind == "file" else ""), flush=True)
-                said = True
-            time.sleep(POLL_S)
+        try:
+            while True:
+                other = self._try_flock() if self.kind == "flock" and self._fd is None else None
+                if other is None:
+                    other = self._try_lease(watch)
+                if other is None:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"another probe worker ({other}) follows {what} and did not finish "
+                        f"within {timeout_s:.0f} s (follow_timeout_s); two would probe each "
+                        "snapshot twice. Stop it first, or let it finish"
+                    )
+                if not said:  # e.g. a resumed train.py's worker while the last start's finishes
+                    print(f"Another probe worker ({other}) follows {what}; waiting for it to "
+                          f"finish (its lease counts as stale after {self.stale_s:.0f} s without "
+                          "a heartbeat)", flush=True)
+                    said = True
+                time.sleep(POLL_S)
+        except BaseException:
+            self.release()  # a flock taken while the lease was another's
+            raise
 
     def _try_flock(self) -> str | None:
         """None once held; else who holds it. Falls back to the lease where flock is refused."""
@@ -171,7 +188,7 @@ class WorkerLock:
                       f": {error.strerror}); using a lease file with a heartbeat instead "
                       f"({self.lease})", flush=True)
                 self.kind = "file"
-                return self._try_lease({})
+                return None  # the lease alone
             raise OSError(error.errno, f"cannot lock {path} for the probe worker: "
                           f"{error.strerror} ({errno.errorcode.get(error.errno, error.errno)}); "
                           "this is not another worker holding it. Check the folder's file "
@@ -196,8 +213,8 @@ class WorkerLock:
         except FileExistsError:
             return self._judge(watch)
         try:
-            os.write(fd, (f'{{"host": "{socket.gethostname()}", "pid": {os.getpid()}, '
-                          f'"token": "{self.token}", "time": {time.time()}}}').encode())
+            os.write(fd, json.dumps({**host_identity(), "pid": os.getpid(),
+                                     "token": self.token, "time": time.time()}).encode())
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -220,8 +237,7 @@ class WorkerLock:
         if watch.get("beat") != beat or holder.get("token") != watch.get("token"):
             watch.update(beat=beat, seen=now, token=holder.get("token"))
         name = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        gone = (holder.get("host") == socket.gethostname()
-                and not process_alive(int(holder.get("pid", -1) or -1)))
+        gone = same_host(holder) and not process_alive(int(holder.get("pid", -1) or -1))
         if not gone and now - watch["seen"] < self.stale_s:
             return name
         # Stale: move it aside (only one taker's rename succeeds), then take it.
@@ -274,9 +290,10 @@ class WorkerLock:
                 os.utime(self.lease)
 
     def check(self) -> None:
-        """Raise `LockLostError` when this worker no longer holds the run (before it deletes
-        anything: a worker that lost its lease must not touch the new holder's snapshots)."""
-        if self.kind != "file" or self._beat is None:
+        """Raise `LockLostError` when this worker no longer holds the run: the fencing check,
+        run just before each write and deletion (`repgeom.files.fenced`), so that a worker
+        that lost its lease never touches the new holder's files."""
+        if self._beat is None:
             return
         holder = read_json(self.lease)
         if self.lost or holder is None or holder.get("token") != self.token:
@@ -288,10 +305,8 @@ class WorkerLock:
             )
 
     def release(self) -> None:
-        """Let go of the lock (idempotent); the lease file is removed only while it is ours."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # drops the flock
+        """Let go of the lock (idempotent); the lease file is removed only while it is ours,
+        then the flock is dropped."""
         if self._beat is not None:
             self._stop.set()
             self._beat.join()
@@ -299,4 +314,7 @@ class WorkerLock:
             holder = read_json(self.lease)
             if holder is not None and holder.get("token") == self.token:
                 self.lease.unlink(missing_ok=True)
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # drops the flock
 

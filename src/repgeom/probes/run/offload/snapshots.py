@@ -13,12 +13,17 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
 - ``step_<N>/complete.json``: written after the weights (both fsynced), with the time that names
   this snapshot. Both are written in a hidden folder ``.step_<N>.<pid>.tmp`` that is renamed to
   ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
-- a complete ``step_<N>`` is never rewritten: a requeued or resumed training start that replays
-  step N keeps it (the worker may be reading it); it is written again only after the worker has
-  probed and deleted it, and then carries a new time, so the worker probes it again. A worker
-  deletes a snapshot by renaming it to ``.step_<N>.<pid>.removed`` first: it vanishes at once,
-  never half-deleted under a training process's eyes;
-- ``training.json``: the training process (pid, host, step, the time that step was reached,
+- a complete ``step_<N>`` is never rewritten by the training start that wrote it (its marker
+  names that start). A requeued or resumed start that replays step N replaces a snapshot of an
+  earlier, abandoned start: the replay's weights are the run's weights at N now, and the old
+  ones, if not probed yet, would put the abandoned trajectory into the table. The new snapshot
+  carries a new time, so the worker probes it (again); a worker reading the old one meanwhile
+  sees its marker change and records nothing from it. A worker deletes a snapshot by renaming it
+  to ``.step_<N>.<pid>.removed`` first (it vanishes at once, never half-deleted under a training
+  process's eyes), and puts back one that turns out to be a newer snapshot than the one it
+  probed;
+- ``training.json``: the training process (pid, host, boot and pid namespace
+  (`repgeom.probes.run.offload.host`), step, the time that step was reached,
   time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
   ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
   preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
@@ -49,32 +54,44 @@ weights are gone once training moves on, so nothing can probe that step later.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from repgeom.files import atomic_write_text
-from repgeom.probes.core import table
+from repgeom.probes.run.offload.host import host_identity
+from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
+    COMPLETE,
+    DONE,
+    MARKER,
+    REMOVED,
+    RUN,
+    SNAPSHOT_DIR,
+    TRAINING,
+    WEIGHTS,
+    WORKER,
+    WRITING,
+    _fsync_dir,
+    leftovers,
+    marker_time,
+    read_json,
+    remove_snapshot,
+    snapshot_dir,
+    snapshot_time,
+    snapshots,
+    step_dir,
+    step_of,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
-SNAPSHOT_DIR = "snapshots"
-MARKER = ".repgeom-snapshots"
-"""The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
-WEIGHTS = "weights.ckpt"
-COMPLETE = "complete.json"
-TRAINING = "training.json"
-DONE = "done.json"
-RUN = "run.json"
-WORKER = "worker.json"
 OFFLOAD_MODES = ("snapshots", "worker")
 """``probe.offload``'s values besides null (in-process): write snapshots; also start a worker."""
 
@@ -87,83 +104,6 @@ def check_offload(value: str | None) -> str | None:
             f"{', '.join(OFFLOAD_MODES)}, got {value!r}"
         )
     return value
-
-
-def snapshot_dir(run_dir: str | os.PathLike) -> Path:
-    """``<run_dir>/probes/snapshots``."""
-    return table.probe_dir(run_dir) / SNAPSHOT_DIR
-
-
-def step_dir(folder: Path, step: int) -> Path:
-    return folder / f"step_{step:09d}"
-
-
-WRITING = ".tmp"
-"""The suffix of a hidden snapshot folder being written (``.step_<N>.<pid>.tmp``)."""
-REMOVED = ".removed"
-"""The suffix of a hidden snapshot folder being deleted (``.step_<N>.<pid>.removed``)."""
-
-
-def step_of(path: Path) -> int | None:
-    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``/``.removed``) -> 125;
-    None for any other name."""
-    name = path.name
-    if name.startswith(".") and name.endswith((WRITING, REMOVED)):
-        name = name[1:].split(".", 1)[0]
-    if not name.startswith("step_") or not name[5:].isdigit():
-        return None
-    return int(name[5:])
-
-
-def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
-    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order.
-
-    Incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one still being written
-    (``.step_<N>.<pid>.tmp``: a training process writes it now, or was killed while writing)."""
-    complete, incomplete = [], []
-    if not folder.is_dir():
-        return complete, incomplete
-    for path in sorted(folder.iterdir(), key=lambda p: p.name.lstrip(".")):
-        step = step_of(path)
-        if step is None or not path.is_dir() or path.name.endswith(REMOVED):
-            continue
-        whole = not path.name.startswith(".") and (path / COMPLETE).is_file()
-        (complete if whole else incomplete).append((step, path))
-    return complete, incomplete
-
-
-def leftovers(folder: Path) -> list[Path]:
-    """Snapshots a worker renamed to delete them and was killed before it could."""
-    if not folder.is_dir():
-        return []
-    return [p for p in folder.iterdir() if p.name.endswith(REMOVED) and step_of(p) is not None]
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`: a temporary file
-    of its own, fsync, rename, fsync the folder); a full disk leaves no temporary file."""
-    atomic_write_text(path, json.dumps(data, indent=1))
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON at `path`, or None when missing or unreadable (caught mid-replace elsewhere)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory
-        pass
-    finally:
-        os.close(fd)
 
 
 def _free_bytes(folder: Path) -> int | None:
@@ -185,26 +125,6 @@ def _disk_full(error: BaseException) -> OSError | None:
             return error
         error = error.__cause__ or error.__context__
     return None
-
-
-def remove_snapshot(path: Path) -> None:
-    """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
-    one of its hidden forms): renamed to ``.step_<N>.<pid>.removed`` first, so ``step_<N>`` is
-    gone at once and a training start never finds it half-deleted; a folder already gone is
-    fine."""
-    if step_of(path) is None or not (path.parent / MARKER).is_file():
-        raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
-    gone = path
-    if not path.name.endswith(REMOVED):
-        gone = path.with_name(f".{path.name.lstrip('.').split('.', 1)[0]}.{os.getpid()}"
-                              f"{REMOVED}")
-        shutil.rmtree(gone, ignore_errors=True)  # this pid's own earlier, interrupted try
-        try:
-            os.rename(path, gone)
-        except FileNotFoundError:  # deleted meanwhile (another look at the same folder)
-            return
-    shutil.rmtree(gone, ignore_errors=True)
-
 
 class RunNotRecordedError(RuntimeError):
     """Training finished, but its end-of-run status (``done.json``, ``training.json``) could
@@ -259,6 +179,7 @@ class SnapshotWriter:
         self._stream: Any = None
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
 
     # -- the run's files ------------------------------------------------------------------------
 
@@ -290,7 +211,7 @@ class SnapshotWriter:
 
     def _beat(self, state: str) -> None:
         write_json(self.folder / TRAINING, {
-            "pid": os.getpid(), "host": socket.gethostname(), "step": int(self.step),
+            "pid": os.getpid(), **host_identity(), "step": int(self.step),
             "step_time": self.step_time, "time": time.time(), "state": state,
             "heartbeat_s": self.heartbeat_s})
 
@@ -431,7 +352,7 @@ class SnapshotWriter:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
         folder = step_dir(self.folder, step)
-        if (folder / COMPLETE).is_file():  # immutable: a replayed step keeps its snapshot
+        if self._own(folder):  # immutable: this start never rewrites its own snapshot
             return
         needed = sum(t.nbytes for t in weights.values())
         free = _free_bytes(self.folder)
@@ -448,6 +369,11 @@ class SnapshotWriter:
             if full is None:
                 raise
             self._skip(step, f"{full.strerror or full} while writing")
+
+    def _own(self, folder: Path) -> bool:
+        """Whether `folder` holds a complete snapshot written by this training start."""
+        return (folder / COMPLETE).is_file() and (
+            read_json(folder / COMPLETE) or {}).get("start") == self.start_id
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
@@ -473,9 +399,11 @@ class SnapshotWriter:
             os.fsync(handle.fileno())
         write_json(tmp / COMPLETE, {"step": int(step), "time": time.time(),
                                     "rank": int(self.rank), "pid": os.getpid(),
-                                    "bytes": path.stat().st_size})
-        if folder.exists() and not (folder / COMPLETE).is_file():
-            remove_snapshot(folder)  # an incomplete one of the old layout: ours, never read
+                                    "start": self.start_id, "bytes": path.stat().st_size})
+        if folder.exists() and not self._own(folder):
+            # an incomplete one of the old layout, or an abandoned start's: the replay's weights
+            # are the run's now (a worker reading the old one sees its marker change)
+            remove_snapshot(folder)
         try:
             os.rename(tmp, folder)  # the whole snapshot appears at once
         except OSError:  # ENOTEMPTY/EEXIST: a complete one is there; it stays as it is

@@ -1,0 +1,248 @@
+"""A run folder under many hands (issue 38): a snapshot that cannot be read is skipped once and
+named, never retried for ever; a worker reads the run's state only once it holds the run; one lock
+whatever each node sees, with fenced writes; "same host" by boot id and pid namespace; a replayed
+step's new snapshot replaces an unprobed one from the abandoned start."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra_configs import compose_train
+
+from repgeom.probes.core import table
+from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload.follow import Follower, follow, training_alive
+from repgeom.probes.run.offload.lock import LEASE_NAME, LockLostError, WorkerLock
+from repgeom.train import train
+
+PROBE = ["probe.every_n_steps=10", "probe.log_spaced_until=4", "probe.n_log_spaced=3"]
+STEPS = [0, 1, 2, 4, 10, 20]  # the schedule of PROBE over 20 steps (test_callback)
+PASSES = 200
+"""More passes over the snapshot folder than a worker needs for 6 snapshots: it spins."""
+
+
+@pytest.fixture(scope="module")
+def snapshot_run(tmp_path_factory) -> Path:
+    """A 20-step run with ``probe.offload=snapshots`` and no worker: its 6 snapshots stay."""
+    run_dir = tmp_path_factory.mktemp("shared") / "run"
+    train(compose_train(run_dir, ["logger=csv", *PROBE, "probe.offload=snapshots"]))
+    return run_dir
+
+
+def _copy(run_dir: Path, to: Path) -> Path:
+    shutil.copytree(run_dir, to)
+    return to
+
+
+@pytest.fixture
+def bounded_passes(monkeypatch):
+    """Fail a worker that looks at its folder more than `PASSES` times (a busy loop)."""
+    original, passes = snapshots.snapshots, []
+
+    def counted(folder):
+        passes.append(1)
+        if len(passes) > PASSES:
+            raise AssertionError(f"the worker spins: {len(passes)} passes over {folder}")
+        return original(folder)
+
+    monkeypatch.setattr(snapshots, "snapshots", counted)
+    return passes
+
+
+def _cut(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _skipped_steps(run_dir: Path) -> dict:
+    return json.loads((table.probe_dir(run_dir) / "skipped.json").read_text())
+
+
+# -- hole 2: quarantine ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", [snapshots.COMPLETE, snapshots.WEIGHTS])
+def test_a_snapshot_that_cannot_be_read_is_skipped_named_and_tried_again_once_rewritten(
+        snapshot_run, tmp_path, bounded_passes, capsys, part) -> None:
+    # complete.json cut short made the worker say "changed or vanished" and look again at full
+    # speed for ever; weights.ckpt cut to half crashed every start with CheckpointFormatError.
+    run_dir = _copy(snapshot_run, tmp_path / "run")
+    folder = snapshots.snapshot_dir(run_dir)
+    broken = snapshots.step_dir(folder, 10) / part
+    _cut(broken)
+    result = follow(run_dir, timeout_s=30, wandb=False)
+    assert result.stopped == "done"
+    assert sorted(table.read_table(run_dir)["step"].unique()) == [s for s in STEPS if s != 10]
+    assert result.quarantined == {10: result.quarantined[10]} and str(broken) in \
+        result.quarantined[10]
+    warnings = [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("warning:") and str(broken) in line]
+    assert len(warnings) == 1, warnings
+    assert _skipped_steps(run_dir)["step 10"]["step"] == 10
+    # A rerun does not try the same broken snapshot again; one the trainer writes again (a new
+    # time) is tried, probed, and no longer named.
+    assert follow(run_dir, timeout_s=30, wandb=False).probed == []
+    good = snapshots.step_dir(snapshots.snapshot_dir(snapshot_run), 10)
+    shutil.rmtree(broken.parent)
+    shutil.copytree(good, broken.parent)
+    marker = snapshots.read_json(broken.parent / snapshots.COMPLETE)
+    snapshots.write_json(broken.parent / snapshots.COMPLETE, {**marker, "time": time.time()})
+    again = follow(run_dir, timeout_s=30, wandb=False)
+    assert again.probed == [10] and not again.quarantined
+    assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
+    assert "step 10" not in _skipped_steps(run_dir)
+
+
+# -- hole 3: the state is read under the lock ------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_started_while_another_finishes_reads_the_state_once_it_holds_the_run(
+        snapshot_run, tmp_path) -> None:
+    # A second worker job started while the first finishes (slurm/probe_worker.sbatch invites
+    # it): it read worker.json before it had the lock, so it probed every step again, redid the
+    # end-of-run work and rolled worker.json back.
+    run_dir = _copy(snapshot_run, tmp_path / "run")
+    second = Follower(run_dir, device=torch.device("cpu"), timeout_s=30, keep_snapshots=True,
+                      wandb=False)
+    first = follow(run_dir, timeout_s=30, keep_snapshots=True, wandb=False)
+    assert first.probed == STEPS
+    state = (snapshots.snapshot_dir(run_dir) / snapshots.WORKER).read_text()
+    result = second.run()
+    assert result.probed == [] and result.stopped == "done"
+    assert (snapshots.snapshot_dir(run_dir) / snapshots.WORKER).read_text() == state
+
+
+# -- hole 4: one lock per run, fenced writes, same host, replayed steps ----------------------------
+
+
+@pytest.mark.parametrize(("first", "second"), [("flock", "file"), ("file", "flock")])
+def test_workers_that_pick_different_lock_kinds_still_exclude_each_other(
+        tmp_path, first, second) -> None:
+    # follow_lock=auto picks per node: the file server sees ext4 (flock), its NFS clients see
+    # nfs4 (the lease file). Both held the run at once.
+    held = WorkerLock(tmp_path, kind=first)
+    held.acquire(timeout_s=5, what="the run")
+    try:
+        with pytest.raises(RuntimeError, match="another probe worker"):
+            WorkerLock(tmp_path, kind=second).acquire(timeout_s=1, what="the run")
+    finally:
+        held.release()
+
+
+def test_a_holder_that_lost_the_run_while_paused_writes_nothing(tmp_path) -> None:
+    # A lease holder paused (SIGSTOP, an NFS partition) after its check(), past the stale time:
+    # another worker takes the run over and writes; the paused one wakes and writes worker.json
+    # and the table over the new holder's. Its writes are fenced: the token is checked just
+    # before each rename into place, and the new holder's files stay.
+    run_dir = tmp_path / "run"
+    folder = snapshots.snapshot_dir(run_dir)
+    folder.mkdir(parents=True)
+    follower = Follower(run_dir, device=torch.device("cpu"), timeout_s=5, keep_snapshots=False,
+                        wandb=False, lock="file")
+    follower.lock.acquire(timeout_s=5, what="the run")
+    follower.lock.check()
+    follower.done = {0: 1.0}
+    lease = folder / LEASE_NAME
+    os.rename(lease, folder / "aside")  # taken over, as `WorkerLock._judge` does
+    lease.write_text(json.dumps({"host": "elsewhere", "pid": 1, "token": "new holder"}))
+    theirs = {"done": {"0": 1.0, "1": 2.0}, "seconds": 1.0}
+    snapshots.write_json(folder / snapshots.WORKER, theirs)  # the new holder's progress
+    table.append_rows(table.probe_dir(run_dir), [_row(0), _row(1)])  # and rows
+    try:
+        with pytest.raises(LockLostError):
+            follower._save()
+        with pytest.raises(LockLostError), follower.fenced():
+            table.append_rows(table.probe_dir(run_dir), [_row(2)])
+    finally:
+        follower.lock.release()
+    assert snapshots.read_json(folder / snapshots.WORKER) == theirs
+    assert sorted(table.read_table(run_dir)["step"]) == [0, 1]
+    assert json.loads(lease.read_text())["token"] == "new holder"
+
+
+def _row(step: int) -> dict:
+    return {"step": step, "layer": 0, "head": -1, "metric": "m", "value": float(step),
+            "std": 0.0}
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    return gone.pid
+
+
+def test_same_host_means_same_boot_and_pid_namespace_not_the_hostname(tmp_path) -> None:
+    # A container on this node shares its hostname but not its pid namespace: its pid says
+    # nothing here. Its lease was taken at once as "its process is gone".
+    me = {"host": socket.gethostname(),
+          "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+          "pid_ns": os.readlink("/proc/self/ns/pid")}
+    lease = tmp_path / LEASE_NAME
+    lease.write_text(json.dumps({**me, "pid_ns": "pid:[1]", "pid": _dead_pid(), "token": "x"}))
+    with pytest.raises(RuntimeError, match="another probe worker"):
+        WorkerLock(tmp_path, kind="file").acquire(timeout_s=1, what="the run")
+    # The same boot and namespace: a vanished pid is certain.
+    lease.write_text(json.dumps({**me, "pid": _dead_pid(), "token": "x"}))
+    held = WorkerLock(tmp_path, kind="file")
+    held.acquire(timeout_s=5, what="the run")
+    held.release()
+    # A trainer in another container of this node is judged by its heartbeat, not its pid.
+    snapshots.write_json(tmp_path / snapshots.TRAINING, {
+        **me, "pid_ns": "pid:[1]", "pid": _dead_pid(), "state": "running", "step": 3,
+        "time": time.time(), "step_time": time.time()})
+    assert training_alive(tmp_path, 60)[0] is True
+
+
+def test_a_replayed_steps_snapshot_replaces_an_unprobed_one_of_the_abandoned_start(
+        tmp_path) -> None:
+    # A training start killed after writing step 10, resumed from a checkpoint before it: its
+    # replay of step 10 is what the run's weights are now. The old snapshot was kept and, when
+    # not yet probed, went into the table under step 10.
+    model = torch.nn.Linear(2, 2)
+    abandoned = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    abandoned.start({"wandb": None})
+    abandoned.snapshot(10, model, {"hyper_parameters": {}})
+    abandoned.close(final_step=None)
+    folder = snapshots.snapshot_dir(tmp_path)
+    old = snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    resumed = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    resumed.start({"wandb": None})
+    resumed.snapshot(10, model, {"hyper_parameters": {}})
+    resumed.wait()
+    new = snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE)
+    assert new["time"] > old["time"]
+    written = torch.load(snapshots.step_dir(folder, 10) / snapshots.WEIGHTS, weights_only=True)
+    torch.testing.assert_close(written["state_dict"]["model.weight"], model.weight.detach())
+    # The same start never rewrites its own complete snapshot (the worker may read it).
+    resumed.snapshot(10, torch.nn.Linear(2, 2), {"hyper_parameters": {}})
+    resumed.close(final_step=10)
+    assert snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE) == new
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".step")] == []
+
+
+def test_a_worker_deleting_a_probed_snapshot_puts_back_a_newer_one_found_in_its_place(
+        tmp_path) -> None:
+    # The worker probed step 10 (time t1) and deletes it; meanwhile a resumed start replaced it
+    # with its replay (t2). The delete must not take the unprobed replay with it.
+    folder = snapshots.snapshot_dir(tmp_path)
+    path = snapshots.step_dir(folder, 10)
+    path.mkdir(parents=True)
+    (folder / snapshots.MARKER).write_text("repgeom")
+    snapshots.write_json(path / snapshots.COMPLETE, {"step": 10, "time": 2.0})
+    snapshots.remove_snapshot(path, written=1.0)
+    assert snapshots.read_json(path / snapshots.COMPLETE)["time"] == 2.0
+    snapshots.remove_snapshot(path, written=2.0)
+    assert not path.exists() and not snapshots.leftovers(folder)
