@@ -351,11 +351,13 @@ def _measure_states(
 
 
 def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:
-    """``(metric, mean, std)`` over batches of ``entry.fn(batch)`` (a float or a dict of them)."""
+    """``(metric, mean, std)`` over batches of ``entry.fn(batch)`` (a float or a dict of them;
+    a dict's key ``""`` is the row of the entry's own name)."""
     values = [entry.fn(batch) for batch in batches]
     if all(isinstance(v, dict) for v in values):
-        return [
-            (f"{entry.name}_{key}", *_mean_std([float(v[key]) for v in values]))
+        return [  # the key "": the entry's own name
+            (f"{entry.name}_{key}" if key else entry.name,
+             *_mean_std([float(v[key]) for v in values]))
             for key in values[0]
         ]
     try:
