@@ -63,7 +63,8 @@ def test_matches_an_independent_numpy_fit_on_noisy_spectra(seed):
 
 
 def test_matches_reptrix_alpha():
-    alpha_module = pytest.importorskip("reptrix.alpha")
+    alpha_module = pytest.importorskip(
+        "reptrix.alpha", reason="reptrix not installed: pip install --no-deps reptrix==0.1.0")
     rng = np.random.default_rng(3)
     X = rng.normal(size=(600, 160)) * np.arange(1, 161) ** -0.8
     X = (X @ np.linalg.qr(rng.normal(size=(160, 160)))[0]).astype(np.float32)

@@ -21,13 +21,13 @@ Modules:
 - ``id_scales``: the intrinsic dimension against scale, TwoNN by decimation (Facco et al.) and
   the plateau of a profile.
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
-  mutual-kNN alignment (Huh et al.).
+  mutual-kNN alignment (Huh et al.), and CKA from the unbiased HSIC (Song et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
 - ``attention``, ``distributions``: attention entropy, QK alignment (per head and heads
   concatenated), pre-softmax scores; activation laws.
 """
 
-from .alignment import linear_cka, mutual_knn
+from .alignment import linear_cka, linear_cka_unbiased, mutual_knn
 from .anisotropy import anisotropy
 from .attention import (
     AttentionResult,
@@ -109,5 +109,6 @@ __all__ = [
     "pca_dimension",
     "isoscore",
     "linear_cka",
+    "linear_cka_unbiased",
     "mutual_knn",
 ]

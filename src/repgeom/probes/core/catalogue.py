@@ -42,6 +42,7 @@ from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.metrics._validation import check_matrix
 from repgeom.metrics.linearity import linearity
+from repgeom.probes.core import null
 from repgeom.probes.core.id_entries import (  # noqa: F401 - ID_GUARDED is read from here too
     ID_GUARDED,
     _id_scales,
@@ -89,6 +90,9 @@ class Metric:
     prepare: Callable[..., Any] | None = None
     """Pairwise entries: a per-set step (a neighbour search) computed once per layer and batch;
     ``fn`` then takes two prepared sets. None: ``fn(X, Y)`` on the states."""
+    permute: Callable[..., Any] | None = None
+    """Pairwise entries: a prepared set with its rows shuffled, ``permute(prepared, perm)``, for
+    the permutation null (`repgeom.probes.core.null`); None: the entry has no null."""
     switch: str | None = None
     """A boolean of `ProbeSettings` that also gates this entry (kept: checkpoints carry it)."""
     user: bool = False
@@ -154,6 +158,12 @@ def _knn_prepare(X):
     if X.shape[0] <= 10:
         raise ValueError(f"mutual_knn needs more than k = 10 rows, got {X.shape[0]}")
     return alignment._cosine_neighbors(check_matrix(X, "X"), 10)
+
+
+def _null(name: str) -> tuple[Output, Output]:
+    """The rows of a pair's permutation null (`repgeom.probes.core.null`)."""
+    return (Output(f"{name}_chance", f"{name} under shuffled pairing (chance level)", ()),
+            Output(f"{name}_p", f"{name}: permutation p-value", ()))
 
 
 def _id(pattern: str, label: str, **facts) -> Output:
@@ -246,10 +256,16 @@ BUILTIN: dict[str, Metric] = {
                 Output(r"(loglik|aic)_\w+", "{0}", ())),
                batched=False, switch="distributions"),
         Metric("linear_cka", "pair", metrics.linear_cka,
-               (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()),), training=False),
+               (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()), *_null("linear_cka")),
+               training=False, permute=null.permute_rows),
+        Metric("linear_cka_unbiased", "pair", metrics.linear_cka_unbiased,
+               (Output("linear_cka_unbiased", "Linear CKA, unbiased HSIC (Song et al.)", ()),
+                *_null("linear_cka_unbiased")),
+               training=False, permute=null.permute_rows),
         Metric("mutual_knn", "pair", alignment._knn_overlap,
-               (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),),
-               training=False, prepare=_knn_prepare),
+               (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),
+                *_null("mutual_knn")),
+               training=False, prepare=_knn_prepare, permute=null.permute_neighbors),
         Metric("linearity", "pair", linearity,
                (Output("linearity", "Linearity of the map from layer to layer_b (Razzhigaev et "
                                     "al. 2024)", ()),),

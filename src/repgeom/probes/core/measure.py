@@ -35,7 +35,7 @@ from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
-from repgeom.probes.core import catalogue
+from repgeom.probes.core import catalogue, null
 
 PER_HEAD_METRICS: tuple[str, ...] = tuple(
     o.pattern for m in catalogue.BUILTIN.values() if m.per_head for o in m.outputs
@@ -71,6 +71,10 @@ class ProbeSettings:
     the layer (TwoNN, its MLE, the authors' convention, GRIDE, the MLE, decimation, the plateau)
     is NaN, with the reason in the table's ``note`` column: the estimators read the jitter
     inside the clumps there (the char embedding at step 0 reads 192 under the authors' fit)."""
+    null_permutations: int = 0
+    """Shuffles of the permutation null of the pairwise entries (`repgeom.probes.core.null`:
+    rows ``<metric>_chance`` and ``<metric>_p`` beside linear CKA and mutual k-NN); 0: off.
+    Each costs about one more computation of every linear CKA pair (see `null`)."""
     twonn_convention: str = "facco"
     """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
     ``llm_microscope``: as the Shape of Learning authors' code does
@@ -90,7 +94,7 @@ class ProbeSettings:
         self.max_copy_share = check_fraction(self.max_copy_share, "probe setting max_copy_share",
                                              include_high=True)
         for name, minimum in (("state_batch_size", 3), ("distribution_samples", 10),
-                              ("seed", None)):
+                              ("seed", None), ("null_permutations", 0)):
             check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
         if isinstance(self.metrics, str):
             raise ValueError(
@@ -246,7 +250,7 @@ def measure_states(
     for layer, X in enumerate(states):
         _measure_states(out, layer, X, split, settings, selection.states)
     if selection.pairs:
-        _measure_layer_pairs(out, states, split, selection.pairs)
+        _measure_layer_pairs(out, states, split, selection.pairs, settings)
     if keep_states:
         out.states = states
     return out
@@ -374,9 +378,11 @@ def _measure_layer_pairs(
     states: list[torch.Tensor],
     split: list[torch.Tensor],
     entries: list[catalogue.Metric],
+    settings: ProbeSettings,
 ) -> None:
     """Every pairwise entry between layers a <= b: mean and std over the same batches (an
-    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch)."""
+    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch), and its
+    permutation null where ``settings.null_permutations`` asks (`null.null_rows`)."""
     for entry in entries:
         prepared = [_PreparedBatches(entry, X, split) for X in states]
         for a in range(len(states)):
@@ -386,6 +392,10 @@ def _measure_layer_pairs(
                         [entry.fn(x, y) for x, y in zip(prepared[a], prepared[b], strict=True)]
                     )
                     out.add(a, entry.name, value, std, layer_b=b)
+                    for name, extra, spread in null.null_rows(
+                            entry, prepared[a], prepared[b], value,
+                            permutations=settings.null_permutations, seed=settings.seed):
+                        out.add(a, name, extra, spread, layer_b=b)
 
 
 class _PreparedBatches:
@@ -407,8 +417,17 @@ def pair_value(
     entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor, split: list[torch.Tensor]
 ) -> tuple[float, float]:
     """Mean and std over batches of a pairwise entry on paired rows of `X` and `Y`."""
+    return pair_rows(entry, X, Y, split)[0][1:]
+
+
+def pair_rows(entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor,
+              split: list[torch.Tensor], *, permutations: int = 0,
+              seed: int = 0) -> list[tuple[str, float, float]]:
+    """`pair_value`'s ``(metric, mean, std)`` row, then its null's (`null.null_rows`)."""
     A, B = _PreparedBatches(entry, X, split), _PreparedBatches(entry, Y, split)
-    return _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
+    value, std = _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
+    return [(entry.name, value, std),
+            *null.null_rows(entry, A, B, value, permutations=permutations, seed=seed)]
 
 
 def _measure_qk(

@@ -97,6 +97,7 @@ class ProbeRecorder:
             self.pairs,
             batch_size=self.settings.state_batch_size,
             seed=self.settings.seed,
+            permutations=self.settings.null_permutations,
         )
         if not rows:
             return

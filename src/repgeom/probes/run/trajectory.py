@@ -403,7 +403,7 @@ class Trajectory:
         if pairs and output.states and self._many_steps:
             vs_final = similarity.vs_final_step_rows(
                 output.states, folder, pairs, batch_size=output.settings.state_batch_size,
-                seed=output.settings.seed)
+                seed=output.settings.seed, permutations=output.settings.null_permutations)
         output.states = []
         if subject.reference:  # another shard writes its rows
             return table.rows_to_frame([])
