@@ -274,6 +274,15 @@ BUILTIN: dict[str, Metric] = {
 }
 """Every built-in metric by name, in the order the table's rows are written."""
 
+MODEL_OUTPUTS = (
+    Output("lm_loss", "LM loss on the probe's windows (nats per token)", ("vs_step",),
+           wandb=("final",)),
+    Output("bpc", "Bits per character on the probe's windows", ("vs_step",), wandb=("final",)),
+)
+"""The rows of the whole model (`repgeom.probes.core.lm_loss`, layer `table.MODEL_LAYER`):
+not catalogue entries (every probe of a model with a head writes them), but table metrics with
+the same facts."""
+
 _USER: dict[str, Metric] = {}
 
 
@@ -342,7 +351,7 @@ def output_of(metric: str) -> Output | None:
         for output in entry.outputs:
             if output.matches(metric):
                 return output
-    return None
+    return next((o for o in MODEL_OUTPUTS if o.matches(metric)), None)
 
 
 def entry_of(metric: str) -> Metric | None:
@@ -390,7 +399,7 @@ def wandb_metrics(kind: str) -> tuple[str, ...]:
     """Table metrics with W&B extra `kind` ("profile", "layer_step", "peak", "final")."""
     return tuple(
         o.member or o.pattern for m in BUILTIN.values() for o in m.outputs if kind in o.wandb
-    )
+    ) + tuple(o.pattern for o in MODEL_OUTPUTS if kind in o.wandb)
 
 
 PAIR_NAMES = tuple(m.name for m in BUILTIN.values() if m.reads == "pair")

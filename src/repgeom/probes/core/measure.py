@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -121,6 +122,8 @@ class ProbeOutput:
     """Each layer's states, (N, D) float32, kept when pairwise metrics are wanted (`measure`
     with ``keep_states``), for similarity across steps and runs."""
     settings: ProbeSettings | None = None
+    tokens: Any = None
+    """The step's per-token surprisals (`repgeom.probes.core.lm_loss.TokenLoss`), or None."""
     forward_seconds: float = 0.0
     """Seconds in the model's forward passes (the rest of a probe is the metrics), set by the
     targets (`repgeom.probes.core.targets`)."""

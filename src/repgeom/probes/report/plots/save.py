@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from repgeom.probes.core import catalogue
+from repgeom.probes.core.table import MODEL_LAYER
 from repgeom.probes.report.aggregate import is_pairwise
 from repgeom.probes.report.plots.pairwise import pair_jobs
 from repgeom.probes.report.plots.scales import SCALE_ROWS, has_scales, id_vs_scale, scale_heatmap
@@ -88,6 +89,10 @@ def save_figures(
             jobs += pair_jobs(rows, metric)
             continue
         kinds = catalogue.figures(metric)
+        if (rows["layer"] == MODEL_LAYER).all():  # the model's own rows (the LM loss): a curve
+            if several_steps and "vs_step" in kinds:
+                jobs.append((f"vs_step_{metric}", partial(metric_vs_step, rows, metric)))
+            continue
         # With one probe step (one checkpoint) the profile is the only figure: draw it for all.
         if "profile" in kinds or not several_steps:
             jobs.append((f"profile_{metric}", partial(layer_profile, rows, metric, by=by)))

@@ -51,7 +51,7 @@ from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint, val
 from repgeom.probes.core import table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
-from repgeom.probes.core.targets import probe_gpt
+from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import snapshots
 from repgeom.probes.run.offload.lock import WorkerLock, process_alive
@@ -271,9 +271,10 @@ class Follower:
             ckpt = read_checkpoint(path / snapshots.WEIGHTS)
             if self.recorder is None:
                 self._prepare(path, ckpt)
-            model = gpt_from_checkpoint(ckpt, self.device).model  # the file read once
+            loaded = gpt_from_checkpoint(ckpt, self.device)  # the file read once
+            model, masking = loaded.model, checkpoint_masking(ckpt, loaded.vocab)
         except FileNotFoundError:
-            ckpt = model = None
+            ckpt = model = masking = None
         del ckpt
         again = snapshots.read_json(path / snapshots.COMPLETE)
         if model is None and marker is not None and again == marker:
@@ -289,7 +290,8 @@ class Follower:
                   "again", flush=True)
             return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
-                           settings=self.recorder.settings, keep_states=bool(self.recorder.pairs))
+                           settings=self.recorder.settings, keep_states=bool(self.recorder.pairs),
+                           masking=masking)
         del model
         for message in dict.fromkeys(output.warnings):
             print(f"warning: {message}", flush=True)
