@@ -88,3 +88,18 @@ def test_bad_ranks_are_named(ranks, match):
     X = torch.randn(50, 30, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=match):
         alpha_req(X, ranks=ranks)
+
+
+def test_a_direction_the_states_do_not_use_is_not_fitted():
+    """A LayerNorm output lies in a hyperplane: its last eigenvalue is float32 rounding (about
+    2e-15 of the largest), which must not enter the fit."""
+    X = torch.randn(256, 40, generator=torch.Generator().manual_seed(0))
+    X = X * torch.arange(1, 41) ** -0.5
+    Y = torch.nn.functional.layer_norm(X, (40,))
+    assert alpha_req(Y, ranks=(2, 40)).last == 39
+    # and the fit does not move with the rounding: the same states, rounded otherwise
+    Z = (Y.double() * (1 + 1e-7 * torch.randn(256, 40, generator=torch.Generator().manual_seed(1),
+                                             dtype=torch.float64))).float()
+    Z = Z - Z.mean(dim=1, keepdim=True)
+    assert alpha_req(Z, ranks=(2, 40)).alpha == pytest.approx(alpha_req(Y, ranks=(2, 40)).alpha,
+                                                            rel=1e-4)

@@ -55,7 +55,9 @@ def alpha_req(X, *, ranks: tuple[int, int] = FIT_RANKS) -> AlphaReQResult:
         ``c``.
     ranks : (int, int), keyword-only
         First and last rank fitted, 1-based, inclusive; ``(11, 100)`` by default (reptrix's).
-        The last is cut to the number of positive eigenvalues.
+        The last is cut to the number of positive eigenvalues (those above ``100 eps^2`` of the
+        largest, ``eps`` that of ``X``'s dtype: below it lies the rounding of the states in a
+        direction they do not use).
 
     Returns
     -------
@@ -88,7 +90,11 @@ def alpha_req(X, *, ranks: tuple[int, int] = FIT_RANKS) -> AlphaReQResult:
 
 def _alpha_req(X: torch.Tensor, first: int, last: int) -> AlphaReQResult:
     lam = centred_gram_eigh(X)[0].flip(0).cpu().numpy()  # descending
-    positive = int((lam > 0).sum())
+    # Directions the states do not use read the rounding of the states, not 0 (a LayerNorm
+    # output lies in a hyperplane: 2e-15 of the largest eigenvalue in float32); their logarithm
+    # is noise, so eigenvalues below 100 eps^2 of the largest are not fitted.
+    floor = 100 * torch.finfo(X.dtype if X.is_floating_point() else torch.float32).eps ** 2
+    positive = int((lam > floor * lam[0]).sum())
     last = min(last, positive)
     if last - first + 1 < 3:
         raise ValueError(

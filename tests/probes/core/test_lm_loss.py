@@ -83,3 +83,47 @@ def test_the_training_callback_writes_the_loss_rows_at_every_probe_step(trained_
     first, last = (_model_rows(frame, s).loc["lm_loss", "value"] for s in (steps[0], steps[-1]))
     assert first == pytest.approx(math.log(205), rel=0.1)  # untrained: about uniform
     assert last < first  # trained for 20 steps
+
+
+HF_SMALL = ["n_states=96", "settings.max_order=8", "settings.state_batch_size=96",
+            "metrics=[default]", "settings.distributions=false", "device=cpu", "plot_metrics=[]",
+            "window=32"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt"])  # opt: a BOS token first, left out
+def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, text_file,
+                                                         tmp_path) -> None:
+    """`probe.py hf=<tiny decoder>`: lm_loss is AutoModelForCausalLM's own loss (its forward
+    with labels) on the same windows, at the tokens after the probed states."""
+    from transformers import AutoModelForCausalLM
+
+    from repgeom.models.hf import load_hf_model
+    from repgeom.probes.core.spec import resolve
+    from repgeom.probes.core.targets import hf_probe_set
+
+    folder = tiny_hf_folder(family)
+    args = [f"hf={folder}", f"text_file={text_file}", *HF_SMALL]
+    rows = _model_rows(probe(compose_probe(tmp_path, args)).frame)
+    request = ProbeRequest.from_config(compose_probe(tmp_path, args))
+    probes = hf_probe_set(load_hf_model(folder), request, resolve(request))
+    ids, mask, positions = probes.windows, probes.attention_mask, probes.positions
+    labels = torch.full_like(ids, -100)  # the model shifts them: logits at p predict label p+1
+    follows = positions[:, :-1] & mask[:, 1:].bool()
+    labels[:, 1:] = torch.where(follows, ids[:, 1:], -100)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        own = float(model(input_ids=ids, attention_mask=mask, labels=labels).loss)
+    # float32 on both sides, the head applied to the same final states: measured ~1e-7
+    assert rows.loc["lm_loss", "value"] == pytest.approx(own, abs=1e-5)
+    assert rows.loc["bpc", "value"] > 0
+
+
+def test_a_decoder_saved_without_its_head_gets_no_loss_rows(tiny_hf_folder, text_file,
+                                                            tmp_path) -> None:
+    """The tiny Llama is saved as its base model, and Llama's head is not tied to its
+    embedding: the head is not in the weights, so no loss is written (and it says why)."""
+    args = [f"hf={tiny_hf_folder('llama')}", f"text_file={text_file}", *HF_SMALL]
+    with pytest.warns(UserWarning, match="no language-model head"):
+        frame = probe(compose_probe(tmp_path, args)).frame
+    assert not (frame["layer"] == table.MODEL_LAYER).any()
+    assert (frame["metric"] == "anisotropy").any()

@@ -152,3 +152,60 @@ def gpt_masked_loss(model: Any, windows: torch.Tensor, masking: Masking, *, seed
                                    ignore_index=IGNORE_INDEX, reduction="none")
             parts.append(nats[target.flatten() != IGNORE_INDEX].double().cpu())
     return TokenLoss(torch.cat(parts).numpy(), per_state=False)
+
+
+class HFLoss:
+    """A Hugging Face decoder's next-token surprisal at the probed states, batch by batch of
+    `hf_capture`: its head (`repgeom.models.hf.lm_head`) on the captured final states, checked
+    once against the model's own logits (`check_head`; a mismatch leaves the rows out, warned).
+    A state's target is the next token when it is a real token of the window (mask 1); the
+    characters of each target (its decoded text) make ``bpc``."""
+
+    def __init__(self, hf: Any) -> None:
+        from repgeom.models.hf.lm_head import head_of
+
+        self.hf, self.head = hf, head_of(hf.lm)
+        self.parts: list[np.ndarray] = []
+        self.chars: list[np.ndarray] = []
+        self.warnings: list[str] = []
+        self.checked = False
+        self._lengths: dict[int, int] = {}
+
+    @classmethod
+    def of(cls, hf: Any) -> HFLoss | None:
+        return None if getattr(hf, "lm", None) is None else cls(hf)
+
+    def add(self, capture: Any, windows: torch.Tensor, mask: torch.Tensor | None) -> None:
+        if self.head is None:
+            return
+        final = capture.final_norm if capture.final_norm is not None else capture.hidden[-1]
+        if not self.checked:
+            from repgeom.models.hf.lm_head import check_head
+
+            device = final.device
+            why = check_head(self.hf.lm, self.head, final, windows.to(device),
+                             None if mask is None else mask.to(device))
+            self.checked = True
+            if why:
+                self.warnings.append(f"{self.hf.name}: no lm_loss rows: {why}")
+                self.head = None
+                return
+        valid = capture.valid.cpu()
+        real = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask.bool().cpu()
+        targets, has = next_token_targets(windows, valid)
+        following = valid.nonzero(as_tuple=True)
+        nxt = (following[0], (following[1] + 1).clamp_max(windows.shape[1] - 1))
+        has &= real[nxt]
+        rows = final[valid.to(final.device)]
+        self.parts.append(head_surprisal(self.head, rows, targets, has))
+        self.chars.append(np.array([self._characters(int(t)) for t in targets], dtype=float))
+
+    def _characters(self, token: int) -> int:
+        if token not in self._lengths:
+            self._lengths[token] = len(self.hf.tokenizer.decode([token]))
+        return self._lengths[token]
+
+    def result(self) -> TokenLoss | None:
+        if self.head is None or not self.parts:
+            return None
+        return TokenLoss(np.concatenate(self.parts), np.concatenate(self.chars))

@@ -298,6 +298,8 @@ class HFTarget:
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
 
+        loss = lm_loss.HFLoss.of(loaded)
+
         def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
             for start in range(0, n_windows, spec.batch_size):
                 stop = min(start + spec.batch_size, n_windows)
@@ -310,6 +312,9 @@ class HFTarget:
                 )
                 if positions is not None:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
+                    if loss is not None:  # the head on this batch's final states
+                        loss.add(capture, probes.windows[start:stop],
+                                 probes.attention_mask[start:stop])
                 yield capture
 
         clock = Stopwatch()
@@ -322,6 +327,12 @@ class HFTarget:
                 keep_states=bool(catalogue.select(settings).pairs),
             )
         output.forward_seconds = clock.seconds
+        if loss is not None:
+            output.warnings += loss.warnings
+            tokens = loss.result()
+            if tokens is not None:
+                output.rows += tokens.rows()
+                output.tokens = tokens
         return output
 
 
