@@ -127,3 +127,17 @@ def test_a_decoder_saved_without_its_head_gets_no_loss_rows(tiny_hf_folder, text
         frame = probe(compose_probe(tmp_path, args)).frame
     assert not (frame["layer"] == table.MODEL_LAYER).any()
     assert (frame["metric"] == "anisotropy").any()
+
+
+def test_the_loss_is_drawn_beside_the_intrinsic_dimension(trained_run) -> None:
+    from repgeom.probes.report.plots.loss import loss_beside_id
+
+    frame = table.read_table(trained_run)
+    fig = loss_beside_id(frame)
+    top, bottom = fig.axes
+    bpc = _model_rows(frame).loc["bpc"].sort_values("step")
+    x, y = bottom.lines[0].get_data()
+    assert list(x) == bpc["step"].tolist() and list(y) == pytest.approx(bpc["value"].tolist())
+    assert len(top.lines[0].get_xdata()) == len(x)
+    # the training run's end-of-run figures include it (conf/probe/default.yaml plot_metrics)
+    assert (table.plot_dir(trained_run) / "loss_beside_id.png").is_file()

@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 
 from repgeom import metrics
+from repgeom.metrics.intrinsic_dimension.mle import local_mle
 
 ID_GUARDED = re.compile(r"twonn|twonn_mle|twonn_llm_microscope|gride_k\d+|mle_dimension|"
                         r"twonn_dec\d+|id_plateau(_lo|_hi)?")
@@ -57,10 +58,26 @@ def _id_search(X, settings, *, reuse: bool = False):
     return result
 
 
+_LOCAL_IDS: list = []
+"""(weak reference to the states, each state's local ID) of the last `_intrinsic_dimension`
+with ``settings.per_token``: `local_ids` hands them to `measure` after the layer's metrics."""
+
+
+def local_ids(X) -> np.ndarray | None:
+    """Each state's local ID (Levina-Bickel MLE on its k = 20 neighbours of the shared search,
+    `metrics.intrinsic_dimension.mle.local_mle`) of the layer `X` just measured, or None."""
+    if _LOCAL_IDS and _LOCAL_IDS[0]() is X:
+        return _LOCAL_IDS[1]
+    return None
+
+
 def _intrinsic_dimension(X, settings) -> list[tuple]:
     """TwoNN, GRIDE and the Levina-Bickel MLE from one exact neighbour search per batch; NaN
-    with a note where copies exceed ``settings.max_copy_share`` (`_guard`)."""
+    with a note where copies exceed ``settings.max_copy_share`` (`_guard`); each state's local
+    MLE kept for `local_ids` where ``settings.per_token`` asks."""
     result = _id_search(X, settings)
+    _LOCAL_IDS[:] = [] if not getattr(settings, "per_token", False) else [
+        weakref.ref(X), local_mle(result.neighbours, result.mle.k, X.shape[0])]
     twonn = result.twonn
     spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
     if settings.twonn_convention == "llm_microscope":  # the authors' fit, on the same batches

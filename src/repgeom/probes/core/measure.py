@@ -23,8 +23,7 @@ and dropped.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +35,14 @@ from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
-from repgeom.probes.core import catalogue, null
+from repgeom.probes.core import catalogue, id_entries
+from repgeom.probes.core.pairs import (  # noqa: F401 - pair_value and pair_rows are read from here
+    _mean_std,
+    _skip_on_error,
+    measure_layer_pairs,
+    pair_rows,
+    pair_value,
+)
 
 PER_HEAD_METRICS: tuple[str, ...] = tuple(
     o.pattern for m in catalogue.BUILTIN.values() if m.per_head for o in m.outputs
@@ -66,6 +72,10 @@ class ProbeSettings:
     cosine_baseline_quantile: float = 0.95
     distribution_samples: int = metrics.distributions.FIT_SAMPLES
     seed: int = 0
+    per_token: bool = False
+    """Keep each probed state's surprisal, local ID (the MLE on its 20 neighbours of the shared
+    search), position and token (`repgeom.probes.core.tokens`: ``probes/tokens/step_<n>.parquet``
+    and the Spearman table ``token_id_surprisal.csv``)."""
     max_copy_share: float = 0.5
     """Above this share of a layer's states that are copies or near-copies (exact duplicates
     plus the near-duplicate share's points, of all states), every intrinsic-dimension reading of
@@ -124,6 +134,10 @@ class ProbeOutput:
     settings: ProbeSettings | None = None
     tokens: Any = None
     """The step's per-token surprisals (`repgeom.probes.core.lm_loss.TokenLoss`), or None."""
+    local_ids: list = field(default_factory=list, repr=False)
+    """Per layer, each state's local ID (or None), where ``settings.per_token`` asks."""
+    token_states: Any = None
+    """`repgeom.probes.core.tokens.TokenStates` of the step, where ``settings.per_token`` asks."""
     forward_seconds: float = 0.0
     """Seconds in the model's forward passes (the rest of a probe is the metrics), set by the
     targets (`repgeom.probes.core.targets`)."""
@@ -252,8 +266,10 @@ def measure_states(
     split = metrics.batch_indices(states[0].shape[0], settings.state_batch_size, settings.seed)
     for layer, X in enumerate(states):
         _measure_states(out, layer, X, split, settings, selection.states)
+        if settings.per_token:
+            out.local_ids.append(id_entries.local_ids(X))
     if selection.pairs:
-        _measure_layer_pairs(out, states, split, selection.pairs, settings)
+        measure_layer_pairs(out, states, split, selection.pairs, settings)
     if keep_states:
         out.states = states
     return out
@@ -325,21 +341,6 @@ def _flatten(hidden: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return states.reshape(-1, hidden.size(-1)).float()
 
 
-@contextmanager
-def _skip_on_error(out: ProbeOutput, metric: str, layer: int) -> Iterator[None]:
-    """On a ValueError from a metric (its inputs are unusable), record a warning and carry on."""
-    try:
-        yield
-    except ValueError as error:
-        out.warnings.append(f"probe: {metric} skipped at layer {layer}: {error}")
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population std over batches (std NaN for one batch: there is no spread)."""
-    array = np.asarray(values, dtype=np.float64)
-    return float(array.mean()), float(array.std()) if len(array) > 1 else math.nan
-
-
 def _measure_states(
     out: ProbeOutput,
     layer: int,
@@ -374,63 +375,6 @@ def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tupl
             f"{entry.name} returned {type(values[0]).__name__}; a state metric returns a float "
             "or a dict of floats"
         ) from None
-
-
-def _measure_layer_pairs(
-    out: ProbeOutput,
-    states: list[torch.Tensor],
-    split: list[torch.Tensor],
-    entries: list[catalogue.Metric],
-    settings: ProbeSettings,
-) -> None:
-    """Every pairwise entry between layers a <= b: mean and std over the same batches (an
-    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch), and its
-    permutation null where ``settings.null_permutations`` asks (`null.null_rows`)."""
-    for entry in entries:
-        prepared = [_PreparedBatches(entry, X, split) for X in states]
-        for a in range(len(states)):
-            for b in range(a, len(states)):
-                with _skip_on_error(out, entry.name, a):
-                    value, std = _mean_std(
-                        [entry.fn(x, y) for x, y in zip(prepared[a], prepared[b], strict=True)]
-                    )
-                    out.add(a, entry.name, value, std, layer_b=b)
-                    for name, extra, spread in null.null_rows(
-                            entry, prepared[a], prepared[b], value,
-                            permutations=settings.null_permutations, seed=settings.seed):
-                        out.add(a, name, extra, spread, layer_b=b)
-
-
-class _PreparedBatches:
-    """The batches of one state set as a pairwise entry reads them, each prepared on first use."""
-
-    def __init__(self, entry: catalogue.Metric, X: torch.Tensor, split: list[torch.Tensor]):
-        self.entry, self.X, self.split = entry, X, split
-        self.cache: list | None = None
-
-    def __iter__(self):
-        if self.cache is None:
-            batches = [self.X[index.to(self.X.device)] for index in self.split]
-            prepare = self.entry.prepare
-            self.cache = batches if prepare is None else [prepare(b) for b in batches]
-        return iter(self.cache)
-
-
-def pair_value(
-    entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor, split: list[torch.Tensor]
-) -> tuple[float, float]:
-    """Mean and std over batches of a pairwise entry on paired rows of `X` and `Y`."""
-    return pair_rows(entry, X, Y, split)[0][1:]
-
-
-def pair_rows(entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor,
-              split: list[torch.Tensor], *, permutations: int = 0,
-              seed: int = 0) -> list[tuple[str, float, float]]:
-    """`pair_value`'s ``(metric, mean, std)`` row, then its null's (`null.null_rows`)."""
-    A, B = _PreparedBatches(entry, X, split), _PreparedBatches(entry, Y, split)
-    value, std = _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
-    return [(entry.name, value, std),
-            *null.null_rows(entry, A, B, value, permutations=permutations, seed=seed)]
 
 
 def _measure_qk(

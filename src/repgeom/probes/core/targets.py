@@ -31,6 +31,7 @@ from repgeom.probes.core.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.core.sampling import ProbeSet, WindowPool, draw, probe_set
 from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.core.texts import byte_windows, default_text, read_text
+from repgeom.probes.core.tokens import TokenStates
 
 T = TypeVar("T")
 
@@ -122,10 +123,22 @@ def probe_gpt(
             if tokens is not None:
                 output.rows += tokens.rows()
                 output.tokens = tokens
+            _keep_token_states(output, probes, settings)
             output.forward_seconds = clock.seconds
             return output
     finally:
         model.train(was_training)
+
+
+def _keep_token_states(output: ProbeOutput, probes: ProbeSet, settings: ProbeSettings) -> None:
+    """The per-token values (`tokens.TokenStates`) where ``settings.per_token`` asks: the
+    states' surprisals where the loss was read at them (decoders), their local IDs."""
+    if not settings.per_token:
+        return
+    loss = output.tokens
+    surprisal = loss.surprisal if loss is not None and loss.per_state else None
+    output.token_states = TokenStates.of(probes.positions, probes.windows, surprisal,
+                                         output.local_ids, output.layer_names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -333,6 +346,7 @@ class HFTarget:
             if tokens is not None:
                 output.rows += tokens.rows()
                 output.tokens = tokens
+        _keep_token_states(output, probes, settings)
         return output
 
 
