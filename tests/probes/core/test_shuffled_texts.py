@@ -75,3 +75,12 @@ def test_the_training_callback_takes_probe_texts(tmp_path) -> None:
     assert described["texts"] == "shuffled"
     frame = table.read_table(tmp_path)
     assert {"anisotropy", "lm_loss"} <= set(frame["metric"])
+
+
+def test_checkpoints_hold_texts_only_when_shuffled() -> None:
+    """A checkpoint of real text holds no `texts` (a repgeom from before the field reads it);
+    one of shuffled text holds it, and both read back."""
+    real, shuffled = ProbeSpec(), ProbeSpec(texts="shuffled")
+    assert "texts" not in real.to_dict() and shuffled.to_dict()["texts"] == "shuffled"
+    for spec in (real, shuffled):
+        assert ProbeSpec.from_checkpoint({"spec": spec.to_dict()}) == spec
