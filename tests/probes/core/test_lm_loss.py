@@ -57,6 +57,7 @@ def _validation_loss(path: Path) -> float:
         return float(module._loss(padded, generator_seed=spec.seed)[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["decoder", "encoder"])
 def test_probe_py_bpc_equals_the_validation_loss_on_the_same_windows(
         kind, trained_run, encoder_run, tmp_path) -> None:
@@ -72,6 +73,7 @@ def test_probe_py_bpc_equals_the_validation_loss_on_the_same_windows(
     assert 0 < rows.loc["lm_loss", "std"] < 0.2 * rows.loc["lm_loss", "value"]
 
 
+@pytest.mark.slow
 def test_the_training_callback_writes_the_loss_rows_at_every_probe_step(trained_run) -> None:
     frame = table.read_table(trained_run)
     steps = sorted(set(frame.loc[frame["layer"] >= 0, "step"]))
@@ -90,6 +92,7 @@ HF_SMALL = ["n_states=96", "settings.max_order=8", "settings.state_batch_size=96
             "window=32"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "opt"])  # opt: a BOS token first, left out
 def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, text_file,
                                                          tmp_path) -> None:
@@ -118,6 +121,7 @@ def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, 
     assert rows.loc["bpc", "value"] > 0
 
 
+@pytest.mark.slow
 def test_a_decoder_saved_without_its_head_gets_no_loss_rows(tiny_hf_folder, text_file,
                                                             tmp_path) -> None:
     """The tiny Llama is saved as its base model, and Llama's head is not tied to its
@@ -129,6 +133,7 @@ def test_a_decoder_saved_without_its_head_gets_no_loss_rows(tiny_hf_folder, text
     assert (frame["metric"] == "anisotropy").any()
 
 
+@pytest.mark.slow
 def test_the_loss_is_drawn_beside_the_intrinsic_dimension(trained_run) -> None:
     from repgeom.probes.report.plots.loss import loss_beside_id
 

@@ -48,6 +48,7 @@ def test_draw_shuffles_the_same_windows_at_the_same_positions() -> None:
         ProbeSpec(texts="reversed")
 
 
+@pytest.mark.slow
 def test_probe_py_and_the_callback_probe_shuffled_text(trained_run, tmp_path) -> None:
     path = trained_run / "checkpoints" / "last.ckpt"
     real = probe(compose_probe(tmp_path / "real", [f"ckpt={path}", *SMALL])).frame
@@ -68,6 +69,7 @@ def test_probe_py_and_the_callback_probe_shuffled_text(trained_run, tmp_path) ->
     assert loss["value_shuffled"] > loss["value_real"]
 
 
+@pytest.mark.slow
 def test_the_training_callback_takes_probe_texts(tmp_path) -> None:
     train(compose_train(tmp_path, ["logger=csv", "probe.texts=shuffled", "trainer.max_steps=2",
                                    "probe.every_n_steps=2"]))

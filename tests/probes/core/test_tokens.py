@@ -40,6 +40,7 @@ def test_local_ids_equal_scikit_dimension_pointwise_mle_on_the_same_neighbours()
         assert 1 / np.mean(1 / local[rows]) == pytest.approx(reference.dimension_, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_probe_py_writes_the_per_token_parquet_and_the_correlation(trained_run, tmp_path):
     path = trained_run / "checkpoints" / "last.ckpt"
     frame = probe(compose_probe(tmp_path, [f"ckpt={path}", *SMALL])).frame
@@ -64,6 +65,7 @@ def test_probe_py_writes_the_per_token_parquet_and_the_correlation(trained_run, 
     assert (table_csv["n"] > 100).all() and table_csv["rho"].between(-1, 1).all()
 
 
+@pytest.mark.slow
 def test_the_training_callback_writes_them_at_every_probe_step(tmp_path) -> None:
     train(compose_train(tmp_path, ["logger=csv", "probe.settings.per_token=true",
                                    "trainer.max_steps=4", "probe.every_n_steps=2"]))
