@@ -76,3 +76,26 @@ def test_the_training_callback_writes_them_at_every_probe_step(tmp_path) -> None
     correlation = pd.read_csv(folder / tokens.CSV_NAME)
     assert sorted(set(correlation["step"])) == steps
     assert not math.isnan(correlation["rho"].iloc[-1])
+
+
+def test_steps_and_models_accumulate_and_a_step_probed_again_is_replaced(tmp_path) -> None:
+    positions = torch.zeros(4, 6, dtype=torch.bool)
+    positions[:, 1:4] = True
+    windows = torch.arange(24).reshape(4, 6)
+    rng = np.random.default_rng(0)
+
+    def states(shift: float) -> tokens.TokenStates:
+        return tokens.TokenStates.of(positions, windows, rng.random(12) + shift,
+                                     [rng.random(12), None], ["embedding", "block_1"])
+
+    for step in (0, 5):
+        for model in ("a", "b"):
+            tokens.save_step(tmp_path, step, states(0.0), {"model": model, "revision": None})
+    tokens.save_step(tmp_path, 5, states(1.0), {"model": "a", "revision": None})  # again
+    table_csv = pd.read_csv(tmp_path / tokens.CSV_NAME)
+    assert len(table_csv) == 2 * 2 * 2  # steps x models x layers, the repeat replaced
+    assert table_csv["n"].tolist().count(0) == 4  # block_1 has no local IDs: no pairs
+    assert len(list((tmp_path / tokens.TOKENS_DIR).glob("*.parquet"))) == 4
+    frame = pd.read_parquet(tmp_path / tokens.TOKENS_DIR / "step_5_a.parquet")
+    assert frame["surprisal"].min() >= 1.0 and set(frame["token"]) == set(
+        windows[positions].tolist())

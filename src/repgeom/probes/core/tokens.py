@@ -127,11 +127,11 @@ def save_step(probe_folder: str | os.PathLike, step: int, tokens: TokenStates,
     csv = folder / CSV_NAME
     if csv.is_file():
         old = pd.read_csv(csv, dtype={c: str for c in ("model", "revision")})
-        same = (old["step"] == step).to_numpy()
+        same = old["step"] == step
         for key, value in (id_columns or {}).items():
             if key in old.columns:
-                same &= (old[key].fillna("").astype(str) == ("" if value is None
-                                                             else str(value))).to_numpy()
+                same = same & (old[key].fillna("").astype(str) == ("" if value is None
+                                                                   else str(value)))
         table = pd.concat([old.loc[~same], table], ignore_index=True)
     _replace(csv, lambda tmp: table.to_csv(tmp, index=False))
     return path
