@@ -5,6 +5,7 @@ step's new snapshot replaces an unprobed one from the abandoned start."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import torch
 from hydra_configs import compose_train
 
+from repgeom import files
 from repgeom.probes.core import table
 from repgeom.probes.run.offload import snapshots
 from repgeom.probes.run.offload.follow import Follower, follow, training_alive
@@ -246,3 +248,60 @@ def test_a_worker_deleting_a_probed_snapshot_puts_back_a_newer_one_found_in_its_
     assert snapshots.read_json(path / snapshots.COMPLETE)["time"] == 2.0
     snapshots.remove_snapshot(path, written=2.0)
     assert not path.exists() and not snapshots.leftovers(folder)
+
+
+def _marked_snapshot(tmp_path: Path, step: int = 10) -> tuple[Path, Path]:
+    folder = snapshots.snapshot_dir(tmp_path)
+    path = snapshots.step_dir(folder, step)
+    path.mkdir(parents=True)
+    (folder / snapshots.MARKER).write_text("repgeom")
+    snapshots.write_json(path / snapshots.COMPLETE, {"step": step, "time": 1.0})
+    return folder, path
+
+
+def _lost() -> None:
+    raise LockLostError("lost")
+
+
+def test_every_deletion_is_fenced_even_of_a_leftover(tmp_path) -> None:
+    # A leftover `.step_N.<x>.removed` was deleted without a fence check, and the pre-clean of
+    # this pid's own `.removed` folder ran before the check: a worker that lost the run deleted.
+    folder, path = _marked_snapshot(tmp_path)
+    leftover = folder / ".step_000000011.1234.removed"
+    mine = folder / f".step_000000010.{os.getpid()}.removed"
+    for aside in (leftover, mine):
+        aside.mkdir()
+        (aside / snapshots.WEIGHTS).write_bytes(b"w")
+    with files.fenced(_lost):
+        with pytest.raises(LockLostError):
+            snapshots.remove_snapshot(leftover)
+        with pytest.raises(LockLostError):
+            snapshots.remove_snapshot(path)
+    assert leftover.is_dir() and mine.is_dir() and path.is_dir()
+
+
+def test_deletions_call_the_fence_through_the_files_module(tmp_path, monkeypatch) -> None:
+    # layout imported check_fence by name, so a patched files.check_fence never saw deletions.
+    _, path = _marked_snapshot(tmp_path)
+    seen = []
+    monkeypatch.setattr(files, "check_fence", lambda: seen.append(1))
+    snapshots.remove_snapshot(path)
+    assert seen and not path.exists()
+
+
+def test_a_deletion_whose_aside_name_is_taken_still_deletes(tmp_path, monkeypatch) -> None:
+    # The aside folder was named by pid, which containers share: a rename onto another's
+    # non-empty `.step_N.<pid>.removed` failed with ENOTEMPTY and crashed the trainer.
+    folder, path = _marked_snapshot(tmp_path)
+    rename, taken = os.rename, []
+
+    def busy(source, target, *args, **kwargs):
+        if str(target).endswith(".removed") and not taken:
+            taken.append(target)
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(target))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", busy)
+    snapshots.remove_snapshot(path)
+    assert taken and not path.exists() and not snapshots.leftovers(folder)
+    assert str(os.getpid()) not in Path(taken[0]).name  # named by a random id, not the pid
