@@ -305,3 +305,29 @@ def test_a_deletion_whose_aside_name_is_taken_still_deletes(tmp_path, monkeypatc
     snapshots.remove_snapshot(path)
     assert taken and not path.exists() and not snapshots.leftovers(folder)
     assert str(os.getpid()) not in Path(taken[0]).name  # named by a random id, not the pid
+
+
+def test_one_failed_read_of_the_lease_does_not_make_its_holder_give_up(
+        tmp_path, monkeypatch) -> None:
+    # One ESTALE/EIO on a shared file system (read as "no lease") made the rightful holder
+    # raise LockLostError and stop. It reads again a few times; only a lease that names another
+    # token is lost.
+    held = WorkerLock(tmp_path, kind="file")
+    held.acquire(timeout_s=5, what="the run")
+    read_text, failures = Path.read_text, []
+
+    def flaky(self, *args, **kwargs):
+        if self.name == LEASE_NAME and len(failures) < 2:
+            failures.append(self)
+            raise OSError(errno.ESTALE, "Stale file handle", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", flaky)
+    try:
+        held.check()
+        assert len(failures) == 2 and not held.lost
+        (tmp_path / LEASE_NAME).write_text(json.dumps({"pid": 1, "token": "another"}))
+        with pytest.raises(LockLostError):
+            held.check()
+    finally:
+        held.release()
