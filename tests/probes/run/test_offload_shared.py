@@ -331,3 +331,47 @@ def test_one_failed_read_of_the_lease_does_not_make_its_holder_give_up(
             held.check()
     finally:
         held.release()
+
+
+def _me() -> dict:
+    return {"host": socket.gethostname(),
+            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "pid_ns": os.readlink("/proc/self/ns/pid")}
+
+
+@pytest.mark.parametrize("lease", [[1], {"pid": "abc", "token": "x"}, {"pid": [2], "token": "x"}])
+def test_a_malformed_lease_is_an_unknown_holder_judged_by_its_heartbeat(tmp_path, lease) -> None:
+    # A lease `[1]` crashed the waiter with AttributeError, a pid "abc" with ValueError.
+    record = lease if isinstance(lease, list) else {**_me(), **lease}
+    (tmp_path / LEASE_NAME).write_text(json.dumps(record))
+    with pytest.raises(RuntimeError, match="another probe worker"):
+        WorkerLock(tmp_path, kind="file").acquire(timeout_s=0.2, what="the run")
+    taker = WorkerLock(tmp_path, kind="file", stale_s=0.3, heartbeat_s=0.1)
+    taker.acquire(timeout_s=10, what="the run")  # no heartbeat for 0.3 s: stale, taken over
+    try:
+        assert json.loads((tmp_path / LEASE_NAME).read_text())["token"] == taker.token
+    finally:
+        taker.release()
+
+
+def test_malformed_state_files_read_as_empty_with_a_warning(tmp_path, capsys) -> None:
+    # A done.json that is no object, or a worker.json whose `done` is a list, crashed the worker.
+    run_dir = tmp_path / "run"
+    folder = snapshots.snapshot_dir(run_dir)
+    folder.mkdir(parents=True)
+    (folder / snapshots.DONE).write_text("[1]")
+    (folder / snapshots.WORKER).write_text(json.dumps({
+        "done": [0, 1], "seconds": "abc", "quarantined": {"3": "broken"}, "finished": "x"}))
+    snapshots.write_json(folder / snapshots.TRAINING, {**_me(), "pid": "abc", "state": "running",
+                                                       "time": "late", "step": 2})
+    assert training_alive(folder, 60)[0] is False
+    result = follow(run_dir, timeout_s=5, wandb=False)
+    assert result.stopped == "done" and result.probed == [] and result.quarantined == {}
+    out = capsys.readouterr().out
+    assert "done is not an object of steps" in out and "seconds is not a number" in out
+    (folder / snapshots.DONE).write_text(json.dumps({"step": 5, "skipped_for_space": [4]}))
+    (folder / snapshots.WORKER).write_text(json.dumps({"done": {"x": 1.0, "2": "late"}}))
+    from repgeom.probes.run.offload.follow import work_left
+
+    assert work_left(run_dir) is True  # the end-of-run work of step 5 is not recorded as done
+    assert "skipped_for_space is not an object of steps" in capsys.readouterr().out

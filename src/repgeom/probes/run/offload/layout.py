@@ -86,11 +86,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON at `path`, or None when missing or unreadable (caught mid-replace elsewhere)."""
+    """The JSON object at `path`, or None when missing, unreadable (caught mid-replace
+    elsewhere) or not an object (every file of the folder holds one: anything else is broken)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _fsync_dir(folder: Path) -> None:  # noqa: D401 - fsync of a folder's entries

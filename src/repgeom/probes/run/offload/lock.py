@@ -44,7 +44,7 @@ import time
 import uuid
 from pathlib import Path
 
-from repgeom.probes.run.offload.host import host_identity, same_host
+from repgeom.probes.run.offload.host import host_identity, pid_of, same_host
 from repgeom.probes.run.offload.layout import read_json
 
 LOCK_KINDS = ("auto", "flock", "file")
@@ -242,7 +242,8 @@ class WorkerLock:
         if watch.get("beat") != beat or holder.get("token") != watch.get("token"):
             watch.update(beat=beat, seen=now, token=holder.get("token"))
         name = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        gone = same_host(holder) and not process_alive(int(holder.get("pid", -1) or -1))
+        pid = pid_of(holder)  # none (a malformed lease): judged by its heartbeat alone
+        gone = same_host(holder) and pid is not None and not process_alive(pid)
         if not gone and now - watch["seen"] < self.stale_s:
             return name
         # Stale: move it aside (only one taker's rename succeeds), then take it.
