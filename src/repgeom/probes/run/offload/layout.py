@@ -45,7 +45,7 @@ the pid, which processes in other containers share)."""
 
 
 def step_of(path: Path) -> int | None:
-    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``/``.removed``) -> 125;
+    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``, ``.<id>.removed``) -> 125;
     None for any other name."""
     name = path.name
     if name.startswith(".") and name.endswith((WRITING, REMOVED)):
