@@ -146,13 +146,18 @@ def add_to_cache(repo: str, revision: str | None, commit: str, folder: Path,
 def _rewrite_in_place(ref: Path, commit: str) -> bool:
     """Write `commit` into the existing `ref` in place (its inode, so its owner and mode stay:
     a colleague's group-writable ref stays theirs), as huggingface_hub rewrites a ref; False when
-    it is gone meanwhile. The new name is written over the old one before the file is cut to its
-    length, so a kill never leaves it empty (a ref is 40 bytes, the old one's length)."""
+    it is gone meanwhile, or is a symlink (then it is replaced whole). The new name is written
+    over the old one before the file is cut to its length, so a kill never leaves it empty (a
+    ref is 40 bytes, the old one's length)."""
     data = commit.encode()
     try:
         fd = os.open(ref, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return False
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        return False  # a symlink, not a ref of huggingface_hub's: replaced whole instead
     try:
         written = os.pwrite(fd, data, 0)
         if written != len(data):
