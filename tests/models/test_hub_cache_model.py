@@ -8,8 +8,9 @@ the next write is killed at its rename (kill -9: no clean-up runs).
 
 Invariants, after every rule: huggingface_hub's scan lists only the revision's real files and
 refs, with no warning (no temporary file in ``snapshots/`` or ``refs/``); every file repgeom
-added has the mode the umask of its write gave; a ref that already named the commit is not
-rewritten; a colleague's ref is never replaced (repgeom raises PermissionError naming it).
+added has the mode the umask of its write gave, and a ref it rewrote the mode it had; a ref
+that already named the commit is not rewritten; a colleague's ref is never replaced (repgeom
+raises PermissionError naming it).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def _play(root: Path, fetched: Path, seed: int, patch: pytest.MonkeyPatch) -> st
                 if name not in existing and path.exists():
                     modes[path] = 0o666 & ~mask
             if ref not in theirs and ref.exists() and ref.read_text() != text:  # written now
-                modes[ref] = 0o666 & ~mask
+                # a new ref: the umask's mode; one rewritten (in place): the mode it had
+                modes[ref] = 0o666 & ~mask if before is None else stat.S_IMODE(before.st_mode)
             for path, mode in modes.items():
                 if stat.S_IMODE(path.stat().st_mode) != mode:
                     return f"{path} has mode {stat.S_IMODE(path.stat().st_mode):o}, not {mode:o}"

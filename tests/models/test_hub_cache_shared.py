@@ -151,3 +151,24 @@ def test_a_cache_this_user_may_not_write_is_reported(cache, fetched) -> None:
                                               r"HF_HUB_CACHE"):
         hub_cache.add_to_cache(REPO, "main", COMMIT, fetched, list(FILES))
     assert list(cache.iterdir()) == []
+
+
+def test_a_ref_that_moves_keeps_its_mode_and_its_owner(cache, fetched, umask) -> None:
+    # A colleague's group-writable refs/main (0664, theirs) names another commit: repgeom
+    # rewrote it by a rename, so it became repgeom's own and took this umask's 0644, and the
+    # colleague could no longer update it. It is rewritten in place, as huggingface_hub does.
+    umask(0o002)
+    hub_cache.add_to_cache(REPO, "main", "b" * 40, fetched, list(FILES))
+    ref = _storage(cache) / "refs" / "main"
+    umask(0o022)
+    hub_cache.add_to_cache(REPO, "main", "c" * 40, fetched, list(FILES))
+    assert ref.read_text() == "c" * 40 and _mode(ref) == 0o664
+    try:  # a colleague's ref, in this user's group (the group of a shared cache)
+        os.chown(ref, OTHER_USER, os.getegid())
+    except PermissionError:
+        return  # giving a file to another user needs root; the mode was checked above
+    ref.chmod(0o664)
+    hub_cache.add_to_cache(REPO, "main", COMMIT, fetched, list(FILES))
+    info = ref.stat()
+    assert ref.read_text() == COMMIT
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (OTHER_USER, 0o664)

@@ -14,6 +14,11 @@ can kill the worker (it raises, and its lock is left as kill -9 leaves it: the f
 the kernel, the lease file kept), pause it (it is not resumed, and its lease does not beat), or
 fill the disk (its next write fails with ENOSPC).
 
+"Never two holders" is checked where it matters, at each rename and deletion a worker performs
+in the run folder (``os.replace``, ``os.rename``, ``shutil.rmtree``: `_holds`): the lease must
+name that worker's token at that moment. A worker whose fence was skipped, or that lost the run
+and still writes, is caught as it writes, not only by who claims the lock between events.
+
 Clocks: the worker's monotonic clock is the world's (`World.clock`), moved by sleeps and by the
 driver, so "paused past the lease" is one call; a lease beats when the driver says so
 (`World.beat`), for every live, unpaused worker, as its heartbeat thread would.
@@ -25,6 +30,7 @@ import errno
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -173,6 +179,7 @@ class World:
         self.clock = 1000.0
         self.hands: list[Hand] = []
         self.violations: list[str] = []
+        self.performed: list[tuple[str, str, str]] = []  # (worker, operation, file): `_holds`
         self.generations: dict[int, tuple[int, float]] = {}  # gen -> (step, marker time)
         self.next_gen = 0
         self.disk_full = False
@@ -233,6 +240,9 @@ class World:
                     self._beat = None
                 return
             original_release(self)
+
+        for module, name in ((os, "replace"), (os, "rename"), (shutil, "rmtree")):
+            patch.setattr(module, name, _performed(name, getattr(module, name)))
 
         patch.setattr(lock_module.WorkerLock, "__init__", init)
         patch.setattr(lock_module.WorkerLock, "release", release)
@@ -373,6 +383,34 @@ class World:
         if forgotten:
             raise Violation(f"worker.json forgot probed steps {sorted(forgotten)}")
         self.seen_done = done
+
+
+def _performed(name: str, original: Any) -> Any:
+    """`original` (``os.replace``, ``os.rename``, ``shutil.rmtree``), which first records, when
+    a worker calls it on the run folder, whether that worker holds the lease at that moment."""
+
+    def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+        _holds(name, Path(path))
+        return original(path, *args, **kwargs)
+
+    return functools.update_wrapper(call, original)  # its attributes too (avoids_symlink_...)
+
+
+def _holds(operation: str, path: Path) -> None:
+    """Only the worker the lease names renames or deletes in the run folder (the lease file
+    itself aside: a waiter moves a stale one away to take it over)."""
+    hand = _hand()
+    if hand is None or lock_module.LEASE_NAME in path.name:
+        return
+    world = hand.world
+    if world.run_dir not in path.parents:
+        return
+    lease = snapshots.read_json(world.folder / lock_module.LEASE_NAME) or {}
+    world.performed.append((hand.name, operation, path.name))
+    if lease.get("token") != hand.follower.lock.token:
+        world.violations.append(
+            f"worker {hand.name} ({hand.kind}) ran {operation} on {path.name} while the lease "
+            f"names {lease.get('token', 'nobody')}, not its token: two holders of the run")
 
 
 def _sleep(seconds: float) -> None:

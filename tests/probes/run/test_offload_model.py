@@ -241,3 +241,39 @@ def test_the_run_folder_keeps_its_invariants_under_many_more_random_events(
     if more <= 0:
         pytest.skip("on request: set REPGEOM_MODEL_EXAMPLES=<n> to play n more examples")
     _examples(tmp_path, monkeypatch, EXAMPLES, more)
+
+
+def test_the_two_holders_invariant_catches_a_worker_that_writes_without_the_lease(
+        tmp_path, monkeypatch) -> None:
+    # The invariant counted who claimed the lock between events, so it could not fail: a worker
+    # whose fence is skipped, paused past the lease and taken over, wrote over the new holder's
+    # table unseen. Each rename and deletion is now checked against the lease's token.
+    World.install(monkeypatch)
+    world = World(tmp_path / "run", STEPS)
+    world.requeue()
+    first = Hand(world, "first", "file", keep=False)
+    second = None
+    try:
+        world.run_worker(first)
+        first.paused = True  # SIGSTOP past the lease...
+        second = Hand(world, "second", "file", keep=False)
+        world.hands += [first, second]
+        world.run_worker(second)
+        world.clock += STALE_S + 1
+        world.run_worker(second)  # ...so the second takes the run over
+        world.check()
+        assert snapshots.read_json(world.folder / "worker.lease")["token"] == \
+            second.follower.lock.token
+        first.follower.lock._beat = None  # its fence now checks nothing (unfenced code)
+        world.train_step()
+        first.paused = False
+        with pytest.raises(Violation, match="worker first .* not its token: two holders"):
+            world.run_worker(first)
+            world.check()
+        assert world.performed[-1][0] == "first"
+    finally:
+        for hand in (first, second):
+            if hand is not None and hand.alive:
+                hand.kill, hand.paused = True, False
+                hand.resume()
+        world.writer._stop.set()

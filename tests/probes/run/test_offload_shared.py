@@ -5,6 +5,7 @@ step's new snapshot replaces an unprobed one from the abandoned start."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import torch
 from hydra_configs import compose_train
 
+from repgeom import files
 from repgeom.probes.core import table
 from repgeom.probes.run.offload import snapshots
 from repgeom.probes.run.offload.follow import Follower, follow, training_alive
@@ -246,3 +248,130 @@ def test_a_worker_deleting_a_probed_snapshot_puts_back_a_newer_one_found_in_its_
     assert snapshots.read_json(path / snapshots.COMPLETE)["time"] == 2.0
     snapshots.remove_snapshot(path, written=2.0)
     assert not path.exists() and not snapshots.leftovers(folder)
+
+
+def _marked_snapshot(tmp_path: Path, step: int = 10) -> tuple[Path, Path]:
+    folder = snapshots.snapshot_dir(tmp_path)
+    path = snapshots.step_dir(folder, step)
+    path.mkdir(parents=True)
+    (folder / snapshots.MARKER).write_text("repgeom")
+    snapshots.write_json(path / snapshots.COMPLETE, {"step": step, "time": 1.0})
+    return folder, path
+
+
+def _lost() -> None:
+    raise LockLostError("lost")
+
+
+def test_every_deletion_is_fenced_even_of_a_leftover(tmp_path) -> None:
+    # A leftover `.step_N.<x>.removed` was deleted without a fence check, and the pre-clean of
+    # this pid's own `.removed` folder ran before the check: a worker that lost the run deleted.
+    folder, path = _marked_snapshot(tmp_path)
+    leftover = folder / ".step_000000011.1234.removed"
+    mine = folder / f".step_000000010.{os.getpid()}.removed"
+    for aside in (leftover, mine):
+        aside.mkdir()
+        (aside / snapshots.WEIGHTS).write_bytes(b"w")
+    with files.fenced(_lost):
+        with pytest.raises(LockLostError):
+            snapshots.remove_snapshot(leftover)
+        with pytest.raises(LockLostError):
+            snapshots.remove_snapshot(path)
+    assert leftover.is_dir() and mine.is_dir() and path.is_dir()
+
+
+def test_deletions_call_the_fence_through_the_files_module(tmp_path, monkeypatch) -> None:
+    # layout imported check_fence by name, so a patched files.check_fence never saw deletions.
+    _, path = _marked_snapshot(tmp_path)
+    seen = []
+    monkeypatch.setattr(files, "check_fence", lambda: seen.append(1))
+    snapshots.remove_snapshot(path)
+    assert seen and not path.exists()
+
+
+def test_a_deletion_whose_aside_name_is_taken_still_deletes(tmp_path, monkeypatch) -> None:
+    # The aside folder was named by pid, which containers share: a rename onto another's
+    # non-empty `.step_N.<pid>.removed` failed with ENOTEMPTY and crashed the trainer.
+    folder, path = _marked_snapshot(tmp_path)
+    rename, taken = os.rename, []
+
+    def busy(source, target, *args, **kwargs):
+        if str(target).endswith(".removed") and not taken:
+            taken.append(target)
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(target))
+        return rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", busy)
+    snapshots.remove_snapshot(path)
+    assert taken and not path.exists() and not snapshots.leftovers(folder)
+    assert str(os.getpid()) not in Path(taken[0]).name  # named by a random id, not the pid
+
+
+def test_one_failed_read_of_the_lease_does_not_make_its_holder_give_up(
+        tmp_path, monkeypatch) -> None:
+    # One ESTALE/EIO on a shared file system (read as "no lease") made the rightful holder
+    # raise LockLostError and stop. It reads again a few times; only a lease that names another
+    # token is lost.
+    held = WorkerLock(tmp_path, kind="file")
+    held.acquire(timeout_s=5, what="the run")
+    read_text, failures = Path.read_text, []
+
+    def flaky(self, *args, **kwargs):
+        if self.name == LEASE_NAME and len(failures) < 2:
+            failures.append(self)
+            raise OSError(errno.ESTALE, "Stale file handle", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", flaky)
+    try:
+        held.check()
+        assert len(failures) == 2 and not held.lost
+        (tmp_path / LEASE_NAME).write_text(json.dumps({"pid": 1, "token": "another"}))
+        with pytest.raises(LockLostError):
+            held.check()
+    finally:
+        held.release()
+
+
+def _me() -> dict:
+    return {"host": socket.gethostname(),
+            "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            "pid_ns": os.readlink("/proc/self/ns/pid")}
+
+
+@pytest.mark.parametrize("lease", [[1], {"pid": "abc", "token": "x"}, {"pid": [2], "token": "x"}])
+def test_a_malformed_lease_is_an_unknown_holder_judged_by_its_heartbeat(tmp_path, lease) -> None:
+    # A lease `[1]` crashed the waiter with AttributeError, a pid "abc" with ValueError.
+    record = lease if isinstance(lease, list) else {**_me(), **lease}
+    (tmp_path / LEASE_NAME).write_text(json.dumps(record))
+    with pytest.raises(RuntimeError, match="another probe worker"):
+        WorkerLock(tmp_path, kind="file").acquire(timeout_s=0.2, what="the run")
+    taker = WorkerLock(tmp_path, kind="file", stale_s=0.3, heartbeat_s=0.1)
+    taker.acquire(timeout_s=10, what="the run")  # no heartbeat for 0.3 s: stale, taken over
+    try:
+        assert json.loads((tmp_path / LEASE_NAME).read_text())["token"] == taker.token
+    finally:
+        taker.release()
+
+
+def test_malformed_state_files_read_as_empty_with_a_warning(tmp_path, capsys) -> None:
+    # A done.json that is no object, or a worker.json whose `done` is a list, crashed the worker.
+    run_dir = tmp_path / "run"
+    folder = snapshots.snapshot_dir(run_dir)
+    folder.mkdir(parents=True)
+    (folder / snapshots.DONE).write_text("[1]")
+    (folder / snapshots.WORKER).write_text(json.dumps({
+        "done": [0, 1], "seconds": "abc", "quarantined": {"3": "broken"}, "finished": "x"}))
+    snapshots.write_json(folder / snapshots.TRAINING, {**_me(), "pid": "abc", "state": "running",
+                                                       "time": "late", "step": 2})
+    assert training_alive(folder, 60)[0] is False
+    result = follow(run_dir, timeout_s=5, wandb=False)
+    assert result.stopped == "done" and result.probed == [] and result.quarantined == {}
+    out = capsys.readouterr().out
+    assert "done is not an object of steps" in out and "seconds is not a number" in out
+    (folder / snapshots.DONE).write_text(json.dumps({"step": 5, "skipped_for_space": [4]}))
+    (folder / snapshots.WORKER).write_text(json.dumps({"done": {"x": 1.0, "2": "late"}}))
+    from repgeom.probes.run.offload.follow import work_left
+
+    assert work_left(run_dir) is True  # the end-of-run work of step 5 is not recorded as done
+    assert "skipped_for_space is not an object of steps" in capsys.readouterr().out

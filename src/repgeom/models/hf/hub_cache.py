@@ -20,7 +20,9 @@ huggingface_hub does:
 - a new file gets the mode the umask gives, as huggingface_hub's own (0664 under umask 002),
   never mkstemp's 0600, which locked the group out;
 - a ref is written only when it names another commit (huggingface_hub's
-  ``_cache_commit_hash_for_specific_revision`` does the same);
+  ``_cache_commit_hash_for_specific_revision`` does the same), and an existing one is rewritten
+  in place, as huggingface_hub does, so that its owner and mode stay (a colleague's
+  group-writable ref stays theirs and group-writable); a new one is written whole;
 - no file in the cache is deleted, and a file the cache already holds at that commit is kept as
   it is. A cache folder or a ref this user may not write (another user's, read-only) is reported
   (`PermissionError` naming it and the fix), never forced, whatever this process's privileges
@@ -135,6 +137,33 @@ def add_to_cache(repo: str, revision: str | None, commit: str, folder: Path,
                     errno.EACCES, f"the Hugging Face cache's ref {ref} names {current}, not "
                     f"{commit}, and is not writable by you ({_owner(ref)}); it is left as it is "
                     f"(the files are in {snapshot}). To have it updated, {_FIX}")
-            _prepare(ref.parent, blobs)
-            atomic_write_text(ref, commit, tmp_dir=blobs)
+            if current is None or not _rewrite_in_place(ref, commit):
+                _prepare(ref.parent, blobs)
+                atomic_write_text(ref, commit, tmp_dir=blobs)
     return snapshot
+
+
+def _rewrite_in_place(ref: Path, commit: str) -> bool:
+    """Write `commit` into the existing `ref` in place (its inode, so its owner and mode stay:
+    a colleague's group-writable ref stays theirs), as huggingface_hub rewrites a ref; False when
+    it is gone meanwhile, or is a symlink (then it is replaced whole). The new name is written
+    over the old one before the file is cut to its length, so a kill never leaves it empty (a
+    ref is 40 bytes, the old one's length)."""
+    data = commit.encode()
+    try:
+        fd = os.open(ref, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        return False  # a symlink, not a ref of huggingface_hub's: replaced whole instead
+    try:
+        written = os.pwrite(fd, data, 0)
+        if written != len(data):
+            raise OSError(errno.EIO, f"wrote {written} of {len(data)} bytes to {ref}")
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True

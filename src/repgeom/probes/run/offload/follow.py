@@ -61,6 +61,7 @@ from repgeom.probes.report import sink
 from repgeom.probes.run.offload import quarantine, snapshots
 from repgeom.probes.run.offload.liveness import TrainingDiedError, training_alive
 from repgeom.probes.run.offload.lock import WorkerLock
+from repgeom.probes.run.offload.state import read_done, read_worker_state
 from repgeom.probes.run.offload.worker_process import (  # noqa: F401 - used as follow.<name>
     BEATS_PER_TIMEOUT,
     WORKER_STOP_S,
@@ -136,14 +137,11 @@ class Follower:
 
     def _load_state(self) -> None:
         """``worker.json``, read once this worker holds the run (and so after any takeover)."""
-        state = snapshots.read_json(self.folder / snapshots.WORKER) or {}
-        self.done = {int(k): float(v) for k, v in (state.get("done") or {}).items()}
-        self.seconds = float(state.get("seconds", 0.0))
-        self._phase_state = state.get("phase_alerts", [])
-        self._spec_state = state.get("spec")
-        self._options = state.get("options") or {}
-        self.finished = state.get("finished")
-        self.quarantined = {int(k): v for k, v in (state.get("quarantined") or {}).items()}
+        state = read_worker_state(self.folder / snapshots.WORKER)  # bad fields: empty, warned
+        self.done, self.seconds = state.done, state.seconds
+        self._phase_state, self._spec_state = state.phase_alerts, state.spec
+        self._options, self.finished = state.options, state.finished
+        self.quarantined = state.quarantined
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[None]:
@@ -156,8 +154,8 @@ class Follower:
 
     def run(self) -> FollowResult:
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-        if beat.get("state") == "running" and "heartbeat_s" in beat:  # judged by its beats
-            check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)
+        if beat.get("state") == "running" and isinstance(beat.get("heartbeat_s"), int | float):
+            check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)  # judged by its beats
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
             self._load_state()
@@ -302,7 +300,8 @@ class Follower:
         if not self.keep:
             self._remove(path, self.done[step])
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-        lag = max(0, int(beat.get("step", step)) - step)
+        at = beat.get("step")
+        lag = max(0, at - step) if isinstance(at, int) else 0
         print(f"probed step {step} in {time.perf_counter() - started:.1f} s; "
               f"{waiting} snapshot(s) waiting, {lag} steps behind training", flush=True)
         for run in self.runs:
@@ -358,10 +357,8 @@ class Follower:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
             frame = table.rows_to_frame([])
-        done = snapshots.read_json(self.folder / snapshots.DONE) or {}
-        final = done.get("step")
-        no_space = {int(k): str(v) for k, v in (done.get("skipped_for_space") or {}).items()
-                    if int(k) not in self.done}
+        final, gaps = read_done(self.folder / snapshots.DONE) or (None, {})
+        no_space = {k: v for k, v in gaps.items() if k not in self.done}
         if no_space:
             print(f"warning: steps {sorted(no_space)} have no probe rows: training skipped their "
                   "snapshots for lack of disk space ("
@@ -403,15 +400,14 @@ def work_left(run_dir: Path) -> bool:
     """Whether a finished run (``done.json``) still has probing to do: a complete snapshot
     not probed (nor quarantined as it is), or the end-of-run work not done (``worker.json``)."""
     folder = snapshots.snapshot_dir(run_dir)
-    done = snapshots.read_json(folder / snapshots.DONE)
+    done = read_done(folder / snapshots.DONE)
     if done is None:
         return False
-    state = snapshots.read_json(folder / snapshots.WORKER) or {}
-    probed = {int(k): float(v) for k, v in (state.get("done") or {}).items()}
-    broken = {int(k): v.get("generation") for k, v in (state.get("quarantined") or {}).items()}
-    waiting = [s for s, path in snapshots.snapshots(folder)[0]
-               if probed.get(s) != _written(path) and broken.get(s) != quarantine.generation(path)]
-    return bool(waiting) or state.get("finished") != done.get("step")
+    state = read_worker_state(folder / snapshots.WORKER)
+    broken = {k: v["generation"] for k, v in state.quarantined.items()}
+    waiting = [s for s, path in snapshots.snapshots(folder)[0] if state.done.get(s) !=
+               _written(path) and broken.get(s) != quarantine.generation(path)]
+    return bool(waiting) or state.finished != done[0]
 
 
 def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:

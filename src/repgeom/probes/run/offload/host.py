@@ -46,3 +46,13 @@ def same_host(record: dict[str, Any]) -> bool:
     looked up here: same hostname, boot and pid namespace, none of them unknown."""
     mine = host_identity()
     return all(mine[key] is not None and record.get(key) == mine[key] for key in mine)
+
+
+def pid_of(record: dict[str, Any]) -> int | None:
+    """The pid `record` names, or None when it names none that can be looked up (missing, not a
+    whole number, or not above 0: ``kill(0)`` and ``kill(-1)`` would ask about process groups):
+    such a process is judged by its heartbeat alone."""
+    pid = record.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return None
+    return pid

@@ -5,13 +5,16 @@ lock (`repgeom.probes.run.offload.lock`)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
-from repgeom.files import atomic_write_text, check_fence
+from repgeom import files
+from repgeom.files import atomic_write_text
 from repgeom.probes.core import table
 
 SNAPSHOT_DIR = "snapshots"
@@ -37,11 +40,12 @@ def step_dir(folder: Path, step: int) -> Path:
 WRITING = ".tmp"
 """The suffix of a hidden snapshot folder being written (``.step_<N>.<pid>.tmp``)."""
 REMOVED = ".removed"
-"""The suffix of a hidden snapshot folder being deleted (``.step_<N>.<pid>.removed``)."""
+"""The suffix of a hidden snapshot folder being deleted (``.step_<N>.<random id>.removed``: not
+the pid, which processes in other containers share)."""
 
 
 def step_of(path: Path) -> int | None:
-    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``/``.removed``) -> 125;
+    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``, ``.<id>.removed``) -> 125;
     None for any other name."""
     name = path.name
     if name.startswith(".") and name.endswith((WRITING, REMOVED)):
@@ -82,11 +86,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON at `path`, or None when missing or unreadable (caught mid-replace elsewhere)."""
+    """The JSON object at `path`, or None when missing, unreadable (caught mid-replace
+    elsewhere) or not an object (every file of the folder holds one: anything else is broken)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
 
 
 def _fsync_dir(folder: Path) -> None:  # noqa: D401 - fsync of a folder's entries
@@ -120,26 +126,22 @@ def marker_time(marker: Any) -> float | None:
 
 def remove_snapshot(path: Path, *, written: float | None = None) -> None:
     """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
-    one of its hidden forms): renamed to ``.step_<N>.<pid>.removed`` first, so ``step_<N>`` is
-    gone at once and a training start never finds it half-deleted; a folder already gone is
-    fine.
+    one of its hidden forms): renamed to ``.step_<N>.<random id>.removed`` first, so
+    ``step_<N>`` is gone at once and a training start never finds it half-deleted; a folder
+    already gone is fine.
 
     With `written` (the ``time`` of the snapshot probed), only that snapshot is deleted: one
     found in its place once moved aside (a resumed training start replaced it with its replay
-    meanwhile) is put back. The rename runs the `repgeom.files.fenced` check first: a worker
-    that lost the run deletes nothing.
+    meanwhile) is put back. The `repgeom.files.fenced` check runs first, before any rename or
+    deletion (a leftover's too): a worker that lost the run deletes nothing.
     """
     if step_of(path) is None or not (path.parent / MARKER).is_file():
         raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
+    files.check_fence()  # through the module: whatever check is in force (and tests' patches)
     gone = path
     if not path.name.endswith(REMOVED):
-        gone = path.with_name(f".{path.name.lstrip('.').split('.', 1)[0]}.{os.getpid()}"
-                              f"{REMOVED}")
-        shutil.rmtree(gone, ignore_errors=True)  # this pid's own earlier, interrupted try
-        check_fence()
-        try:
-            os.rename(path, gone)
-        except FileNotFoundError:  # deleted meanwhile (another look at the same folder)
+        gone = _move_aside(path)
+        if gone is None:  # deleted meanwhile (another look at the same folder)
             return
         if written is not None and snapshot_time(gone) != written:
             try:  # not the one probed: back where it was (unless a newer one is there)
@@ -148,3 +150,22 @@ def remove_snapshot(path: Path, *, written: float | None = None) -> None:
             except OSError:
                 pass
     shutil.rmtree(gone, ignore_errors=True)
+
+
+def _move_aside(path: Path, tries: int = 3) -> Path | None:
+    """`path` renamed to a hidden ``.step_<N>.<random id>.removed`` beside it; None when it is
+    gone. A name already taken (ENOTEMPTY, EEXIST: never by chance with a random id) gets
+    another."""
+    stem = path.name.lstrip(".").split(".", 1)[0]
+    for attempt in range(tries):
+        gone = path.with_name(f".{stem}.{uuid.uuid4().hex}{REMOVED}")
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == tries - 1:
+                raise
+            continue
+        return gone
+    return None  # not reached: the last try returns or raises

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repgeom.probes.run.offload.host import same_host
+from repgeom.probes.run.offload.host import pid_of, same_host
 from repgeom.probes.run.offload.layout import TRAINING, read_json
 from repgeom.probes.run.offload.lock import process_alive
 
@@ -36,7 +36,8 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
     if beat.get("state") != "running":
         return False, f"the training process {beat.get('state')}"
     here = same_host(beat)  # same hostname, boot and pid namespace: its pid means something
-    if here and not process_alive(int(beat.get("pid", -1))):
+    pid = pid_of(beat)  # none (a malformed heartbeat): judged by its heartbeat alone
+    if here and pid is not None and not process_alive(pid):
         return False, f"the training process (pid {beat.get('pid')}) is gone"
     if watch is not None and not here:
         seen = time.monotonic()
@@ -47,8 +48,11 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
         age, stuck = seen - watch["seen"], seen - watch["step_seen"]
     else:
         now = time.time() if now is None else now
-        age = now - float(beat.get("time", 0))
-        stuck = now - float(beat.get("step_time", beat.get("time", 0)))
+        try:
+            age = now - float(beat.get("time", 0))
+            stuck = now - float(beat.get("step_time", beat.get("time", 0)))
+        except (TypeError, ValueError):
+            return False, f"the training heartbeat's time is not a number: {beat.get('time')!r}"
     if age > timeout_s:
         return False, f"no heartbeat from the training process for {age:.0f} s"
     if stuck > timeout_s:

@@ -44,7 +44,7 @@ import time
 import uuid
 from pathlib import Path
 
-from repgeom.probes.run.offload.host import host_identity, same_host
+from repgeom.probes.run.offload.host import host_identity, pid_of, same_host
 from repgeom.probes.run.offload.layout import read_json
 
 LOCK_KINDS = ("auto", "flock", "file")
@@ -57,6 +57,11 @@ LEASE_STALE_S = 60.0
 """A lease whose heartbeat has not moved for this long (the waiter's own clock) is stale."""
 POLL_S = 0.5
 """Seconds between two tries while another worker holds the run."""
+LEASE_READS = 3
+LEASE_READ_GAP_S = 0.2
+"""A holder reads its lease up to `LEASE_READS` times, this far apart, before it counts a lease
+it cannot read as lost: one ESTALE or EIO on a shared file system, or a lease a waiter moved
+aside by mistake and put back (`WorkerLock._put_back`), is not a takeover."""
 SHARED_FILE_SYSTEMS = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "beegfs", "ceph", "glusterfs",
     "fuse.glusterfs", "fuse.sshfs", "fuse.ceph", "panfs", "ocfs2", "gfs2", "9p", "wekafs",
@@ -237,7 +242,8 @@ class WorkerLock:
         if watch.get("beat") != beat or holder.get("token") != watch.get("token"):
             watch.update(beat=beat, seen=now, token=holder.get("token"))
         name = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        gone = same_host(holder) and not process_alive(int(holder.get("pid", -1) or -1))
+        pid = pid_of(holder)  # none (a malformed lease): judged by its heartbeat alone
+        gone = same_host(holder) and pid is not None and not process_alive(pid)
         if not gone and now - watch["seen"] < self.stale_s:
             return name
         # Stale: move it aside (only one taker's rename succeeds), then take it.
@@ -273,17 +279,24 @@ class WorkerLock:
 
     # -- hold ------------------------------------------------------------------------------------
 
+    def _read_holder(self) -> dict | None:
+        """The lease as it reads now (a JSON object), read up to `LEASE_READS` times
+        `LEASE_READ_GAP_S` apart while it cannot be read (missing, ESTALE, EIO, cut short, not
+        an object); None when no read succeeded."""
+        for attempt in range(LEASE_READS):
+            if attempt:
+                time.sleep(LEASE_READ_GAP_S)
+            holder = read_json(self.lease)
+            if holder is not None:
+                return holder
+        return None
+
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
-            try:
-                holder = json.loads(self.lease.read_text())
-            except FileNotFoundError:  # removed: taken over (moved aside) by another
-                holder = None
-            except OSError:  # EIO, ESTALE: one failed look on a shared file system; next beat
+            holder = self._read_holder()
+            if holder is None:  # cannot be read now: the next beat (and `check`) looks again
                 continue
-            except ValueError:  # another's lease still being written
-                holder = None
-            if not isinstance(holder, dict) or holder.get("token") != self.token:
+            if holder.get("token") != self.token:  # another's: taken over
                 self.lost = True
                 return
             with contextlib.suppress(OSError):  # a full disk: the next beat tries again
@@ -292,16 +305,22 @@ class WorkerLock:
     def check(self) -> None:
         """Raise `LockLostError` when this worker no longer holds the run: the fencing check,
         run just before each write and deletion (`repgeom.files.fenced`), so that a worker
-        that lost its lease never touches the new holder's files."""
+        that lost its lease never touches the new holder's files.
+
+        Lost: the lease names another token, or it could not be read `LEASE_READS` times in a
+        row (a holder that cannot prove it holds the run writes nothing); one failed read is
+        not enough."""
         if self._beat is None:
             return
-        holder = read_json(self.lease)
-        if self.lost or holder is None or holder.get("token") != self.token:
+        holder = None if self.lost else self._read_holder()
+        if holder is None or holder.get("token") != self.token:
+            seen = ("seen by its heartbeat" if self.lost else holder
+                    or f"unreadable or removed, {LEASE_READS} reads")
             self.lost = True
             raise LockLostError(
-                f"another probe worker took over {self.lease} ({holder or 'removed'}): this "
-                f"worker's heartbeat was judged stale (over {self.stale_s:.0f} s); it stops "
-                "and leaves the run to that worker"
+                f"another probe worker took over {self.lease} ({seen}): this worker's "
+                f"heartbeat was judged stale (over {self.stale_s:.0f} s); it stops and leaves "
+                "the run to that worker"
             )
 
     def release(self) -> None:
