@@ -277,7 +277,8 @@ def statistics_lines(tested: int | None = None) -> list[str]:
 def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
     """Experiment 5: best-fitting family and number of modes per layer, from a probe.py run."""
     frame = read_table(run)
-    frame = frame[frame["step"] == frame["step"].max()]
+    # the layers only: the whole model's rows (the LM loss, layer -1) have no distribution
+    frame = frame[(frame["step"] == frame["step"].max()) & (frame["layer"] >= 0)]
 
     def best(prefix: str, largest: bool) -> pd.Series:
         rows = frame[frame["metric"].str.startswith(prefix)].sort_values("value", ascending=largest)

@@ -72,8 +72,8 @@ def t_test(values: Sequence[float] | np.ndarray) -> float:
     Returns
     -------
     float
-        ``P(T_{n−1} ≥ mean / (s/√n))``; NaN with fewer than 2 finite values, and with ``s = 0``
-        (seeds that agree to the last bit were likely not seeded apart: nothing to test).
+        ``P(T_{n−1} ≥ mean / (s/√n))``; NaN with fewer than 2 finite values. With ``s = 0``: 0 when
+        the mean is above 0, else 1.
 
     Examples
     --------
@@ -84,8 +84,8 @@ def t_test(values: Sequence[float] | np.ndarray) -> float:
     if arr.size < 2:
         return math.nan
     mean, sd = float(arr.mean()), float(arr.std(ddof=1))
-    if sd == 0 or not np.isfinite(sd):  # seeds equal to the last bit: not seeded apart?
-        return math.nan
+    if sd == 0 or not np.isfinite(sd):
+        return 0.0 if mean > 0 else 1.0
     return float(stats.t.sf(mean / (sd / math.sqrt(arr.size)), arr.size - 1))
 
 
