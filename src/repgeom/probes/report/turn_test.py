@@ -96,7 +96,8 @@ def standard_errors(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     df = (n - 1).where(n > 1)
     if "se" in frame.columns:
         own = pd.to_numeric(frame["se"], errors="coerce")
-        own_df = pd.to_numeric(frame.get("se_df"), errors="coerce")
+        own_df = (pd.to_numeric(frame["se_df"], errors="coerce") if "se_df" in frame.columns
+                  else pd.Series(np.nan, index=frame.index))  # an se without its df: unused
         use = own.notna() & (own > 0) & own_df.notna() & (own_df >= 1)
         se, df = se.where(~use, own), df.where(~use, own_df)
     usable = se.notna() & (se > 0) & df.notna()
