@@ -6,7 +6,6 @@ import ast
 import importlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,31 +39,29 @@ def test_no_module_outside_the_command_layer_defines_main() -> None:
     assert found == []
 
 
-def test_every_script_answers_help_quickly(tmp_path) -> None:
+def test_every_script_answers_help_without_loading_the_training_stack(tmp_path) -> None:
     # One process for all: each command's --help through its console-script function, as
     # installed. Hydra prints the config and exits 0; no command reads data or loads a model.
+    # "Quickly" is asserted by what is imported, not by a clock (a timed test fails on a loaded
+    # machine): Lightning and transformers (~10 s cold) stay out of every --help.
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from repgeom.cli import scripts\n"
         "for name, function in scripts.SCRIPTS.items():\n"
         "    sys.argv = [name, '--help']\n"
-        "    start = time.perf_counter()\n"
         "    try:\n"
         "        getattr(scripts, function)()\n"
         "    except SystemExit as e:\n"
         "        assert e.code in (0, None), (name, e.code)\n"
-        "    print(f'@@ {name} {time.perf_counter() - start:.2f}', file=sys.stderr)\n"
+        "    heavy = sorted(m for m in ('lightning', 'transformers') if m in sys.modules)\n"
+        "    print(f'@@ {name} {\",\".join(heavy) or \"-\"}', file=sys.stderr)\n"
     )
-    start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=300)
+                          cwd=tmp_path, timeout=600)  # a hang guard only
     assert done.returncode == 0, done.stderr[-3000:]
     seen = dict(line.split()[1:] for line in done.stderr.splitlines() if line.startswith("@@"))
     assert set(seen) == set(SCRIPTS)
-    # "quickly": no command imports torch-heavy code before its task runs. 10 s each is a
-    # loose bound for a shared 2-core machine; the help itself takes well under a second.
-    assert all(float(t) < 10 for t in seen.values()), seen
-    assert time.perf_counter() - start < 120
+    assert all(heavy == "-" for heavy in seen.values()), seen
     assert "== Config ==" in done.stdout and "protocol: repgeom" in done.stdout
     assert not any(tmp_path.iterdir())  # no outputs/ folder, no .hydra/ left behind
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from repgeom.cli.command import console
@@ -18,11 +19,18 @@ def task(cfg):
     return train(cfg)
 
 
+_PRINT_ONLY = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i",
+               "--shell-completion", "-sc"}
+"""Hydra flags that print and exit without running the job: no Lightning line to format."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    # Lightning before Hydra's logging: imported with no root handler, Lightning prints its
-    # lines through its own handler only; imported after, each line came out twice (its own
-    # handler's, and the root's in Hydra's format).
-    import lightning.pytorch  # noqa: F401
+    words = sys.argv[1:] if argv is None else list(argv)
+    if not _PRINT_ONLY.intersection(w.split("=", 1)[0] for w in words):
+        # Lightning before Hydra's logging: imported with no root handler, Lightning prints its
+        # lines through its own handler only; imported after, each line came out twice (its
+        # own handler's, and the root's in Hydra's format). --help skips it (~10 s cold).
+        import lightning.pytorch  # noqa: F401
 
     import repgeom.probes.core.spec  # noqa: F401  (stores the schema conf/probe/ extends: probe/base)
 
