@@ -506,9 +506,9 @@ def test_a_local_folder_is_hashed(tmp_path) -> None:
 
 
 @pytest.mark.slow  # a subprocess
-def test_ctrl_c_during_a_download_exits_within_5_s(repo, tmp_path) -> None:
+def test_ctrl_c_during_a_download_exits_without_waiting_for_it(repo, tmp_path) -> None:
     """The trajectory loop waits for a revision that downloads for minutes; SIGINT ends the
-    process within 5 s (the thread pool joined the download before), and the partial file stays
+    process within seconds (the thread pool joined the download before), and the partial file stays
     for the next run."""
     out = tmp_path / "out"
     code = textwrap.dedent(f"""
@@ -537,7 +537,9 @@ def test_ctrl_c_during_a_download_exits_within_5_s(repo, tmp_path) -> None:
             process.kill()
             raise
         took = time.monotonic() - sent
-    assert took < 5, f"{took:.1f} s"
+    # 5 s on a quiet machine; 20 s leaves room for a loaded CI machine and still fails a process
+    # that waits for the download (150 s) or its thread pool's join.
+    assert took < 20, f"{took:.1f} s"
     assert process.returncode != 0 and "KeyboardInterrupt" in stderr
     assert part.stat().st_size > 0  # kept: the next run resumes it
 
