@@ -89,7 +89,7 @@ def quiet_console() -> None:
     - Lightning's `srun` hint outside a SLURM job (`SRUN_HINT`).
     - The HTTP clients' one line per request (``HTTP Request: GET ...``: `HTTP_CLIENT_LOGGERS`,
       at INFO, which Hydra's job logging prints); the waits of the hub's retry policy say why
-      nothing moves instead (`repgeom.models.hf.hub_calls`).
+      nothing moves instead (`repgeom.models.hub.calls`).
     - Warnings are printed on one line each, without their source line (`format_warning`).
     W&B's "anonymous setting" warning is avoided where the logger is built
     (`drop_unset_wandb_anonymous`), not filtered; its end-of-run block ("Run history", "Run

@@ -11,7 +11,7 @@ import torch
 from hydra_configs import compose_probe
 from omegaconf import OmegaConf
 
-from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
+from repgeom.models.hub.calls import RETRY_BUDGET_S
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.run.job import CompareTexts, Labels, ProbeJob, probe_job, probe_request
 

@@ -12,7 +12,7 @@ import pytest
 from cli_runs import PYTHON, run_probe_py, subprocess_env
 from hub_server import FakeHub, commit_of
 
-from repgeom.models import revisions
+from repgeom.models.hub import revisions
 from repgeom.probes.core import table
 from repgeom.probes.run import schedule
 from repgeom.probes.run.callback import probe_schedule

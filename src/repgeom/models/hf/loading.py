@@ -106,10 +106,10 @@ def load_tokenizer_or_explain(
 
     Online, a hub name's tokenizer files are fetched like a config (`_read_config`): its file
     list and each file with one bounded ``GET`` per try, inside one
-    `repgeom.models.hf.hub_calls.Retrier` of `retry_budget_s`, each file checked by its proof
-    (the hub's sha256, else its git blob id: `repgeom.models.hf.transfer.download_file`), into a
+    `repgeom.models.hub.calls.Retrier` of `retry_budget_s`, each file checked by its proof
+    (the hub's sha256, else its git blob id: `repgeom.models.hub.transfer.download_file`), into a
     temporary folder of repgeom's, then added to the Hugging Face cache at their commit
-    (`repgeom.models.hf.hub_cache`; files the cache holds at that commit are not fetched again).
+    (`repgeom.models.hub.cache`; files the cache holds at that commit are not fetched again).
     Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub
     retries by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging
     Face cache's copy is read and nothing asks the network.
@@ -125,7 +125,7 @@ def load_tokenizer_or_explain(
         own source.
     retry_budget_s : float, optional
         Seconds of hub retries allowed for a hub name's tokenizer (the run's ``retry_budget_s=``;
-        None: `repgeom.models.hf.hub_calls.RETRY_BUDGET_S`).
+        None: `repgeom.models.hub.calls.RETRY_BUDGET_S`).
 
     Returns
     -------
@@ -139,7 +139,7 @@ def load_tokenizer_or_explain(
     OSError
         The hub could not provide a hub name's tokenizer: no answer within `retry_budget_s`
         (the message names the hub and says to rerun), or no such file (404).
-    repgeom.models.hf.hub_calls.HubAccessError
+    repgeom.models.hub.calls.HubAccessError
         The hub refused a hub name's tokenizer (401/403: gated, private or misspelt); the message
         names ``HF_TOKEN`` and the page where the licence is accepted.
     """
@@ -191,22 +191,22 @@ def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     """The folder of the configs and tokenizer files of hub model `name` at `revision`: the
     Hugging Face cache's snapshot of its commit, where the files are already there or were
     fetched into `folder` (within one retry budget, see `load_tokenizer_or_explain`) and then
-    added to it (`repgeom.models.hf.hub_cache`: an offline rerun finds them, as it found what
+    added to it (`repgeom.models.hub.cache`: an offline rerun finds them, as it found what
     ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
     import errno
     from pathlib import Path
 
     from huggingface_hub import HfApi, constants
 
-    from repgeom.models.hf.downloads import as_download_error, config_or_tokenizer, hub_files
-    from repgeom.models.hf.hub_cache import add_to_cache, cached_commit
-    from repgeom.models.hf.hub_calls import (
+    from repgeom.models.hub.cache import add_to_cache, cached_commit
+    from repgeom.models.hub.calls import (
         RetriesExhausted,
         budget_retrier,
         read_timeout_s,
         status_of,
     )
-    from repgeom.models.hf.transfer import Transfer, download_file, resolve_url
+    from repgeom.models.hub.downloads import as_download_error, config_or_tokenizer, hub_files
+    from repgeom.models.hub.transfer import Transfer, download_file, resolve_url
 
     retry, what = budget_retrier(retry_budget_s), f"tokenizer={name!r}"
     try:
@@ -258,8 +258,8 @@ def _read_config(name: str, revision: str | None, retry_budget_s: float | None =
     """The model's ``AutoConfig``, after checking that a local name is a model folder.
 
     Online, a hub name's ``config.json`` is read with one bounded ``GET`` per try
-    (`repgeom.models.hf.transfer.get_text`: connect and read timeouts) through
-    `repgeom.models.hf.hub_calls.Retrier` with the run's `retry_budget_s` (None: the default, 15
+    (`repgeom.models.hub.transfer.get_text`: connect and read timeouts) through
+    `repgeom.models.hub.calls.Retrier` with the run's `retry_budget_s` (None: the default, 15
     minutes). Not with ``hf_hub_download``: against a hub that stops answering, it tries its HEAD
     request again by itself, silently, with a 60 s timeout, minutes outside any budget.
     Offline, the Hugging Face cache's copy is read (nothing asks the network).
@@ -296,8 +296,8 @@ def _hub_config(name: str, revision: str | None, retry_budget_s: float | None) -
 
     from transformers import AutoConfig
 
-    from repgeom.models.hf.hub_calls import RetriesExhausted, budget_retrier
-    from repgeom.models.hf.transfer import get_text, resolve_url
+    from repgeom.models.hub.calls import RetriesExhausted, budget_retrier
+    from repgeom.models.hub.transfer import get_text, resolve_url
 
     try:
         text = get_text(resolve_url(name, revision or "main", "config.json"),
@@ -357,7 +357,7 @@ def load_hf_model(
         Seconds of hub retries allowed for a hub name's config and tokenizer (the run's
         ``retry_budget_s=``; None: the default). ``AutoModel.from_pretrained`` fetches a hub
         name's weights by itself, outside it: ``probe.py`` hands it the folder the trajectory
-        fetched (`repgeom.models.hf.downloads`).
+        fetched (`repgeom.models.hub.downloads`).
 
     Returns
     -------

@@ -225,7 +225,7 @@ class HFTarget:
     alias: str = ""  # the `model` column when not `name` (probe.py's model_name=)
     files: str | None = None
     """The folder of this revision's files when the trajectory loop fetched them
-    (`repgeom.models.hf.downloads`); None: ``from_pretrained`` fetches them itself."""
+    (`repgeom.models.hub.downloads`); None: ``from_pretrained`` fetches them itself."""
     reference: bool = False
     """Probed for its states only, and none of its rows written: the final revision that a
     shard of a trajectory (``shard=``) compares its own revisions with when another shard owns

@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from repgeom.models.checkpoints import resolve_device
-from repgeom.models.hf.hub_calls import RETRY_BUDGET_S
+from repgeom.models.hub.calls import RETRY_BUDGET_S
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.run import schedule
 

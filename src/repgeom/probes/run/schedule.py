@@ -12,8 +12,8 @@ training probe's schedule (`repgeom.probes.run.callback.probe_schedule`, ``probe
 ``probe.py`` options (``conf/probe.yaml``), resolved by `hub_revisions` and `run_checkpoints`:
 
 - ``hf_revisions=all``: every step-named branch or tag of the hub repository, sorted by step
-  (`repgeom.models.revisions.step_revisions`); ``hf_revisions=[a,b]``: those, checked to exist
-  before anything is downloaded (`repgeom.models.revisions.check_revisions`);
+  (`repgeom.models.hub.revisions.step_revisions`); ``hf_revisions=[a,b]``: those, checked to exist
+  before anything is downloaded (`repgeom.models.hub.revisions.check_revisions`);
 - ``max_revisions=N``: at most N of them (or of a ``run=``'s checkpoints), by `thin_steps`.
 """
 
@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from repgeom.models import revisions as hub
-from repgeom.models.hf.hub_calls import budget_retrier
+from repgeom.models.hub import revisions as hub
+from repgeom.models.hub.calls import budget_retrier
 
 T = TypeVar("T")
 
@@ -144,9 +144,9 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
 
     ``None``/``[]``: ``[(0, None)]`` (the default revision). ``"all"``: the step-named branches
     and tags sorted by step, ending on ``main`` when no step-named revision holds its weights
-    (`repgeom.models.revisions.step_revisions`; the names left out are printed). A list: as
+    (`repgeom.models.hub.revisions.step_revisions`; the names left out are printed). A list: as
     given, each checked to be a branch, a tag or a commit id of `repo` first, with the steps of
-    `repgeom.models.revisions.list_steps`. Nothing is downloaded here; the hub calls share one
+    `repgeom.models.hub.revisions.list_steps`. Nothing is downloaded here; the hub calls share one
     retry budget, `retry_budget_s` (``retry_budget_s=``; None: the default).
 
     Raises

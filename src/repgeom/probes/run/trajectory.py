@@ -5,7 +5,7 @@ For each step (one revision or checkpoint; both stacks of an encoder-decoder mod
 
 1. **files**: a hub revision's files come from the user's cache (when complete), or are
    downloaded into a folder that repgeom creates and marks as this run's, inside
-   ``<output_dir>/work/`` or ``work_dir=`` (`repgeom.models.hf.downloads`: ownership, retries,
+   ``<output_dir>/work/`` or ``work_dir=`` (`repgeom.models.hub.downloads`: ownership, retries,
    resumed partial files), while the step before is probed (one daemon thread: at most two
    revisions' weights on disk, and Ctrl-C does not wait for it), and are deleted once probed
    (``keep_weights=true`` keeps them, and records that in their marker, so that no later run
@@ -28,7 +28,7 @@ set aside
 from it are probed again; the console says which.
 
 A step that cannot be probed is skipped, and the trajectory goes on: a revision without weights
-or not on the hub (`repgeom.models.hf.downloads.RevisionUnavailable`), or whose weights fail to
+or not on the hub (`repgeom.models.hub.downloads.RevisionUnavailable`), or whose weights fail to
 load. It is named in the console, in ``probes/skipped.json`` (revision, step and reason, which
 ``probe_info.json`` and the summary repeat), and a rerun leaves it out unless
 ``retry_skipped=true``. A hub that does not answer within the retry budget, or refuses (HTTP
@@ -36,9 +36,9 @@ load. It is named in the console, in ``probes/skipped.json`` (revision, step and
 instead, as it does a download: a rerun probes the step.
 
 Weights identity: each step's weights files and their sha256, for every complete weights format
-by the one rule (`repgeom.models.hf.weights_rule`; the hub's LFS sha256, no extra download; the
+by the one rule (`repgeom.models.hub.weights_rule`; the hub's LFS sha256, no extra download; the
 file's own for the user's cache), go into ``timings.csv``; two revisions hold the same weights
-when a format both have is equal (`repgeom.models.hf.weights_rule.same_weights`). Revisions
+when a format both have is equal (`repgeom.models.hub.weights_rule.same_weights`). Revisions
 that serve the same weights (Pythia-2.8b serves final-era weights under 86 of its step branches,
 EleutherAI/pythia#205) or share a weights file (a shard: Pythia-12b, #206) are warned about once,
 by name; a revision whose weights are all another's is a copy, and its rows carry that
@@ -64,7 +64,8 @@ import pandas as pd
 import torch
 
 from repgeom.console import first_line
-from repgeom.models.hf.downloads import (
+from repgeom.models.hub.calls import RETRY_BUDGET_S, not_the_revisions_fault
+from repgeom.models.hub.downloads import (
     Prefetch,
     RevisionFiles,
     RevisionUnavailable,
@@ -72,8 +73,7 @@ from repgeom.models.hf.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.models.hf.hub_calls import RETRY_BUDGET_S, not_the_revisions_fault
-from repgeom.models.hf.weights_rule import by_format
+from repgeom.models.hub.weights_rule import by_format
 from repgeom.probes.core import catalogue, similarity, table
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import phases, sink
@@ -276,7 +276,7 @@ class Trajectory:
         """Delete the downloads a killed run of this output folder left, but the revisions
         still to probe (their partial files resume) and those a run with ``keep_weights=true``
         downloaded (their marker says so). Only folders repgeom made and marked for this run are
-        candidates (`repgeom.models.hf.downloads.clear_leftovers`): a user's files in
+        candidates (`repgeom.models.hub.downloads.clear_leftovers`): a user's files in
         ``work_dir``, and other jobs' downloads there, are never touched."""
         work = self.work_dir or self.output_dir / WORK_DIR
         keep = [(getattr(s.subjects[0], "name", ""), getattr(s.subjects[0], "revision", None))

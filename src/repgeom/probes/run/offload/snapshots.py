@@ -44,7 +44,7 @@ copy's CUDA event before writing. Memory: one set of buffers; a snapshot that co
 previous one is still being written waits for it (at most one waits), so snapshots never pile up.
 
 Full disk: before each write the writer checks the free space, as downloads do
-(`repgeom.models.hf.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
+(`repgeom.models.hub.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
 are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
 names the folder and the free space, the half-written step folder is removed, and training goes
 on. The skipped steps are in `SnapshotWriter.skipped`, and at the end in ``done.json``: a step's

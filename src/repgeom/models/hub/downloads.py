@@ -6,11 +6,11 @@ there (~430 GB for Pythia-1.4B). `fetch_revision` downloads a revision's files i
 its own and `release` deletes it once the revision is probed. A revision that is complete in the
 user's cache is read from there and never deleted; so is a local folder. Only the files a model
 needs are fetched: the top-level configs, tokenizer files and the weights that the one rule
-names (`repgeom.models.hf.weights_rule`: the index first, safetensors over ``.bin``, the
+names (`repgeom.models.hub.weights_rule`: the index first, safetensors over ``.bin``, the
 Trainer's state files left out).
 
-This module decides *which* files of *which* commit; `repgeom.models.hf.download_folders` owns
-the folders (markers, locks, what may be deleted) and `repgeom.models.hf.transfer` moves one
+This module decides *which* files of *which* commit; `repgeom.models.hub.download_folders` owns
+the folders (markers, locks, what may be deleted) and `repgeom.models.hub.transfer` moves one
 file's bytes and proves them.
 
 **Refs.** Online, a branch is resolved to its commit on the hub (``model_info``) before any cache
@@ -19,7 +19,7 @@ commit is fetched again (the console says it moved). Offline (``HF_HUB_OFFLINE=1
 cache's ref is used, and the console says so; nothing asks the network.
 
 **What happens on each fault** (every hub call, listing and file list included, is bounded
-(`repgeom.models.hf.hub_calls.timeout`) and goes through `repgeom.models.hf.hub_calls.Retrier`,
+(`repgeom.models.hub.calls.timeout`) and goes through `repgeom.models.hub.calls.Retrier`,
 one retry budget per revision, ``retry_budget_s``):
 
 - HTTP 429: waits the ``Retry-After`` the hub sends, then tries again;
@@ -43,7 +43,7 @@ one retry budget per revision, ``retry_budget_s``):
 `RevisionFiles.weights` names each weights file's sha256, for every complete format: the hub's
 LFS sha256 (from the file metadata: nothing extra is downloaded), or the hash of the content of
 a cached or local file, so that revisions serving the same weights can be told apart from real
-training steps (`repgeom.models.hf.weights_rule.same_weights`).
+training steps (`repgeom.models.hub.weights_rule.same_weights`).
 """
 
 from __future__ import annotations
@@ -60,20 +60,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import IO, Any
 
-from repgeom.models.hf.download_folders import (  # noqa: F401 - re-exported: the public names
-    DOWNLOADS,
-    LOCK,
-    MARKER,
-    PARTIAL,
-    RevisionFiles,
-    claim,
-    clear_leftovers,
-    delete_partials,
-    download_dir,
-    release,
-    run_key,
-)
-from repgeom.models.hf.hub_calls import (  # noqa: F401 - re-exported: the errors callers catch
+from repgeom.models.hub.calls import (  # noqa: F401 - re-exported: the errors callers catch
     FIRST_WAIT_S,
     RETRY_BUDGET_S,
     Aborted,
@@ -86,7 +73,20 @@ from repgeom.models.hf.hub_calls import (  # noqa: F401 - re-exported: the error
     read_timeout_s,
     status_of,
 )
-from repgeom.models.hf.transfer import (
+from repgeom.models.hub.download_folders import (  # noqa: F401 - re-exported: the public names
+    DOWNLOADS,
+    LOCK,
+    MARKER,
+    PARTIAL,
+    RevisionFiles,
+    claim,
+    clear_leftovers,
+    delete_partials,
+    download_dir,
+    release,
+    run_key,
+)
+from repgeom.models.hub.transfer import (
     HubFile,
     Transfer,
     download_file,
@@ -94,7 +94,7 @@ from repgeom.models.hf.transfer import (
     resolve_url,
     sha256_of,
 )
-from repgeom.models.hf.weights_rule import (
+from repgeom.models.hub.weights_rule import (
     FORMATS,
     INDEX,
     Weights,
@@ -110,7 +110,7 @@ OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 def config_or_tokenizer(name: str) -> bool:
     """Whether a revision's file `name` is one of its configs or tokenizer files (`OTHER_FILES`):
     not a weights index, nor the Trainer's state (``trainer_state.json``, its log history:
-    megabytes over a long run; `repgeom.models.hf.weights_rule.TRAINING_STATE`)."""
+    megabytes over a long run; `repgeom.models.hub.weights_rule.TRAINING_STATE`)."""
     return (not name.endswith(INDEX) and not is_training_state(name)
             and any(Path(name).match(p) for p in OTHER_FILES))
 

@@ -13,7 +13,7 @@ whether to wait and try again or to stop:
   for the caller to name.
 
 Waits and failed tries spend one budget (`RETRY_BUDGET_S`, about 15 minutes, per revision in
-`repgeom.models.hf.downloads`); only a try that *kept* data (the partial file grew: bytes that
+`repgeom.models.hub.downloads`); only a try that *kept* data (the partial file grew: bytes that
 are thrown away, a sha256 mismatch, a proxy that ignores ``Range``, do not count) is progress,
 costs nothing and restarts the back-off. When a wait would overrun the budget,
 `RetriesExhausted` is raised at once rather than after a useless sleep. Every wait is said

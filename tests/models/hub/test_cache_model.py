@@ -23,7 +23,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from repgeom.models.hf import hub_cache
+from repgeom.models.hub import cache as hub_cache
 
 SEED = 38
 EXAMPLES = 200

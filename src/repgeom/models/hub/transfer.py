@@ -10,7 +10,7 @@ retries (5, at most 8 s apart) are silent and outside any budget.
 **Proof.** A file is accepted by its content, never by its size: the hub's LFS sha256, else the
 git blob id the hub lists (``blobId``: the sha1 of ``blob <size>\\0`` and the content), else the
 commit it was fetched at. The proof is recorded beside the file
-(`repgeom.models.hf.download_folders.record_proof`); a finished file found on a later start is
+(`repgeom.models.hub.download_folders.record_proof`); a finished file found on a later start is
 kept only when its recorded proof is the one the hub gives now and its size is the hub's (a
 node that crashed after the rename can leave it short: its bytes are fsynced before the proof is
 recorded, but a file written by an older repgeom was not).
@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_file
-from repgeom.models.hf.download_folders import PARTIAL, read_proofs, record_proof
-from repgeom.models.hf.hub_calls import Aborted, Retrier, timeout
+from repgeom.models.hub.calls import Aborted, Retrier, timeout
+from repgeom.models.hub.download_folders import PARTIAL, read_proofs, record_proof
 
 CHUNK = 1 << 20
 """Bytes read at a time from a file being hashed."""

@@ -1,4 +1,4 @@
-"""Hub downloads (`repgeom.models.hf.downloads`) against the tests' stand-in hub and its faults:
+"""Hub downloads (`repgeom.models.hub.downloads`) against the tests' stand-in hub and its faults:
 folders repgeom owns and only those deleted, one retry policy for every hub call, resumed
 partial files, the errors that say what to do, weights hashes, complete caches, Ctrl-C."""
 
@@ -22,9 +22,9 @@ import pytest
 from cli_runs import PYTHON, subprocess_env
 from hub_server import FakeHub, Fault
 
-from repgeom.models import revisions
-from repgeom.models.hf import downloads
-from repgeom.models.hf.downloads import (
+from repgeom.models.hub import downloads, revisions
+from repgeom.models.hub.calls import Retrier, RetriesExhausted, describe, retry_after
+from repgeom.models.hub.downloads import (
     DOWNLOADS,
     MARKER,
     DownloadError,
@@ -35,7 +35,6 @@ from repgeom.models.hf.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
 from repgeom.probes.run.trajectory import Step, Trajectory, copies
 
 REPO = "org/steps"
@@ -200,7 +199,7 @@ def test_a_kill_during_a_download_then_the_rerun_resumes(repo, use, tmp_path) ->
     request), so no byte is sent twice."""
     work = tmp_path / "work"
     code = textwrap.dedent(f"""
-        from repgeom.models.hf.downloads import fetch_revision
+        from repgeom.models.hub.downloads import fetch_revision
         fetch_revision({REPO!r}, "step10", {str(work)!r}, owner={str(tmp_path / "out")!r})
     """)
     with FakeHub(REPO, repo, bytes_per_second=100_000) as hub:  # 3 s for the weights
@@ -595,8 +594,8 @@ def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> 
     error underneath, so the model's config read rides out the hub's faults too."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from repgeom.models.hf import hub_calls
     from repgeom.models.hf.loading import model_stacks
+    from repgeom.models.hub import calls as hub_calls
 
     # huggingface_hub tries a HEAD 6 times itself. The config read (one GET per try, through
     # repgeom's retry policy) waits once after a 503 and reads it. No real sleeping.
@@ -866,7 +865,7 @@ def test_offline_a_file_missing_from_the_cache_fails_at_once_without_retries(rep
     from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
 
     from repgeom.models.hf import model_stacks
-    from repgeom.models.hf.hub_calls import transient
+    from repgeom.models.hub.calls import transient
 
     wrapped = LocalEntryNotFoundError("not in the cache")
     wrapped.__cause__ = OfflineModeIsEnabled("offline")
@@ -1015,7 +1014,7 @@ def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, rep
     from any other byte the try fails, no progress, and the file is asked for whole. The file
     here has no hash nor size to check it by (proved by its commit alone). Before: the bytes
     were appended, and the wrong file (100000 bytes longer, or 50000) was accepted."""
-    from repgeom.models.hf.transfer import HubFile, Transfer, download_file
+    from repgeom.models.hub.transfer import HubFile, Transfer, download_file
 
     cut = Fault(on="file", filename="model.safetensors", cut_after=100_000)
     said: list[str] = []
@@ -1105,7 +1104,8 @@ def test_a_hub_tokenizer_loads_when_the_cache_cannot_be_written(
     and the console says that an offline rerun will not find them."""
     import errno
 
-    from repgeom.models.hf import hub_cache, load_tokenizer_or_explain
+    from repgeom.models.hf import load_tokenizer_or_explain
+    from repgeom.models.hub import cache as hub_cache
 
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -1123,7 +1123,7 @@ def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
     """A revision pushed by the Trainer holds ``trainer_state.json`` (its log history: megabytes
     over a long run), which ``*.json`` matches: not a config or tokenizer file, so fetched
     neither for a hub tokenizer nor with a revision's files
-    (`repgeom.models.hf.weights_rule.TRAINING_STATE`). Before: fetched with both."""
+    (`repgeom.models.hub.weights_rule.TRAINING_STATE`). Before: fetched with both."""
     import shutil
 
     from repgeom.models.hf import load_tokenizer_or_explain
@@ -1145,7 +1145,7 @@ def test_a_gated_hub_tokenizer_is_named_as_a_revision_is(use, tiny_hf_folder) ->
     """``tokenizer=org/gated`` and a hub that answers 401 for its files: `HubAccessError`,
     naming ``HF_TOKEN`` and the licence page, as for a revision's files."""
     from repgeom.models.hf import load_tokenizer_or_explain
-    from repgeom.models.hf.hub_calls import HubAccessError
+    from repgeom.models.hub.calls import HubAccessError
 
     with use(FakeHub("org/gated", {"main": tiny_hf_folder("gpt2")}, gated=True)), \
             pytest.raises(HubAccessError, match="HF_TOKEN") as raised:

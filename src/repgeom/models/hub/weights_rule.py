@@ -1,6 +1,6 @@
 """The one rule for "the weights of a revision", used wherever a revision's weights are named:
-the user's cache, a local folder, a download and the hub's hashes (`repgeom.models.hf.downloads`,
-`repgeom.models.revisions`).
+the user's cache, a local folder, a download and the hub's hashes (`repgeom.models.hub.downloads`,
+`repgeom.models.hub.revisions`).
 
 Of the top-level files of a revision:
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from repgeom.files import atomic_write_text, try_lock
-from repgeom.models.hf.hub_calls import DownloadError
+from repgeom.models.hub.calls import DownloadError
 
 DOWNLOADS = "repgeom-downloads"
 """The folder inside ``work_dir`` that holds repgeom's downloads, one folder per run."""
@@ -59,7 +59,7 @@ class RevisionFiles:
     bytes received from the hub by this call, failed tries included (0 when nothing was
     downloaded); seconds : the time the files took to arrive; weights : each weights file's name
     -> its sha256 (hex), for every complete format of the revision
-    (`repgeom.models.hf.weights_rule`), the same for two revisions that serve the same weights.
+    (`repgeom.models.hub.weights_rule`), the same for two revisions that serve the same weights.
     """
 
     path: Path

@@ -1,4 +1,4 @@
-"""A Hugging Face cache shared by a group (`repgeom.models.hf.hub_cache`): what repgeom adds
+"""A Hugging Face cache shared by a group (`repgeom.models.hub.cache`): what repgeom adds
 gets the mode huggingface_hub gives its own files (the umask's), an unchanged ref is not
 rewritten, a kill leaves nothing where huggingface_hub's cache scan reads, and a cache or a
 file this user may not write is reported, never forced (issue 38, hole 1)."""
@@ -17,7 +17,7 @@ import pytest
 from cli_runs import PYTHON, ROOT, subprocess_env
 
 from repgeom.files import atomic_write_bytes
-from repgeom.models.hf import hub_cache
+from repgeom.models.hub import cache as hub_cache
 
 REPO = "org/tok"
 COMMIT = "a" * 40
@@ -112,7 +112,7 @@ def test_a_write_killed_midway_leaves_nothing_the_cache_scan_reads(cache, fetche
         from pathlib import Path
         import huggingface_hub.constants
         huggingface_hub.constants.HF_HUB_CACHE = {str(cache)!r}
-        from repgeom.models.hf import hub_cache
+        from repgeom.models.hub import cache as hub_cache
         os.replace = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
         hub_cache.add_to_cache({REPO!r}, "main", {COMMIT!r}, Path({str(fetched)!r}),
                                {list(FILES)!r})

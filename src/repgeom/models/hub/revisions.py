@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from repgeom.models.hf.hub_calls import Retrier
+    from repgeom.models.hub.calls import Retrier
 
 STEP_NAME = re.compile(
     r"(?:^|[/_.-])(?:global_?)?(?:step|steps|checkpoint|ckpt|iter|iteration)[_-]?(?P<step>\d+)"
@@ -95,9 +95,9 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     (``HfApi.list_repo_refs``), or, in offline mode (``HF_HUB_OFFLINE=1``), the refs that the
     local Hugging Face cache holds for it (``scan_cache_dir``).
 
-    The hub call is bounded (`repgeom.models.hf.hub_calls.bound_session`: huggingface_hub's
+    The hub call is bounded (`repgeom.models.hub.calls.bound_session`: huggingface_hub's
     session has no timeout and ``list_repo_refs`` passes none) and goes through `retry` (the
-    run's `repgeom.models.hf.hub_calls.Retrier`; default: its 15-minute budget): a 429 waits for
+    run's `repgeom.models.hub.calls.Retrier`; default: its 15-minute budget): a 429 waits for
     its ``Retry-After``, a 5xx, a dropped or silent connection is tried again, and the console
     says why it waits.
 
@@ -110,7 +110,7 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     """
     from huggingface_hub import HfApi, is_offline_mode
 
-    from repgeom.models.hf.hub_calls import Retrier
+    from repgeom.models.hub.calls import Retrier
 
     if is_offline_mode():
         return _cached_refs(repo_id)
@@ -129,7 +129,7 @@ def _hub_errors(repo_id: str, doing: str):
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    from repgeom.models.hf.hub_calls import DownloadError, RetriesExhausted
+    from repgeom.models.hub.calls import DownloadError, RetriesExhausted
 
     try:
         yield
@@ -148,11 +148,13 @@ def _hub_errors(repo_id: str, doing: str):
 
 
 def _cached_refs(repo_id: str) -> Refs:
-    from huggingface_hub import scan_cache_dir
+    from huggingface_hub import constants, scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     try:
-        repos = scan_cache_dir().repos
+        # the cache the downloads use (read at call time): scan_cache_dir's own default is the
+        # value HF_HUB_CACHE had when huggingface_hub was imported
+        repos = scan_cache_dir(constants.HF_HUB_CACHE).repos
     except CacheNotFound:
         repos = frozenset()
     names = sorted({ref for repo in repos if repo.repo_id == repo_id and repo.repo_type == "model"
@@ -207,7 +209,7 @@ def step_revisions(repo_id: str, refs: Refs | None = None, *,
     OSError
         A hub call failed (`list_refs`).
     """
-    from repgeom.models.hf.hub_calls import Retrier
+    from repgeom.models.hub.calls import Retrier
 
     retry = Retrier() if retry is None else retry
     refs = list_refs(repo_id, retry=retry) if refs is None else refs
@@ -255,7 +257,7 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> Non
     if commits.get(MAIN) in named:
         listing.ignored.setdefault("main: the commit of a step-named revision", []).append(MAIN)
         return
-    from repgeom.models.hf.weights_rule import same_weights
+    from repgeom.models.hub.weights_rule import same_weights
 
     main_weights = weights_sha256(repo_id, MAIN, retry=retry)
     if not main_weights:
@@ -270,7 +272,7 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> Non
 def weights_sha256(repo_id: str, revision: str | None, *,
                    retry: Retrier | None = None) -> dict[str, str]:
     """Weights file name -> sha256 of `revision`, for every complete weights format by the one
-    rule (`repgeom.models.hf.weights_rule`): online, the hub's LFS sha256 from ``model_info``
+    rule (`repgeom.models.hub.weights_rule`): online, the hub's LFS sha256 from ``model_info``
     (and its index, when sharded; nothing else is downloaded), through `retry`; offline, the
     cached snapshot's files (empty when it is not cached). Empty when the revision has no
     weights file.
@@ -282,9 +284,9 @@ def weights_sha256(repo_id: str, revision: str | None, *,
     """
     from huggingface_hub import HfApi, is_offline_mode
 
-    from repgeom.models.hf import downloads
-    from repgeom.models.hf.hub_calls import Retrier, read_timeout_s
-    from repgeom.models.hf.weights_rule import folder_weights
+    from repgeom.models.hub import downloads
+    from repgeom.models.hub.calls import Retrier, read_timeout_s
+    from repgeom.models.hub.weights_rule import folder_weights
 
     if is_offline_mode():
         cached = downloads.cached_snapshot(repo_id, revision)

@@ -1,0 +1,12 @@
+"""The Hugging Face hub, reached and cached: everything that talks to the hub or keeps its files.
+
+One job per module: `calls` (one retry policy and bounded session for every hub call),
+`transfer` (a file's bytes: ranged resume, hash check), `downloads` (a revision's files into a
+folder of ours, within a retry budget), `download_folders` (those folders' markers and proofs),
+`weights_rule` (which weight files a revision needs), `cache` (writing into a shared HF cache:
+modes, refs, temporaries) and `revisions` (a repository's branches and tags, listed and fetched
+for trajectories).
+
+Reading a model once its files are here (families, loading, capture, queries and keys, the
+residual stream, windows) is `repgeom.models.hf`'s job.
+"""
