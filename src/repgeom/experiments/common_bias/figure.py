@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from repgeom.experiments.common_bias_summary import STAGES, per_norm, stage_layers, summarize
+from repgeom.experiments.common_bias.summary import STAGES, per_norm, stage_layers, summarize
 
 
 def _xaxis(ax: Axes, norms: np.ndarray) -> None:

@@ -63,10 +63,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from repgeom.experiments.common_bias_figure import plot_common_bias
-from repgeom.experiments.common_bias_markdown import render_markdown
-from repgeom.experiments.common_bias_summary import FixedPoint, drift_fixed_point, summarize
-from repgeom.experiments.common_bias_sweep import COLUMNS, common_bias_sweep
+from repgeom.experiments.common_bias.figure import plot_common_bias
+from repgeom.experiments.common_bias.markdown import render_markdown
+from repgeom.experiments.common_bias.summary import FixedPoint, drift_fixed_point, summarize
+from repgeom.experiments.common_bias.sweep import COLUMNS, common_bias_sweep
 from repgeom.models.gpt import GPTConfig
 
 __all__ = [

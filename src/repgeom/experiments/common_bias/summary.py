@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from repgeom.experiments.common_bias_sweep import COLUMNS
+from repgeom.experiments.common_bias.sweep import COLUMNS
 
 
 @dataclass(frozen=True)
