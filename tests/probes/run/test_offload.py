@@ -590,6 +590,23 @@ def test_a_worker_deleting_a_step_never_touches_a_write_in_progress(tmp_path: Pa
         torch.testing.assert_close(got[key], value, rtol=0, atol=0)
 
 
+def test_a_write_never_touches_another_starts_write_of_the_same_pid(tmp_path: Path) -> None:
+    # Two starts of one run in two containers (or on two nodes) can share a pid. Another start's
+    # write of step 10 is in progress, under the name this process's pid once gave: this start's
+    # own write of step 10 leaves it alone. Before, the temporary folder was named by the pid and
+    # removed first ("this process's own cut write"), deleting the other start's files.
+    folder = snapshots.snapshot_dir(tmp_path)
+    writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    writer.start({"wandb": None})
+    theirs = folder / f".{snapshots.step_dir(folder, 10).name}.{os.getpid()}{snapshots.WRITING}"
+    theirs.mkdir()
+    (theirs / "weights.pt").write_bytes(b"the other start's bytes")
+    writer.snapshot(10, torch.nn.Linear(3, 2), {"hyper_parameters": {}})
+    writer.close(final_step=10)
+    assert (theirs / "weights.pt").read_bytes() == b"the other start's bytes"
+    assert [s for s, _ in snapshots.snapshots(folder)[0]] == [10]
+
+
 class _Killed(BaseException):
     """A kill -9 at that moment (nothing after it runs)."""
 

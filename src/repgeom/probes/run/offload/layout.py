@@ -38,14 +38,14 @@ def step_dir(folder: Path, step: int) -> Path:
 
 
 WRITING = ".tmp"
-"""The suffix of a hidden snapshot folder being written (``.step_<N>.<pid>.tmp``)."""
+"""The suffix of a hidden snapshot folder being written (``.step_<N>.<random id>.tmp``)."""
 REMOVED = ".removed"
 """The suffix of a hidden snapshot folder being deleted (``.step_<N>.<random id>.removed``: not
 the pid, which processes in other containers share)."""
 
 
 def step_of(path: Path) -> int | None:
-    """``step_000000125`` (or its hidden ``.step_000000125.<pid>.tmp``, ``.<id>.removed``) -> 125;
+    """``step_000000125`` (or its hidden ``.step_000000125.<id>.tmp`` or ``.<id>.removed``) -> 125;
     None for any other name."""
     name = path.name
     if name.startswith(".") and name.endswith((WRITING, REMOVED)):
@@ -59,7 +59,7 @@ def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Pat
     """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order.
 
     Incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one still being written
-    (``.step_<N>.<pid>.tmp``: a training process writes it now, or was killed while writing)."""
+    (``.step_<N>.<id>.tmp``: a training process writes it now, or was killed while writing)."""
     complete, incomplete = [], []
     if not folder.is_dir():
         return complete, incomplete

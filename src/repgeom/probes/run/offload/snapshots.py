@@ -11,7 +11,7 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
   ``state_dict``, ``global_step``, the probe's spec and the data's state);
 - ``step_<N>/complete.json``: written after the weights (both fsynced), with the time that names
-  this snapshot. Both are written in a hidden folder ``.step_<N>.<pid>.tmp`` that is renamed to
+  this snapshot. Both are written in a hidden folder ``.step_<N>.<id>.tmp`` that is renamed to
   ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
 - a complete ``step_<N>`` is never rewritten by the training start that wrote it (its marker
   names that start). A requeued or resumed start that replays step N replaces a snapshot of an
@@ -19,7 +19,7 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   ones, if not probed yet, would put the abandoned trajectory into the table. The new snapshot
   carries a new time, so the worker probes it (again); a worker reading the old one meanwhile
   sees its marker change and records nothing from it. A worker deletes a snapshot by renaming it
-  to ``.step_<N>.<pid>.removed`` first (it vanishes at once, never half-deleted under a training
+  to ``.step_<N>.<id>.removed`` first (it vanishes at once, never half-deleted under a training
   process's eyes), and puts back one that turns out to be a newer snapshot than the one it
   probed;
 - ``training.json``: the training process (pid, host, boot and pid namespace
@@ -360,7 +360,9 @@ class SnapshotWriter:
             self._skip(step, f"{needed / 1e9:.2f} GB needed plus probe.worker.min_free_gb="
                              f"{self.min_free_bytes / 1e9:g} GB kept free")
             return
-        tmp = self.folder / f".{folder.name}.{os.getpid()}{WRITING}"
+        # a random id, not the pid: two starts of one run (a requeue on another node, two
+        # containers) may share a pid, and one must never write into or remove the other's
+        tmp = self.folder / f".{folder.name}.{uuid.uuid4().hex[:16]}{WRITING}"
         try:
             self._write_files(folder, tmp, step, weights, meta)
         except Exception as error:
@@ -388,8 +390,7 @@ class SnapshotWriter:
     def _write_files(self, folder: Path, tmp: Path, step: int,
                      weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         """The snapshot written into `tmp`, then renamed to `folder` whole."""
-        shutil.rmtree(tmp, ignore_errors=True)  # this process's own cut write: never a worker's
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
         checkpoint = {**meta, "global_step": int(step),
                       "state_dict": {f"model.{k}": v for k, v in weights.items()}}
         path = tmp / WEIGHTS
