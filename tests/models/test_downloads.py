@@ -36,7 +36,9 @@ from repgeom.models.hf.downloads import (
     release,
 )
 from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
-from repgeom.probes.run.trajectory import Step, Trajectory, copies
+from repgeom.probes.run.copies import copies
+from repgeom.probes.run.resume import Step
+from repgeom.probes.run.trajectory import Trajectory
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
