@@ -37,8 +37,7 @@ from repgeom.models.hf.downloads import (
 )
 from repgeom.models.hf.hub_calls import Retrier, RetriesExhausted, describe, retry_after
 from repgeom.probes.run.copies import copies
-from repgeom.probes.run.resume import Step
-from repgeom.probes.run.trajectory import Trajectory
+from repgeom.probes.run.trajectory import Step, Trajectory
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000

@@ -16,9 +16,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -30,42 +27,11 @@ SKIPPED = "skipped.json"
 """The steps that could not be probed and why, in the probe folder."""
 
 
-@dataclass
-class Step:
-    """The targets of one step: one per stack, sharing one revision's files."""
-
-    subjects: list
-    files: Future | None = None
-
-    @property
-    def step(self) -> int:
-        return self.subjects[0].step
-
-    @property
-    def reference(self) -> bool:
-        return self.subjects[0].reference
-
-
-def steps_of(subjects: Sequence) -> list[Step]:
-    """Group the targets by step (an encoder-decoder revision is two targets), in order."""
-    grouped: dict[tuple, Step] = {}
-    for subject in subjects:
-        key = (subject.step, getattr(subject, "revision", None), str(getattr(subject, "path", "")))
-        grouped.setdefault(key, Step([])).subjects.append(subject)
-    return list(grouped.values())
-
-
 def step_key(subject) -> tuple[str, str]:
     """How resume knows a step: (model, revision name) for a hub revision, (model, step) for a
     checkpoint or a model without revisions."""
     revision = getattr(subject, "revision", None)
     return (subject.model, f"revision={revision}" if revision else f"step={int(subject.step)}")
-
-
-def label(step: Step) -> str:
-    """A step's name in the console and in ``skipped.json``: its revision, else its step."""
-    revision = getattr(step.subjects[0], "revision", None)
-    return str(revision) if revision else f"step {int(step.step)}"
 
 
 def done_steps(output_dir: Path) -> set[tuple[str, str]]:
@@ -107,7 +73,7 @@ def read_for_resume(output_dir: Path) -> pd.DataFrame:
 
 
 def read_skipped(output_dir: Path) -> dict[str, dict]:
-    """``skipped.json``: `label` -> {step, revision, model, reason}; empty when absent or
+    """``skipped.json``: a step's label -> {step, revision, model, reason}; empty when absent or
     unreadable."""
     path = table.probe_dir(output_dir) / SKIPPED
     try:

@@ -43,6 +43,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,10 +64,40 @@ from repgeom.probes.core import catalogue, similarity, table
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import sink
 from repgeom.probes.run import copies, costs, resume
-from repgeom.probes.run.resume import Step, label
 
 WORK_DIR = "work"
 """Downloaded revisions inside the output folder (unless ``work_dir=``)."""
+
+
+@dataclass
+class Step:
+    """The targets of one step: one per stack, sharing one revision's files."""
+
+    subjects: list
+    files: Future | None = None
+
+    @property
+    def step(self) -> int:
+        return self.subjects[0].step
+
+    @property
+    def reference(self) -> bool:
+        return self.subjects[0].reference
+
+
+def steps_of(subjects: Sequence) -> list[Step]:
+    """Group the targets by step (an encoder-decoder revision is two targets), in order."""
+    grouped: dict[tuple, Step] = {}
+    for subject in subjects:
+        key = (subject.step, getattr(subject, "revision", None), str(getattr(subject, "path", "")))
+        grouped.setdefault(key, Step([])).subjects.append(subject)
+    return list(grouped.values())
+
+
+def label(step: Step) -> str:
+    """A step's name in the console and in ``skipped.json``: its revision, else its step."""
+    revision = getattr(step.subjects[0], "revision", None)
+    return str(revision) if revision else f"step {int(step.step)}"
 
 
 @dataclass
@@ -112,7 +143,7 @@ class Trajectory:
     def run(self, subjects: Sequence) -> pd.DataFrame:
         """Probe every target (see the module docstring); returns the whole table."""
         costs.system_arrow_pool()
-        steps = resume.steps_of(subjects)
+        steps = steps_of(subjects)
         self._final, self._many_steps = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
             steps = [steps[-1], *steps[:-1]]
