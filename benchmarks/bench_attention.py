@@ -2,9 +2,10 @@
 
 The gpt_small row of `bench_metrics.py` (12 layers of 16 windows x 8 heads x 512 x 512, causal:
 `attention_entropy` on the probabilities and `qk_alignment` on the queries and keys), on a few
-layers: the earlier commit's `repgeom/metrics/attention.py` is read from git and timed in the
-same process, alternating with the current one, so both see the same machine load. Prints the
-minimum over repetitions per layer and the largest relative difference of every number.
+layers: the earlier commit's `repgeom/metrics/attention.py` (and `qk.py`, where the Q/K half
+lives since it was split off) is read from git and timed in the same process, alternating with
+the current one, so both see the same machine load. Prints the minimum over repetitions per
+layer and the largest relative difference of every number.
 
     python benchmarks/bench_attention.py --before <commit> [--layers 3] [--repeats 3]
 """
@@ -21,24 +22,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from repgeom.metrics import attention as current
+import repgeom.metrics as current
 
 ROOT = Path(__file__).resolve().parents[1]
-FILE = "src/repgeom/metrics/attention.py"
+FILES = ("src/repgeom/metrics/attention.py", "src/repgeom/metrics/qk.py")
 
 
 def load_version(commit: str):
-    """`repgeom.metrics.attention` as it was at `commit` (its relative imports resolve)."""
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{commit}:{FILE}"],
-        check=True, capture_output=True, text=True,
-    ).stdout
+    """`attention_entropy` and `qk_alignment` as they were at `commit`, in one module: the
+    files of `FILES` that the commit has, run one after the other (relative imports resolve)."""
     name = "repgeom.metrics._attention_before"
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
     module.__package__ = "repgeom.metrics"
     sys.modules[name] = module
-    exec(compile(source, f"{commit}:{FILE}", "exec"), module.__dict__)
+    for file in FILES:
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{file}"],
+                               capture_output=True, text=True)
+        if shown.returncode == 0:  # qk.py is absent before the split: attention.py had both
+            exec(compile(shown.stdout, f"{commit}:{file}", "exec"), module.__dict__)
     return module
 
 

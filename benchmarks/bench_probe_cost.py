@@ -28,7 +28,8 @@ from hydra.utils import instantiate
 
 from repgeom.models.gpt import GPT
 from repgeom.probes.core.sampling import ProbeSet, choose_positions, windows_needed
-from repgeom.probes.run.callback import ProbeCallback, probe_schedule
+from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.schedule import probe_schedule
 from repgeom.train import train
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")

@@ -179,7 +179,7 @@ def share(opts: dict, tmp: Path, emit: Emit) -> None:
     from train_timing import StepTimer
 
     from repgeom.probes.core.spec import ProbeCallbackConf
-    from repgeom.probes.run.callback import probe_schedule
+    from repgeom.probes.run.schedule import probe_schedule
 
     steps, every = opts["share_steps"], opts["share_probe_every"]
     probes = probe_schedule(steps, every_n_steps=every, log_spaced_until=0, n_log_spaced=0)

@@ -170,7 +170,7 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     probes = probe_table(run_dir)
     if probes is not None:
         # Probes continue on the run's schedule: each scheduled step up to the end once.
-        from repgeom.probes.run.callback import probe_schedule
+        from repgeom.probes.run.schedule import probe_schedule
 
         schedule = probe_schedule(
             max_steps, every_n_steps=every, log_spaced_until=every, n_log_spaced=8, max_probes=40

@@ -22,20 +22,13 @@ Modules:
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
   mutual-kNN alignment (Huh et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
-- ``attention``, ``distributions``: attention entropy, QK alignment (per head and heads
-  concatenated), pre-softmax scores; activation laws.
+- ``attention``: attention entropy; ``qk``: QK alignment (per head and heads concatenated),
+  pre-softmax scores; ``distributions``: activation laws.
 """
 
 from .alignment import linear_cka, mutual_knn
 from .anisotropy import anisotropy
-from .attention import (
-    AttentionResult,
-    QKAlignmentResult,
-    attention_entropy,
-    attention_scores,
-    qk_alignment,
-    qk_cosine_concat,
-)
+from .attention import AttentionResult, attention_entropy
 from .cosine import (
     isotropic_cosine_baseline,
     isotropic_mean_cosine_chance,
@@ -59,6 +52,7 @@ from .intrinsic_dimension.twonn_authors import TwoNNAuthorsResult, twonn_authors
 from .isoscore import isoscore
 from .linearity import linearity
 from .neighbors import faiss_has_gpu, nearest_neighbors
+from .qk import QKAlignmentResult, attention_scores, qk_alignment, qk_cosine_concat
 from .rank import effective_rank, pca_dimension, rankme
 from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
 

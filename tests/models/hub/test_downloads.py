@@ -35,7 +35,8 @@ from repgeom.models.hub.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.probes.run.trajectory import Step, Trajectory, copies
+from repgeom.probes.run.copies import copies
+from repgeom.probes.run.trajectory import Step, Trajectory
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000

@@ -15,7 +15,8 @@ from repgeom.cli.compare_runs import main as compare_runs
 from repgeom.models.capture import Capture
 from repgeom.probes.core import table
 from repgeom.probes.core.measure import PER_HEAD_METRICS, ProbeSettings, measure
-from repgeom.probes.run.callback import ProbeCallback, probe_schedule
+from repgeom.probes.run.callback import ProbeCallback
+from repgeom.probes.run.schedule import probe_schedule
 from repgeom.train import read_csv_metrics, train
 
 STATE_METRICS = {

@@ -763,9 +763,10 @@ def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: P
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     callback = ProbeCallback(offload="snapshots")
-    callback.run_dir = tmp_path
-    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
-    callback.writer.start({"wandb": None})
+    offloading = callback.offloading  # the training side of probe.offload
+    offloading.run_dir = tmp_path
+    offloading.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    offloading.writer.start({"wandb": None})
     callback.on_exception(None, None, SIGTERMException())
     folder = snapshots.snapshot_dir(tmp_path)
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
@@ -775,14 +776,14 @@ def test_a_sigterm_marks_the_run_stopped_and_the_worker_waits_for_it(tmp_path: P
         follow(tmp_path, timeout_s=2, wandb=False)
     assert time.monotonic() - started >= 2  # waited for the run to come back
     # Any other exception is a failure: the worker stops at once.
-    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
-    callback.writer.start({"wandb": None})
+    offloading.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    offloading.writer.start({"wandb": None})
     callback.on_exception(None, None, RuntimeError("boom"))
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "failed"
     # After a SIGTERM another error may surface first (W&B's service, killed by the same
     # signal, drops its connection): Lightning's own flag still says it was a SIGTERM.
-    callback.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
-    callback.writer.start({"wandb": None})
+    offloading.writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=1)
+    offloading.writer.start({"wandb": None})
     callback.on_exception(SimpleNamespace(received_sigterm=True), None,
                           ConnectionResetError("Connection lost"))
     assert snapshots.read_json(folder / snapshots.TRAINING)["state"] == "stopped"
@@ -893,8 +894,9 @@ def test_a_validation_run_counts_as_progress_in_the_heartbeat(tmp_path: Path,
 
     def validation_step(self, batch, batch_idx):
         callback = next(c for c in self.trainer.callbacks if isinstance(c, ProbeCallback))
-        if callback.writer is not None:  # not the sanity check before training starts
-            seen.append((batch_idx, time.time(), callback.writer.step_time))
+        writer = callback.offloading.writer
+        if writer is not None:  # not the sanity check before training starts
+            seen.append((batch_idx, time.time(), writer.step_time))
         return original(self, batch, batch_idx)
 
     monkeypatch.setattr(CharLM, "validation_step", validation_step)

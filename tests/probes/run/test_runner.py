@@ -20,9 +20,9 @@ from wandb_records import wandb_history, wandb_records
 from repgeom.models.checkpoints import CheckpointFormatError, find_checkpoints
 from repgeom.probes.core import table
 from repgeom.probes.report import phase_report, phases
+from repgeom.probes.run.costs import timings
 from repgeom.probes.run.job import probe_job
 from repgeom.probes.run.runner import probe
-from repgeom.probes.run.trajectory import timings
 
 
 @pytest.mark.slow

@@ -15,8 +15,7 @@ from hub_server import FakeHub, commit_of
 from repgeom.models.hub import revisions
 from repgeom.probes.core import table
 from repgeom.probes.run import schedule
-from repgeom.probes.run.callback import probe_schedule
-from repgeom.probes.run.schedule import thin_steps
+from repgeom.probes.run.schedule import probe_schedule, thin_steps
 
 PYTHIA = [0, *[2**i for i in range(10)], *range(1000, 143001, 1000)]
 """Pythia's 154 revisions (Biderman et al. 2023): step0, 1, 2, 4 ... 512, then every 1,000."""

@@ -22,7 +22,7 @@ from hub_server import FakeHub, commit_of
 from hydra_configs import ROOT
 
 from repgeom.probes.core import table
-from repgeom.probes.run.trajectory import timings
+from repgeom.probes.run.costs import timings
 
 pytestmark = pytest.mark.slow  # probe.py processes against the hub stand-in
 

@@ -1,4 +1,4 @@
-"""Revisions that serve the same weights (`repgeom.probes.run.trajectory.copies`, `mark_copies`):
+"""Revisions that serve the same weights (`repgeom.probes.run.copies.copies`, `mark_copies`):
 found from the weights' sha256, marked in the table and left out of phase detection."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import torch
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import phases
-from repgeom.probes.run.trajectory import TIMINGS, Trajectory, copies
+from repgeom.probes.run.copies import copies
+from repgeom.probes.run.costs import TIMINGS
+from repgeom.probes.run.trajectory import Trajectory
 
 
 def test_copies_keep_the_latest_of_identical_weights_and_name_shared_shards() -> None:

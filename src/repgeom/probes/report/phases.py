@@ -156,7 +156,7 @@ def _as_tables(frame: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.DataFram
 
 def _without_copies(frame: pd.DataFrame) -> pd.DataFrame:
     """The rows of revisions that serve another revision's weights left out
-    (``weights_copy_of``, `repgeom.probes.run.trajectory.mark_copies`): a stretch of copies is
+    (``weights_copy_of``, `repgeom.probes.run.copies.mark_copies`): a stretch of copies is
     flat, and a flat stretch between real steps would read as a phase."""
     if COPY_COLUMN not in frame.columns:
         return frame
@@ -165,7 +165,7 @@ def _without_copies(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 COPY_COLUMN = "weights_copy_of"
-"""The table column that marks a copy (written by `repgeom.probes.run.trajectory`)."""
+"""The table column that marks a copy (written by `repgeom.probes.run.copies`)."""
 
 
 def _curves(frame, metrics, level, n_steps) -> Iterator[tuple[dict, str, int, str, Followed]]:

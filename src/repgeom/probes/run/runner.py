@@ -61,9 +61,10 @@ from repgeom.probes.report import aggregate, console, phase_report, plots, sink
 from repgeom.probes.report.drift_cosine import save_drift_cosine
 from repgeom.probes.run import schedule
 from repgeom.probes.run.compare import compare
+from repgeom.probes.run.copies import weights_by_revision
 from repgeom.probes.run.job import FOLLOW, ProbeJob
 from repgeom.probes.run.offload.follow import follow
-from repgeom.probes.run.trajectory import Trajectory, weights_by_revision
+from repgeom.probes.run.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

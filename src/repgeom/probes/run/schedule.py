@@ -6,7 +6,7 @@ within the first few percent of the steps, Razzhigaev et al. 2023 Fig. 2), so a 
 log-spaced early and evenly spaced later. `thin_steps` keeps at most ``max_count`` of a list of
 available steps in that shape: the first and the last, and between them the steps nearest to
 targets spread evenly on a scale that is half logarithmic, half linear in the step. The
-training probe's schedule (`repgeom.probes.run.callback.probe_schedule`, ``probe.max_probes``) and
+training probe's schedule (`probe_schedule`, ``probe.max_probes``) and
 ``probe.py``'s ``max_revisions`` (revisions of a hub model, checkpoints of a run) both use it.
 
 ``probe.py`` options (``conf/probe.yaml``), resolved by `hub_revisions` and `run_checkpoints`:
@@ -83,6 +83,34 @@ def thin_steps(steps: Sequence[int], max_count: int | None, *, option: str = "ma
         free.remove(nearest)
         chosen.append(nearest)
     return [ordered[i] for i in sorted(chosen)]
+
+
+def probe_schedule(
+    max_steps: int,
+    *,
+    every_n_steps: int,
+    log_spaced_until: int,
+    n_log_spaced: int,
+    max_probes: int | None = None,
+) -> list[int]:
+    """The training steps at which to probe: 0, log-spaced early, evenly spaced later, the end.
+
+    Early training moves fast, so `n_log_spaced` steps are spread geometrically over
+    [1, log_spaced_until]; after that every `every_n_steps`-th step is probed, and `max_steps`
+    itself. With `max_probes`, the list is thinned by `thin_steps` (the first and last
+    step kept, log-spaced early and even later), the rule ``probe.py max_revisions=`` uses.
+    """
+    if max_steps < 1:
+        raise ValueError(f"trainer.max_steps must be set (> 0) to schedule probes, got {max_steps}")
+    if every_n_steps < 1:
+        raise ValueError(f"probe.every_n_steps must be >= 1, got {every_n_steps}")
+    steps = {0, max_steps}
+    until = min(log_spaced_until, max_steps)
+    if until >= 1 and n_log_spaced > 0:
+        steps |= {int(s) for s in np.unique(np.round(np.geomspace(1, until, n_log_spaced)))}
+    steps |= set(range(every_n_steps, max_steps + 1, every_n_steps))
+    ordered = sorted(steps)
+    return thin_steps(ordered, max_probes, option="probe.max_probes")
 
 
 def check_options(hf_revisions: Any, max_revisions: Any, mode: str) -> None:

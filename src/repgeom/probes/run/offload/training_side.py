@@ -1,0 +1,234 @@
+"""The training process's side of ``probe.offload`` (rank 0): the snapshot writer and its
+heartbeat, our own probe worker (``probe.offload=worker``), and the end of the run's records.
+
+`repgeom.probes.run.callback.ProbeCallback` owns one `Offloading` and calls it from its
+Lightning hooks: `start` when training really starts, `snapshot` at each probe step, `end` when
+training ends or fails, `teardown` after a fit that did not raise. The snapshots themselves are
+written by `repgeom.probes.run.offload.snapshots`, and probed by the worker,
+``probe.py follow=<run>`` (`repgeom.probes.run.offload.follow`).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_warn
+
+from repgeom.probes.core import table
+from repgeom.probes.core.spec import WorkerConf
+from repgeom.probes.run.offload import follow, snapshots
+
+log = logging.getLogger(__name__)
+
+
+class Offloading:
+    """Rank 0's half of the probes taken off the training clock.
+
+    Parameters
+    ----------
+    mode : {None, "snapshots", "worker"}
+        ``probe.offload`` (`snapshots.check_offload`); None: nothing is offloaded and every
+        method but `skipped` is never called.
+    worker : dict or None
+        ``probe.worker``, the worker's options (`repgeom.probes.core.spec.WorkerConf`); an
+        unknown option is a ValueError naming the known ones.
+    """
+
+    def __init__(self, mode: str | None, worker: dict[str, Any] | None) -> None:
+        self.mode = snapshots.check_offload(mode)
+        given = {str(k): v for k, v in dict(worker or {}).items()}
+        unknown = set(given) - set(WorkerConf().__dict__)
+        self.options = {**WorkerConf().__dict__, **given}
+        if unknown:
+            raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
+                             f"{sorted(WorkerConf().__dict__)}")
+        if self.mode == "worker":  # probe.py follow= checks its own follow_timeout_s
+            follow.check_heartbeat(float(self.options["heartbeat_s"]),
+                                   float(self.options["timeout_s"]))
+        self.run_dir: Path | None = None
+        self.writer: snapshots.SnapshotWriter | None = None  # while training runs
+        self.worker: subprocess.Popen | None = None  # probe.offload=worker
+        self.skipped_for_space: dict[int, str] = {}  # step -> why its snapshot was not written
+        # the end-of-run status could not be written: raised by `teardown`
+        self.not_recorded: snapshots.RunNotRecordedError | None = None
+
+    def setup(self, run_dir: Path) -> None:
+        """A new fit of the run in `run_dir`."""
+        self.run_dir = run_dir
+        self.not_recorded = None
+
+    def skipped(self) -> dict[int, str]:
+        """The steps whose snapshots were skipped for lack of space, those in flight included:
+        "done" in a checkpoint means the snapshot is on disk or was skipped (a gap a resume
+        keeps naming)."""
+        if self.writer is None:
+            return self.skipped_for_space
+        self.writer.wait()
+        return {**self.skipped_for_space, **self.writer.skipped}
+
+    def start(self, trainer: L.Trainer, schedule: list[int]) -> None:
+        """The snapshot folder, its heartbeat, and with ``worker`` the worker itself."""
+        self.writer = snapshots.SnapshotWriter(
+            self.run_dir, heartbeat_s=float(self.options["heartbeat_s"]),
+            min_free_gb=float(self.options["min_free_gb"]))
+        self.writer.rank = trainer.global_rank
+        self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
+        self.writer.start({"wandb": _wandb_info(trainer), "schedule": schedule})
+        if self.mode == "worker":
+            self.worker = follow.start_worker(self.run_dir, self.options)
+            print(f"Probe worker started (pid {self.worker.pid}, device "
+                  f"{self.options['device']}, {self.options['threads']} "
+                  f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
+
+    def snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int,
+                 probe_meta: dict[str, Any]) -> None:
+        """Hand the weights of `step` to the writer, with the run's hyperparameters, the
+        datamodule's state and `probe_meta` (what the worker needs of the training probe);
+        report a worker that falls behind."""
+        meta = {"hyper_parameters": _plain(dict(pl_module.hparams)), **probe_meta}
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "state_dict"):
+            meta[type(datamodule).__name__] = _plain(datamodule.state_dict())
+        waiting = self.writer.waiting()
+        waited = self.writer.snapshot(step, pl_module.model, meta)
+        lag = step - waiting[0] if waiting else 0
+        if len(waiting) >= 2:
+            log.warning(
+                "probe worker is behind: %d snapshots waiting (steps %s), %d steps behind "
+                "training; they are kept, not dropped (give the worker more cores or a device: "
+                "probe.worker.threads, probe.worker.device)", len(waiting), waiting, lag)
+        metrics = {"probe/offload/waiting": len(waiting), "probe/offload/lag_steps": lag,
+                   "probe/offload/wait_seconds": waited}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def end(self, *, final_step: int | None, stopped: bool = False) -> None:
+        """Write the done marker (or mark the run failed, or ``stopped`` after a SIGTERM) and,
+        for a worker of our own with ``probe.worker.wait``, wait for it to probe what is left
+        (at most ``probe.worker.wait_timeout_s``). After a failure, or when the done marker
+        cannot be written (kept for `teardown` to raise), our worker is stopped instead."""
+        writer, self.writer = self.writer, None
+        again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        try:
+            writer.close(final_step=final_step, stopped=stopped, skipped=self.skipped_for_space)
+        except snapshots.RunNotRecordedError as error:
+            self.not_recorded = error
+            final_step = None
+            again = ("the run could not be recorded as finished (the error below says how to "
+                     "finish it), and that rerun starts the worker again")
+        except BaseException:
+            self._stop_worker(again)  # whatever failed, no worker is left behind
+            raise
+        self.skipped_for_space.update(writer.skipped)
+        if self.skipped_for_space:
+            rank_zero_warn(f"the snapshots of steps {sorted(self.skipped_for_space)} were "
+                           "skipped for lack of disk space, so those steps have no probe rows "
+                           "(a step's weights are not kept once training moves on); see the "
+                           "warnings of the start that skipped them")
+        if self.worker is None:
+            return
+        if final_step is None:  # training failed or is not recorded: the worker is stopped
+            self._stop_worker(again)
+            return
+        if not self.options["wait"]:
+            self.worker = None
+            return  # it stops by itself after the done marker
+        self._wait_for_worker(left=len(writer.waiting()))
+
+    def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
+        """The end of a fit that did not raise: nothing left "running", no worker left behind.
+
+        A finished run whose status `end` could not write (a full disk) fails here, with
+        `snapshots.RunNotRecordedError`. A skipped fit (a finished run, rerun: not `trained`)
+        writes that status if an earlier start could not, then starts the worker only when the
+        run's probing is unfinished (its worker was stopped or killed before its end-of-run
+        work was done), and waits for it."""
+        if self.not_recorded is not None:
+            error, self.not_recorded = self.not_recorded, None
+            raise error
+        if self.writer is not None:  # the training hooks did not close it
+            self.end(final_step=None)
+            return
+        if trained or not self.mode or self.run_dir is None:
+            return
+        self._record_finished_run(trainer)
+        if self.mode == "worker" and follow.work_left(self.run_dir):
+            self.worker = follow.start_worker(self.run_dir, self.options)
+            print(f"This run is finished, its probing is not: probe worker started (pid "
+                  f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
+            folder = snapshots.snapshot_dir(self.run_dir)
+            self._wait_for_worker(left=len(snapshots.snapshots(folder)[0]))
+
+    def _record_finished_run(self, trainer: L.Trainer) -> None:
+        """A finished run, rerun: write its ``done.json`` and ``finished`` state where an earlier
+        start could not (a full disk at its end); only in a snapshot folder of ours."""
+        folder = snapshots.snapshot_dir(self.run_dir)
+        state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
+        recorded = (folder / snapshots.DONE).is_file() and state == "finished"
+        if recorded or trainer.global_step < trainer.max_steps or not (
+                folder / snapshots.MARKER).is_file():
+            return
+        writer = snapshots.SnapshotWriter(self.run_dir, heartbeat_s=float(
+            self.options["heartbeat_s"]))
+        writer.finish(trainer.global_step, self.skipped_for_space)
+        print(f"This run is finished at step {trainer.global_step}; its status, missing until "
+              f"now, is written: {folder / snapshots.DONE}")
+
+    def _stop_worker(self, again: str) -> None:
+        """Stop our worker, if any, within `follow.WORKER_STOP_S`; `again` says how it resumes."""
+        if self.worker is None:
+            return
+        worker, self.worker = self.worker, None
+        print(f"Stopping the probe worker (pid {worker.pid}), at most "
+              f"{follow.WORKER_STOP_S:.0f} s; {again}")
+        follow.stop_worker(worker, 0.0)
+
+    def _wait_for_worker(self, *, left: int) -> None:
+        """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""
+        worker, self.worker = self.worker, None
+        limit = float(self.options["wait_timeout_s"])
+        print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left; at "
+              f"most {limit:.0f} s (probe.worker.wait_timeout_s), then it is stopped")
+        code = follow.stop_worker(worker, limit)
+        again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        if code is None:
+            rank_zero_warn(f"the probe worker did not finish within {limit:.0f} s "
+                           f"(probe.worker.wait_timeout_s) and was stopped; {again}")
+        elif code != 0:
+            rank_zero_warn(f"the probe worker exited with {code}; its log: "
+                           f"{table.probe_dir(self.run_dir) / 'worker.log'}. {again}")
+
+
+def _wandb_info(trainer: L.Trainer) -> dict[str, Any] | None:
+    """The training run's W&B run (project, group, id, name), for the worker's own run."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            run = logger.experiment
+            return {"project": run.project, "group": run.group or None, "id": run.id,
+                    "name": run.name, "offline": bool(logger._offline)}
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """Containers of plain values only (a snapshot is read with ``weights_only=True``)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(value):
+            return _plain(OmegaConf.to_container(value, resolve=True))
+    except ImportError:
+        pass
+    return str(value)
