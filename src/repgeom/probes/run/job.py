@@ -213,12 +213,12 @@ def _common(cfg: Any) -> dict[str, Any]:
     logger = cfg.get("logger") or {}
     return {
         "output_dir": Path(str(cfg.get("output_dir"))).expanduser().resolve(),
-        "device": resolve_device(cfg.get("device")),
         "run_name": _str(cfg.get("run_name")),
         "tags": tuple(str(t) for t in cfg.get("tags") or ()),
         "logger": (OmegaConf.to_container(logger, resolve=False)
                    if isinstance(logger, DictConfig) else dict(logger)),
         "config": _plain(cfg) if isinstance(cfg, DictConfig) else dict(cfg),
+        "device": resolve_device(cfg.get("device")),  # last: the one call below this layer
     }
 
 
@@ -237,12 +237,20 @@ def probe_job(cfg: Any) -> ProbeJob:
         ``labels.csv`` names no file.
     """
     mode = _mode(cfg)
-    if mode == FOLLOW:  # the training probe's spec: probe.py's own probe options do not apply
-        return ProbeJob(
-            mode, ProbeRequest(), follow=str(cfg.get(FOLLOW)),
-            follow_timeout_s=float(cfg.get("follow_timeout_s") or 600.0),
-            keep_snapshots=bool(cfg.get("keep_snapshots")),
-            follow_lock=str(cfg.get("follow_lock") or "auto"), **_common(cfg))
+    fields = _follow_fields(cfg) if mode == FOLLOW else _probe_fields(cfg, mode)
+    return ProbeJob(mode, **fields, **_common(cfg))
+
+
+def _follow_fields(cfg: Any) -> dict[str, Any]:
+    """follow=: the training probe's spec; probe.py's own probe options do not apply."""
+    return {"request": ProbeRequest(), "follow": str(cfg.get(FOLLOW)),
+            "follow_timeout_s": float(cfg.get("follow_timeout_s") or 600.0),
+            "keep_snapshots": bool(cfg.get("keep_snapshots")),
+            "follow_lock": str(cfg.get("follow_lock") or "auto")}
+
+
+def _probe_fields(cfg: Any, mode: str) -> dict[str, Any]:
+    """run= / ckpt= / hf=: every option of a probe, checked."""
     for key in ("hf_revisions", "tokenizer"):
         if cfg.get(key) and mode != "hf":
             raise ValueError(f"{key}= needs hf=<name>; got {mode}=")
@@ -260,17 +268,18 @@ def probe_job(cfg: Any) -> ProbeJob:
     retry_budget_s = _retry_budget(cfg.get("retry_budget_s"))
     request = probe_request(cfg)  # the probe options, read (and checked) once
     work_dir, plot_metrics = cfg.get("work_dir"), cfg.get("plot_metrics")
-    return ProbeJob(
-        mode, request,
+    return {
+        "request": request,
         **{m: _str(cfg.get(m)) if m == mode else None for m in MODES},
-        hf_revisions=(tuple(str(r) for r in hf_revisions) if isinstance(hf_revisions, list)
-                      else hf_revisions),
-        max_revisions=max_revisions, shard=shard, shards=shards,
-        tokenizer=_str(cfg.get("tokenizer")), dtype=_str(cfg.get("dtype")),
-        model_name=_str(cfg.get("model_name")),
-        work_dir=None if work_dir is None else Path(str(work_dir)),
-        keep_weights=bool(cfg.get("keep_weights")), retry_skipped=bool(cfg.get("retry_skipped")),
-        retry_budget_s=retry_budget_s, compare=compare, labels=labels,
-        qk_projection=bool(cfg.get("qk_projection")),
-        plot_metrics=None if plot_metrics is None else tuple(str(m) for m in plot_metrics),
-        **_common(cfg))
+        "hf_revisions": (tuple(str(r) for r in hf_revisions) if isinstance(hf_revisions, list)
+                         else hf_revisions),
+        "max_revisions": max_revisions, "shard": shard, "shards": shards,
+        "tokenizer": _str(cfg.get("tokenizer")), "dtype": _str(cfg.get("dtype")),
+        "model_name": _str(cfg.get("model_name")),
+        "work_dir": None if work_dir is None else Path(str(work_dir)),
+        "keep_weights": bool(cfg.get("keep_weights")),
+        "retry_skipped": bool(cfg.get("retry_skipped")),
+        "retry_budget_s": retry_budget_s, "compare": compare, "labels": labels,
+        "qk_projection": bool(cfg.get("qk_projection")),
+        "plot_metrics": None if plot_metrics is None else tuple(str(m) for m in plot_metrics),
+    }
