@@ -18,6 +18,10 @@ value      float64  the number
 std        float64  its standard deviation (bootstrap, across windows, ...), NaN when there is none
 =========  =======  ===============================================================================
 
+Rows of the whole model rather than of one layer (the language-model loss on the probe's
+windows, ``lm_loss`` and ``bpc``: `repgeom.probes.core.lm_loss`) have ``layer`` -1
+(`MODEL_LAYER`) and ``layer_name`` ``model`` (`MODEL_LAYER_NAME`).
+
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
 are kept, after these seven, and every function here and in `plots` can group by them.
 
@@ -97,6 +101,14 @@ without the column was written with the default 2); ``se`` and ``se_df``, the st
 
 PAIR_COLUMNS: tuple[str, ...] = ("layer_b", "step_b", "run_b")
 """Columns that name the second state set of a pairwise row (see the module docstring)."""
+
+
+MODEL_LAYER = -1
+"""``layer`` of a row of the whole model (its output), not of one layer: the LM loss."""
+
+
+MODEL_LAYER_NAME = "model"
+"""``layer_name`` of `MODEL_LAYER`."""
 
 
 PROBE_DIR = "probes"
@@ -183,7 +195,10 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
 
 
 def block_name(layer: int) -> str:
-    """The name of layer `layer` in a model without a final norm: embedding or block_<i>."""
+    """The name of layer `layer` in a model without a final norm: embedding or block_<i>
+    (``model`` for `MODEL_LAYER`)."""
+    if layer == MODEL_LAYER:
+        return MODEL_LAYER_NAME
     return "embedding" if layer == 0 else f"block_{layer}"
 
 

@@ -25,11 +25,13 @@ from repgeom.models.checkpoints import (
     run_dir_of,
     validation_windows_for,
 )
-from repgeom.probes.core import catalogue
+from repgeom.probes.core import catalogue, lm_loss
+from repgeom.probes.core.lm_loss import Masking
 from repgeom.probes.core.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.core.sampling import ProbeSet, WindowPool, draw, probe_set
 from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.core.texts import byte_windows, default_text, read_text
+from repgeom.probes.core.tokens import TokenStates
 
 T = TypeVar("T")
 
@@ -82,13 +84,17 @@ def probe_gpt(
     batch_size: int,
     settings: ProbeSettings,
     keep_states: bool = False,
+    masking: Masking | None = None,
 ) -> ProbeOutput:
     """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
 
     The states come from the sampled positions of every window (`GPT.capture_positions`: no
     attention materialised, causal windows cut after their last sampled position, the last
     block run at the sampled rows only); attention and Q/K from the first
-    `probes.attention_windows` windows, whole.
+    `probes.attention_windows` windows, whole. The ``lm_loss`` and ``bpc`` rows
+    (`repgeom.probes.core.lm_loss`): a decoder's from the head on the captured final states,
+    an encoder's from one more forward pass of the windows masked as `masking` says (none
+    without it).
     """
     was_training = model.training
     device = next(model.parameters()).device
@@ -102,15 +108,37 @@ def probe_gpt(
             started = time.perf_counter()
             states = [model.capture_positions(probes.windows, probes.positions,
                                               batch_size=batch_size)]
+            tokens = None
+            if model.config.causal:  # the head on the final states: no forward pass
+                tokens = lm_loss.gpt_state_loss(model, states[0], probes.windows,
+                                                probes.positions)
+            elif masking is not None:
+                tokens = lm_loss.gpt_masked_loss(model, probes.windows, masking,
+                                                 seed=settings.seed, batch_size=batch_size)
             clock.seconds += time.perf_counter() - started
             attention = clock.timed(gpt_captures(
                 model, whole, None, batch_size=batch_size, attention=settings.attention
             ))
             output = measure(states, attention, settings, keep_states=keep_states)
+            if tokens is not None:
+                output.rows += tokens.rows()
+                output.tokens = tokens
+            _keep_token_states(output, probes, settings)
             output.forward_seconds = clock.seconds
             return output
     finally:
         model.train(was_training)
+
+
+def _keep_token_states(output: ProbeOutput, probes: ProbeSet, settings: ProbeSettings) -> None:
+    """The per-token values (`tokens.TokenStates`) where ``settings.per_token`` asks: the
+    states' surprisals where the loss was read at them (decoders), their local IDs."""
+    if not settings.per_token:
+        return
+    loss = output.tokens
+    surprisal = loss.surprisal if loss is not None and loss.per_state else None
+    output.token_states = TokenStates.of(probes.positions, probes.windows, surprisal,
+                                         output.local_ids, output.layer_names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +165,15 @@ def checkpoint_probe_set(path: Path, ckpt: dict, vocab, block_size: int,
             f"({validation.vocab}); was the data changed?"
         )
     return probe_set(validation, spec)
+
+
+def checkpoint_masking(ckpt: dict, vocab) -> Masking | None:
+    """How an encoder checkpoint's validation masked its windows (None for a decoder)."""
+    hparams = ckpt["hyper_parameters"]
+    masking = hparams.get("masking") or {}
+    if masking.get("causal", True):
+        return None
+    return Masking.of(vocab, masking)
 
 
 @dataclass
@@ -201,6 +238,7 @@ class CheckpointTarget:
             batch_size=spec.batch_size,
             settings=settings,
             keep_states=bool(catalogue.select(settings).pairs),
+            masking=checkpoint_masking(ckpt, loaded.vocab),
         )
 
 
@@ -273,6 +311,8 @@ class HFTarget:
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
 
+        loss = lm_loss.HFLoss.of(loaded)
+
         def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
             for start in range(0, n_windows, spec.batch_size):
                 stop = min(start + spec.batch_size, n_windows)
@@ -285,6 +325,9 @@ class HFTarget:
                 )
                 if positions is not None:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
+                    if loss is not None:  # the head on this batch's final states
+                        loss.add(capture, probes.windows[start:stop],
+                                 probes.attention_mask[start:stop])
                 yield capture
 
         clock = Stopwatch()
@@ -297,6 +340,13 @@ class HFTarget:
                 keep_states=bool(catalogue.select(settings).pairs),
             )
         output.forward_seconds = clock.seconds
+        if loss is not None:
+            output.warnings += loss.warnings
+            tokens = loss.result()
+            if tokens is not None:
+                output.rows += tokens.rows()
+                output.tokens = tokens
+        _keep_token_states(output, probes, settings)
         return output
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from repgeom.probes.core import table
+from repgeom.probes.core.table import MODEL_LAYER
 from repgeom.probes.report import aggregate, plots, wandb_charts
 
 
@@ -18,7 +19,8 @@ def wandb_scalars(frame: pd.DataFrame, *, prefix: str = "probe") -> dict[str, fl
     """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
     means ``probe/<metric>/mean`` (`aggregate.layer_means`); pairwise metrics as
     ``probe/<metric>/layer_<ii>/layer_<jj>`` (two layers), ``probe/<metric>_vs_final/layer_<ii>``
-    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs).
+    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs);
+    rows of the whole model (``lm_loss``, ``bpc``: `table.MODEL_LAYER`) as ``probe/<metric>``.
 
     `prefix` replaces ``probe``: ``probe/encoder`` and ``probe/decoder`` keep the two stacks of
     an encoder-decoder model, probed at the same step, apart.
@@ -35,6 +37,9 @@ def _scalars(frame: pd.DataFrame) -> dict[str, float]:
     scalars: dict[str, float] = {}
     pairs = aggregate.pair_rows(frame)
     for row in aggregate.single_set(frame).itertuples(index=False):
+        if row.layer == MODEL_LAYER:  # the model's own rows (the LM loss): probe/<metric>
+            scalars[f"probe/{row.metric}"] = row.value
+            continue
         key = f"probe/{row.metric}/layer_{row.layer:02d}"
         if row.head >= 0:
             key += f"/head_{row.head:02d}"
@@ -47,7 +52,8 @@ def _scalars(frame: pd.DataFrame) -> dict[str, float]:
         else:
             key = f"probe/{row['metric']}/layer_{row['layer']:02d}/layer_{row['layer_b']:02d}"
         scalars[key] = row["value"]
-    for row in aggregate.layer_means(frame).itertuples(index=False):
+    layers = frame.loc[frame["layer"] != MODEL_LAYER] if len(frame) else frame
+    for row in aggregate.layer_means(layers).itertuples(index=False):
         scalars[f"probe/{row.metric}/mean"] = row.value
     return scalars
 

@@ -15,7 +15,8 @@ key                                    what
                                        ``wandb/confusion_matrix/v1``, read as rows = layer,
                                        columns = step, colour = value)
 ``probe_summary/<name>/layer_<ii>``    run summary: the step of each layer's intrinsic-dimension
-                                       peak and its value, the final anisotropy profile
+                                       peak and its value, the final anisotropy profile; the
+                                       final LM loss and bpc as ``.../model``
 =====================================  =========================================================
 
 Profiles are drawn for `PROFILE_METRICS`, layer x step maps for `LAYER_STEP_METRICS` (those
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from repgeom.probes.core import catalogue
-from repgeom.probes.core.table import rows_to_frame
+from repgeom.probes.core.table import MODEL_LAYER, MODEL_LAYER_NAME, rows_to_frame
 from repgeom.probes.report.aggregate import head_means
 
 # What each metric gets in W&B is a fact of its catalogue entry (`Output.wandb`).
@@ -72,8 +73,9 @@ def layer_values(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def layer_key(layer: int) -> str:
-    """``layer_<ii>``: the name of a layer in the scalar keys (``probe/<metric>/layer_<ii>``)."""
-    return f"layer_{int(layer):02d}"
+    """``layer_<ii>``: the name of a layer in the scalar keys (``probe/<metric>/layer_<ii>``);
+    ``model`` for the rows of the whole model (the LM loss, `MODEL_LAYER`)."""
+    return MODEL_LAYER_NAME if int(layer) == MODEL_LAYER else f"layer_{int(layer):02d}"
 
 
 def profile_table(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):

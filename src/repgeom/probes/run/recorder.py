@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from repgeom.probes.core import catalogue, similarity, table
+from repgeom.probes.core import catalogue, similarity, table, tokens
 from repgeom.probes.core.measure import ProbeOutput
 from repgeom.probes.core.spec import ProbeSpec
 from repgeom.probes.report import aggregate, phase_report, sink, wandb_charts
@@ -59,6 +59,8 @@ class ProbeRecorder:
             similarity.save_states(
                 table.probe_dir(self.run_dir), step, output.states, output.layer_names
             )
+        if output.token_states is not None:  # settings.per_token: before the table says done
+            tokens.save_step(table.probe_dir(self.run_dir), step, output.token_states)
         rows = [{"step": step, **row} for row in output.rows]
         frame = sink.write_step(self.run_dir, rows)
         sink.log_scalars(runs, step, table.rows_to_frame(rows), {"probe/seconds_total": seconds})
@@ -101,6 +103,7 @@ class ProbeRecorder:
             self.pairs,
             batch_size=self.settings.state_batch_size,
             seed=self.settings.seed,
+            permutations=self.settings.null_permutations,
         )
         if not rows:
             return

@@ -275,13 +275,16 @@ def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
         "mode": job.mode,
         # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
         "protocol": job.protocol,
+        # The shuffled-text control (texts=shuffled) or the text as it is.
+        "texts": job.request.texts or "real",
         "twonn_convention": "llm_microscope" if result.frame is not None and (
             result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
         "compare": result.compare is not None,
         "layers": _layer_names(result.frame),
         "layer_convention": (
             "layer 0: embedding output; 1..L: the residual stream after each block, before any "
-            "final norm; L + 1 (final_norm): the final norm's output, for models that have one"
+            "final norm; L + 1 (final_norm): the final norm's output, for models that have one; "
+            "-1 (model): the whole model's output, the LM loss rows (lm_loss, bpc)"
         ),
         "subjects": [
             {"label": s.label, "model": s.model, **{

@@ -74,7 +74,7 @@ from repgeom.models.hf.downloads import (
 )
 from repgeom.models.hf.hub_calls import RETRY_BUDGET_S, not_the_revisions_fault
 from repgeom.models.hf.weights_rule import by_format
-from repgeom.probes.core import catalogue, similarity, table
+from repgeom.probes.core import catalogue, similarity, table, tokens
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import phases, sink
 
@@ -403,10 +403,12 @@ class Trajectory:
         if pairs and output.states and self._many_steps:
             vs_final = similarity.vs_final_step_rows(
                 output.states, folder, pairs, batch_size=output.settings.state_batch_size,
-                seed=output.settings.seed)
+                seed=output.settings.seed, permutations=output.settings.null_permutations)
         output.states = []
         if subject.reference:  # another shard writes its rows
             return table.rows_to_frame([])
+        if output.token_states is not None:  # settings.per_token
+            tokens.save_step(folder, subject.step, output.token_states, subject.id_columns())
         own = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         vs_final = [{**row, "step": subject.step, **subject.id_columns()} for row in vs_final]
         frame = sink.write_step(self.output_dir, own + vs_final)  # the whole step, atomically

@@ -1,0 +1,211 @@
+"""The model's own loss on the probe's windows, beside the geometry: rows ``lm_loss`` and
+``bpc`` of every probed step, and each probed state's surprisal.
+
+Cheng et al. (ICLR 2025) and Viswanathan et al. (2025) read the intrinsic dimension against
+what the model predicts; these rows put the loss in the same table, on the same windows, at the
+same step:
+
+- **decoders** (ours and Hugging Face's causal models, and T5's decoder as `hf_capture` runs
+  it): the next token's surprisal ``-log p(x_{p+1} | x_{<=p})`` at every sampled state position
+  ``p`` of the state probe set, from the head applied to the final states the capture already
+  holds (no second forward pass; the last position of a window, with no next token inside it,
+  has none);
+- **encoders** (ours): the masked-character loss of training validation (`Masking`:
+  `repgeom.data.masking.mlm_mask` with the run's masking options and the probe's seed, over
+  every probe window at once), from one more forward pass of the masked windows: the loss needs
+  inputs the probe's states do not see.
+
+Rows (`MODEL_LAYER`: not a layer of the model, its output): ``lm_loss`` the mean surprisal in
+nats per predicted token, ``bpc`` the same in bits per character (ours: one token is one byte;
+Hugging Face models: bits over the characters of the predicted tokens' text); ``std`` is the
+standard error of the mean over the predicted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from repgeom.data.masking import IGNORE_INDEX, mlm_mask
+from repgeom.probes.core.table import MODEL_LAYER, MODEL_LAYER_NAME
+
+LOSS_METRICS = ("lm_loss", "bpc")
+
+
+@dataclass(frozen=True)
+class Masking:
+    """An encoder's masking (`repgeom.data.masking.mlm_mask`), as training validation masks."""
+
+    mask_id: int
+    vocab_size: int
+    special_ids: tuple[int, ...]
+    mask_prob: float
+    replace_prob: float
+    random_prob: float
+
+    @classmethod
+    def of(cls, vocab: Any, masking: Mapping[str, Any]) -> Masking:
+        """From a run's vocabulary (`repgeom.data.vocab.Vocab`) and its ``masking`` options."""
+        return cls(int(vocab.mask_id), int(vocab.size), tuple(int(i) for i in vocab.special_ids),
+                   float(masking["mask_prob"]), float(masking["replace_prob"]),
+                   float(masking["random_prob"]))
+
+    def apply(self, windows: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of `windows` (N, T), drawn at once on the CPU from `seed`: what
+        ``CharLM._loss`` gives those windows with ``generator_seed=seed``."""
+        generator = torch.Generator().manual_seed(int(seed))
+        return mlm_mask(windows.cpu(), mask_id=self.mask_id, vocab_size=self.vocab_size,
+                        special_ids=self.special_ids, mask_prob=self.mask_prob,
+                        replace_prob=self.replace_prob, random_prob=self.random_prob,
+                        generator=generator)
+
+
+@dataclass
+class TokenLoss:
+    """Per-token surprisals of one probe step.
+
+    surprisal : (S,) float64, nats; NaN where a state has no target (the last position of a
+        window under next-token prediction)
+    characters : (S,) float64 or None, the characters of each predicted token (None: one each)
+    per_state : True when row i is the i-th probed state (decoders), False when the rows are
+        the masked positions of an encoder's windows
+    """
+
+    surprisal: np.ndarray
+    characters: np.ndarray | None = None
+    per_state: bool = True
+
+    def rows(self) -> list[dict]:
+        """The ``lm_loss`` and ``bpc`` rows (none when no token has a target)."""
+        known = np.isfinite(self.surprisal)
+        values = self.surprisal[known]
+        if not values.size:
+            return []
+        n = values.size
+        mean = float(values.mean())
+        sem = float(values.std() / math.sqrt(n)) if n > 1 else math.nan
+        chars = (float(n) if self.characters is None
+                 else float(self.characters[known].sum()))
+        per_char = n / chars if chars > 0 else math.nan  # tokens per character
+        rows = [("lm_loss", mean, sem),
+                ("bpc", mean / math.log(2) * per_char, sem / math.log(2) * per_char)]
+        return [{"layer": MODEL_LAYER, "layer_name": MODEL_LAYER_NAME, "head": -1,
+                 "metric": name, "value": value, "std": std} for name, value, std in rows]
+
+
+def next_token_targets(windows: torch.Tensor, positions: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of every marked position, in the order the states come (window order,
+    then position order: `GPT.capture_positions`), and whether it lies inside the window.
+
+    Returns (targets (S,) int64, has (S,) bool); a target without a next token is 0."""
+    window, position = positions.cpu().nonzero(as_tuple=True)
+    has = position + 1 < windows.shape[1]
+    following = (position + 1).clamp_max(windows.shape[1] - 1)
+    return windows.cpu()[window, following], has
+
+
+def head_surprisal(head: Callable[[torch.Tensor], torch.Tensor], final: torch.Tensor,
+                   targets: torch.Tensor, has: torch.Tensor, *, chunk: int = 4096) -> np.ndarray:
+    """``-log softmax(head(final))[target]`` per row of `final` (S, C), in nats; NaN where not
+    `has`. In chunks of `chunk` rows, so the logits of a large vocabulary stay small."""
+    out = np.full(len(targets), math.nan)
+    with torch.no_grad():
+        for start in range(0, len(targets), chunk):
+            rows = slice(start, start + chunk)
+            logits = head(final[rows]).float()
+            target = targets[rows].to(logits.device)
+            nats = F.cross_entropy(logits, target, reduction="none").double().cpu().numpy()
+            out[rows] = np.where(has[rows].numpy(), nats, math.nan)
+    return out
+
+
+def gpt_state_loss(model: Any, capture: Any, windows: torch.Tensor,
+                   positions: torch.Tensor) -> TokenLoss:
+    """A decoder's next-character surprisal at each probed state, from the final states of
+    `capture` (`GPT.capture_positions`): ``lm_head`` of the final norm's output (pre-LN) or of
+    the last block's (post-LN), what `GPT.forward` applies."""
+    final = capture.final_norm if capture.final_norm is not None else capture.hidden[-1]
+    targets, has = next_token_targets(windows, positions)
+    return TokenLoss(head_surprisal(model.lm_head, final.reshape(-1, final.shape[-1]),
+                                    targets, has))
+
+
+def gpt_masked_loss(model: Any, windows: torch.Tensor, masking: Masking, *, seed: int,
+                    batch_size: int) -> TokenLoss:
+    """An encoder's masked-character surprisal at every masked position of `windows`
+    (`Masking.apply` with `seed`), one forward pass of the masked windows."""
+    inputs, targets = masking.apply(windows, seed)
+    device = next(model.parameters()).device
+    parts = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch_size):
+            logits = model(inputs[start : start + batch_size].to(device)).float()
+            target = targets[start : start + batch_size].to(device)
+            nats = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="none")
+            parts.append(nats[target.flatten() != IGNORE_INDEX].double().cpu())
+    return TokenLoss(torch.cat(parts).numpy(), per_state=False)
+
+
+class HFLoss:
+    """A Hugging Face decoder's next-token surprisal at the probed states, batch by batch of
+    `hf_capture`: its head (`repgeom.models.hf.lm_head`) on the captured final states, checked
+    once against the model's own logits (`check_head`; a mismatch leaves the rows out, warned).
+    A state's target is the next token when it is a real token of the window (mask 1); the
+    characters of each target (its decoded text) make ``bpc``."""
+
+    def __init__(self, hf: Any) -> None:
+        from repgeom.models.hf.lm_head import head_of
+
+        self.hf, self.head = hf, head_of(hf.lm)
+        self.parts: list[np.ndarray] = []
+        self.chars: list[np.ndarray] = []
+        self.warnings: list[str] = []
+        self.checked = False
+        self._lengths: dict[int, int] = {}
+
+    @classmethod
+    def of(cls, hf: Any) -> HFLoss | None:
+        return None if getattr(hf, "lm", None) is None else cls(hf)
+
+    def add(self, capture: Any, windows: torch.Tensor, mask: torch.Tensor | None) -> None:
+        if self.head is None:
+            return
+        final = capture.final_norm if capture.final_norm is not None else capture.hidden[-1]
+        if not self.checked:
+            from repgeom.models.hf.lm_head import check_head
+
+            device = final.device
+            why = check_head(self.hf.lm, self.head, final, windows.to(device),
+                             None if mask is None else mask.to(device))
+            self.checked = True
+            if why:
+                self.warnings.append(f"{self.hf.name}: no lm_loss rows: {why}")
+                self.head = None
+                return
+        valid = capture.valid.cpu()
+        real = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask.bool().cpu()
+        targets, has = next_token_targets(windows, valid)
+        following = valid.nonzero(as_tuple=True)
+        nxt = (following[0], (following[1] + 1).clamp_max(windows.shape[1] - 1))
+        has &= real[nxt]
+        rows = final[valid.to(final.device)]
+        self.parts.append(head_surprisal(self.head, rows, targets, has))
+        self.chars.append(np.array([self._characters(int(t)) for t in targets], dtype=float))
+
+    def _characters(self, token: int) -> int:
+        if token not in self._lengths:
+            self._lengths[token] = len(self.hf.tokenizer.decode([token]))
+        return self._lengths[token]
+
+    def result(self) -> TokenLoss | None:
+        if self.head is None or not self.parts:
+            return None
+        return TokenLoss(np.concatenate(self.parts), np.concatenate(self.chars))
