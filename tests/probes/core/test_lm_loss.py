@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra_configs import compose_probe, compose_train
+from hydra_configs import compose_job, compose_probe, compose_train
 
 from repgeom.models.checkpoints import read_checkpoint
 from repgeom.models.lightning_module import CharLM
 from repgeom.probes.core import table
-from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.core.targets import checkpoint_probe_set, checkpoint_spec
+from repgeom.probes.run.job import probe_request
 from repgeom.probes.run.runner import probe
 from repgeom.train import train
 
@@ -43,7 +43,7 @@ def _validation_loss(path: Path) -> float:
     logs) on the windows `probe.py ckpt=` draws, at the positions it predicts."""
     module = CharLM.load_from_checkpoint(path, map_location="cpu").eval()
     ckpt = read_checkpoint(path)
-    request = ProbeRequest.from_config(compose_probe(path.parent, SMALL))
+    request = probe_request(compose_probe(path.parent, SMALL))
     spec, _ = checkpoint_spec(request, path, ckpt)
     probes = checkpoint_probe_set(path, ckpt, module.vocab, module.model.config.block_size, spec)
     windows = probes.windows
@@ -63,7 +63,7 @@ def test_probe_py_bpc_equals_the_validation_loss_on_the_same_windows(
         kind, trained_run, encoder_run, tmp_path) -> None:
     run = trained_run if kind == "decoder" else encoder_run
     path = run / "checkpoints" / "last.ckpt"
-    frame = probe(compose_probe(tmp_path, [f"ckpt={path}", *SMALL])).frame
+    frame = probe(compose_job(tmp_path, [f"ckpt={path}", *SMALL])).frame
     rows = _model_rows(frame)
     expected = _validation_loss(path)
     # float32 logits on both sides, other kernels (the probe's head runs on the sampled rows):
@@ -106,8 +106,8 @@ def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, 
 
     folder = tiny_hf_folder(family)
     args = [f"hf={folder}", f"text_file={text_file}", *HF_SMALL]
-    rows = _model_rows(probe(compose_probe(tmp_path, args)).frame)
-    request = ProbeRequest.from_config(compose_probe(tmp_path, args))
+    rows = _model_rows(probe(compose_job(tmp_path, args)).frame)
+    request = probe_request(compose_probe(tmp_path, args))
     probes = hf_probe_set(load_hf_model(folder), request, resolve(request))
     ids, mask, positions = probes.windows, probes.attention_mask, probes.positions
     labels = torch.full_like(ids, -100)  # the model shifts them: logits at p predict label p+1
@@ -128,7 +128,7 @@ def test_a_decoder_saved_without_its_head_gets_no_loss_rows(tiny_hf_folder, text
     embedding: the head is not in the weights, so no loss is written (and it says why)."""
     args = [f"hf={tiny_hf_folder('llama')}", f"text_file={text_file}", *HF_SMALL]
     with pytest.warns(UserWarning, match="no language-model head"):
-        frame = probe(compose_probe(tmp_path, args)).frame
+        frame = probe(compose_job(tmp_path, args)).frame
     assert not (frame["layer"] == table.MODEL_LAYER).any()
     assert (frame["metric"] == "anisotropy").any()
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hydra_configs import compose_probe, compose_train
+from hydra_configs import compose_job, compose_train
 
 from repgeom.probes.core import table
 from repgeom.probes.core.sampling import WindowPool, draw, shuffle_tokens
@@ -51,8 +51,8 @@ def test_draw_shuffles_the_same_windows_at_the_same_positions() -> None:
 @pytest.mark.slow
 def test_probe_py_and_the_callback_probe_shuffled_text(trained_run, tmp_path) -> None:
     path = trained_run / "checkpoints" / "last.ckpt"
-    real = probe(compose_probe(tmp_path / "real", [f"ckpt={path}", *SMALL])).frame
-    shuffled = probe(compose_probe(tmp_path / "shuffled", [f"ckpt={path}", "texts=shuffled",
+    real = probe(compose_job(tmp_path / "real", [f"ckpt={path}", *SMALL])).frame
+    shuffled = probe(compose_job(tmp_path / "shuffled", [f"ckpt={path}", "texts=shuffled",
                                                            *SMALL])).frame
     info = json.loads((tmp_path / "shuffled" / "probe_info.json").read_text())
     assert info["texts"] == "shuffled"

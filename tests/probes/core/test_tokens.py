@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra_configs import compose_probe, compose_train
+from hydra_configs import compose_job, compose_train
 
 from repgeom.metrics.intrinsic_dimension.knn_batches import search_batches
 from repgeom.metrics.intrinsic_dimension.mle import local_mle
@@ -43,7 +43,7 @@ def test_local_ids_equal_scikit_dimension_pointwise_mle_on_the_same_neighbours()
 @pytest.mark.slow
 def test_probe_py_writes_the_per_token_parquet_and_the_correlation(trained_run, tmp_path):
     path = trained_run / "checkpoints" / "last.ckpt"
-    frame = probe(compose_probe(tmp_path, [f"ckpt={path}", *SMALL])).frame
+    frame = probe(compose_job(tmp_path, [f"ckpt={path}", *SMALL])).frame
     folder = table.probe_dir(tmp_path)
     files = sorted((folder / tokens.TOKENS_DIR).glob("*.parquet"))
     assert len(files) == 1
