@@ -56,6 +56,8 @@ def test_probe_py_and_the_callback_probe_shuffled_text(trained_run, tmp_path) ->
                                                            *SMALL])).frame
     info = json.loads((tmp_path / "shuffled" / "probe_info.json").read_text())
     assert info["texts"] == "shuffled"
+    assert (shuffled[table.TEXTS_COLUMN] == "shuffled").all()
+    assert table.TEXTS_COLUMN not in real.columns
     keys = ["layer", "head", "metric"]
     both = real.merge(shuffled, on=keys, suffixes=("_real", "_shuffled"))
     assert len(both) == len(real) == len(shuffled)  # the same rows
@@ -86,3 +88,26 @@ def test_checkpoints_hold_texts_only_when_shuffled() -> None:
     assert "texts" not in real.to_dict() and shuffled.to_dict()["texts"] == "shuffled"
     for spec in (real, shuffled):
         assert ProbeSpec.from_checkpoint({"spec": spec.to_dict()}) == spec
+
+
+def test_a_table_never_mixes_real_and_shuffled_rows(tmp_path) -> None:
+    """The ``texts`` column marks shuffled rows; appending rows of the other texts (a resumed
+    probe with texts= changed) is refused, and so is a resumed trajectory before any work."""
+    from repgeom.probes.report import sink
+    from repgeom.probes.run.trajectory import _done
+
+    rows = [dict(step=0, layer=1, metric="anisotropy", value=0.5, model="m")]
+    frame = sink.write_step(tmp_path, rows, texts="shuffled")
+    assert frame[table.TEXTS_COLUMN].tolist() == ["shuffled"]
+    assert table.texts_of(frame) == {"shuffled"}
+    sink.write_step(tmp_path, [{**rows[0], "step": 5}], texts="shuffled")  # the same: appended
+    with pytest.raises(ValueError, match="one table never mixes them"):
+        sink.write_step(tmp_path, [{**rows[0], "step": 10}], texts="real")
+    assert sorted(table.read_table(tmp_path)["step"]) == [0, 5]  # left as it was
+    with pytest.raises(ValueError, match="texts=real was asked"):
+        _done(tmp_path, "real")
+    assert _done(tmp_path, "shuffled") == {("m", "step=0"), ("m", "step=5")}
+    real = tmp_path / "real"
+    assert table.TEXTS_COLUMN not in sink.write_step(real, rows).columns  # real: as before
+    with pytest.raises(ValueError, match="one table never mixes them"):
+        sink.write_step(real, [{**rows[0], "step": 5}], texts="shuffled")

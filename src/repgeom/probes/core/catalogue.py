@@ -279,7 +279,7 @@ MODEL_OUTPUTS = (
            wandb=("final",)),
     Output("bpc", "Bits per character on the probe's windows", ("vs_step",), wandb=("final",)),
 )
-"""The rows of the whole model (`repgeom.probes.core.lm_loss`, layer `table.MODEL_LAYER`):
+"""The rows of the whole model (`repgeom.probes.core.lm_loss`, `table.MODEL_METRICS`):
 not catalogue entries (every probe of a model with a head writes them), but table metrics with
 the same facts."""
 

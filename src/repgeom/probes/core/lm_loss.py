@@ -33,9 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from repgeom.data.masking import IGNORE_INDEX, mlm_mask
-from repgeom.probes.core.table import MODEL_LAYER, MODEL_LAYER_NAME
-
-LOSS_METRICS = ("lm_loss", "bpc")
+from repgeom.probes.core.table import MODEL_LAYER, MODEL_LAYER_NAME, MODEL_METRICS
 
 
 @dataclass(frozen=True)
@@ -93,8 +91,9 @@ class TokenLoss:
         chars = (float(n) if self.characters is None
                  else float(self.characters[known].sum()))
         per_char = n / chars if chars > 0 else math.nan  # tokens per character
-        rows = [("lm_loss", mean, sem),
-                ("bpc", mean / math.log(2) * per_char, sem / math.log(2) * per_char)]
+        loss, bpc = MODEL_METRICS
+        rows = [(loss, mean, sem),
+                (bpc, mean / math.log(2) * per_char, sem / math.log(2) * per_char)]
         return [{"layer": MODEL_LAYER, "layer_name": MODEL_LAYER_NAME, "head": -1,
                  "metric": name, "value": value, "std": std} for name, value, std in rows]
 

@@ -142,6 +142,9 @@ class ProbeOutput:
     """Per layer, each state's local ID (or None), where ``settings.per_token`` asks."""
     token_states: Any = None
     """`repgeom.probes.core.tokens.TokenStates` of the step, where ``settings.per_token`` asks."""
+    texts: str = "real"
+    """The probe set's texts (``real``, ``shuffled``: `repgeom.probes.core.sampling.ProbeSet`),
+    set by the targets; the table's ``texts`` column (`repgeom.probes.report.sink.write_step`)."""
     forward_seconds: float = 0.0
     """Seconds in the model's forward passes (the rest of a probe is the metrics), set by the
     targets (`repgeom.probes.core.targets`)."""

@@ -123,16 +123,18 @@ def probe_gpt(
             if tokens is not None:
                 output.rows += tokens.rows()
                 output.tokens = tokens
-            _keep_token_states(output, probes, settings)
+            _finish_output(output, probes, settings)
             output.forward_seconds = clock.seconds
             return output
     finally:
         model.train(was_training)
 
 
-def _keep_token_states(output: ProbeOutput, probes: ProbeSet, settings: ProbeSettings) -> None:
-    """The per-token values (`tokens.TokenStates`) where ``settings.per_token`` asks: the
-    states' surprisals where the loss was read at them (decoders), their local IDs."""
+def _finish_output(output: ProbeOutput, probes: ProbeSet, settings: ProbeSettings) -> None:
+    """The probe set's texts (`ProbeOutput.texts`), and the per-token values
+    (`tokens.TokenStates`) where ``settings.per_token`` asks: the states' surprisals where the
+    loss was read at them (decoders), their local IDs."""
+    output.texts = probes.texts
     if not settings.per_token:
         return
     loss = output.tokens
@@ -346,7 +348,7 @@ class HFTarget:
             if tokens is not None:
                 output.rows += tokens.rows()
                 output.tokens = tokens
-        _keep_token_states(output, probes, settings)
+        _finish_output(output, probes, settings)
         return output
 
 

@@ -36,8 +36,8 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
 
     out_console = console()
     frame = aggregate.single_set(frame)
-    model_rows = frame.loc[frame["layer"] == table.MODEL_LAYER]  # the LM loss: one line below
-    frame = frame.loc[frame["layer"] != table.MODEL_LAYER]
+    model_rows = frame.loc[table.model_rows(frame)]  # the LM loss: one line below
+    frame = table.layer_rows(frame)
     per_layer = aggregate.head_means(frame)
     last = subjects[-1]
     rows = per_layer.loc[per_layer["step"] == last.step]

@@ -153,11 +153,19 @@ def step_key(subject) -> tuple[str, str]:
     return (subject.model, f"revision={revision}" if revision else f"step={int(subject.step)}")
 
 
-def _done(output_dir: Path) -> set[tuple[str, str]]:
-    """`step_key` of every step already in the table (`read_for_resume`)."""
+def _done(output_dir: Path, texts: str | None = None) -> set[tuple[str, str]]:
+    """`step_key` of every step already in the table (`read_for_resume`); a ValueError, before
+    any work, when the table holds other `texts` than those asked (``texts=``; None: as the
+    checkpoint's training probe, known once it is read: `table.append_rows` refuses then)."""
     frame = read_for_resume(output_dir)
     if frame.empty:
         return set()
+    held = table.texts_of(frame)
+    if texts is not None and held != {texts}:
+        raise ValueError(
+            f"{table.probe_dir(output_dir)} holds probes of {' and '.join(sorted(held))} text, "
+            f"and texts={texts} was asked: one table never mixes them; give another output "
+            "folder (output_dir=... or hydra.run.dir=...), or the texts it was probed with")
     index = frame.index
     models = frame["model"].fillna("") if "model" in frame.columns else pd.Series("", index)
     revisions = frame["revision"] if "revision" in frame.columns else pd.Series(None, index)
@@ -231,7 +239,7 @@ class Trajectory:
         self._final, self._many_steps = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
             steps = [steps[-1], *steps[:-1]]
-        done = _done(self.output_dir)
+        done = _done(self.output_dir, self.request.texts)
         self.skipped = _read_skipped(self.output_dir)
         todo = [s for s in steps if not self._complete(s, done)]
         frame = table.rows_to_frame([])
@@ -411,7 +419,8 @@ class Trajectory:
             tokens.save_step(folder, subject.step, output.token_states, subject.id_columns())
         own = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         vs_final = [{**row, "step": subject.step, **subject.id_columns()} for row in vs_final]
-        frame = sink.write_step(self.output_dir, own + vs_final)  # the whole step, atomically
+        frame = sink.write_step(self.output_dir, own + vs_final,  # the whole step, atomically
+                                texts=output.texts)
         sink.log_scalars(self.loggers, subject.step, table.rows_to_frame(own),
                          {"probe/seconds_total": time.perf_counter() - started},
                          prefix=self.prefix(subject.stack))

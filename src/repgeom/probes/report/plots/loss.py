@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 from matplotlib.figure import Figure
 
-from repgeom.probes.core.table import MODEL_LAYER
+from repgeom.probes.core.table import MODEL_METRICS, layer_rows
 from repgeom.probes.report.aggregate import layer_means
 from repgeom.probes.report.plots.style import DPI, auto_xscale, metric_label
 
@@ -17,21 +17,25 @@ ID_CHOICES = ("twonn", "twonn_llm_microscope", "gride_k16", "mle_dimension")
 
 def loss_beside_id(frame: pd.DataFrame, *, loss: str = "bpc") -> Figure:
     """Two panels on one step axis: the mean over blocks 1..L of the table's intrinsic
-    dimension (`ID_CHOICES`), and `loss` (``bpc`` or ``lm_loss``: the model's rows, layer -1).
+    dimension (`ID_CHOICES`), and `loss` (``bpc`` or ``lm_loss``: the model's rows,
+    `MODEL_METRICS`).
 
     Raises
     ------
     ValueError
         When the table holds no `loss` rows or no intrinsic dimension, or one step only.
     """
-    model_rows = frame.loc[(frame["layer"] == MODEL_LAYER) & (frame["metric"] == loss)]
+    if loss not in MODEL_METRICS:
+        raise ValueError(f"loss_beside_id: loss must be one of {', '.join(MODEL_METRICS)}, "
+                         f"got {loss!r}")
+    model_rows = frame.loc[frame["metric"] == loss]
     model_rows = model_rows.dropna(subset=["value"]).sort_values("step")
     present = set(frame["metric"])
     chosen = next((m for m in ID_CHOICES if m in present), None)
     if model_rows.empty or chosen is None:
         raise ValueError(f"loss_beside_id: the table needs {loss!r} rows and one of "
                          f"{', '.join(ID_CHOICES)}")
-    means = layer_means(frame.loc[frame["metric"] == chosen]).dropna(subset=["value"])
+    means = layer_means(layer_rows(frame.loc[frame["metric"] == chosen])).dropna(subset=["value"])
     if model_rows["step"].nunique() < 2 or means.empty:
         raise ValueError("loss_beside_id: needs at least two probe steps")
     fig = Figure(figsize=(7.5, 6.0), dpi=DPI)

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from repgeom.probes.core import catalogue
-from repgeom.probes.core.table import MODEL_LAYER
+from repgeom.probes.core.table import MODEL_METRICS
 from repgeom.probes.report.aggregate import is_pairwise
 from repgeom.probes.report.plots.loss import loss_beside_id
 from repgeom.probes.report.plots.pairwise import pair_jobs
@@ -91,7 +91,7 @@ def save_figures(
         if is_pairwise(rows):
             jobs += pair_jobs(rows, metric)
             continue
-        if (rows["layer"] == MODEL_LAYER).all():  # the model's own rows (the LM loss)
+        if metric in MODEL_METRICS:  # the model's own rows (the LM loss): no layer profile
             if several_steps and metric == "bpc":  # beside the ID, on one step axis
                 jobs.append(("loss_beside_id", partial(loss_beside_id, frame)))
             continue
