@@ -111,3 +111,40 @@ def test_a_table_never_mixes_real_and_shuffled_rows(tmp_path) -> None:
     assert table.TEXTS_COLUMN not in sink.write_step(real, rows).columns  # real: as before
     with pytest.raises(ValueError, match="one table never mixes them"):
         sink.write_step(real, [{**rows[0], "step": 5}], texts="shuffled")
+
+
+def test_shuffling_keeps_special_tokens_in_place_even_where_probed() -> None:
+    """``include_special=true``: BOS/CLS/SEP may be probed, yet stay where they are; only the
+    ordinary tokens move."""
+    bos, sep = 1, 2
+    body = torch.arange(200 * 14).reshape(200, 14) % 90 + 10
+    windows = torch.cat([torch.full((200, 1), bos), body, torch.full((200, 1), sep)], dim=1)
+    pool = WindowPool(len(windows), windows.shape[1], lambda chosen: (
+        windows[torch.from_numpy(chosen)], torch.ones((len(chosen), windows.shape[1]),
+                                                      dtype=torch.bool), None), (bos, sep))
+    shuffled = draw(pool, ProbeSpec(n_states=64, seed=2, texts="shuffled")).windows
+    assert (shuffled[:, 0] == bos).all() and (shuffled[:, -1] == sep).all()
+    real = draw(pool, ProbeSpec(n_states=64, seed=2)).windows
+    assert torch.equal(shuffled.sort(dim=1).values, real.sort(dim=1).values)
+    assert (shuffled[:, 1:-1] != real[:, 1:-1]).float().mean() > 0.5  # the ordinary ones move
+
+
+@pytest.mark.slow
+def test_hf_windows_keep_cls_and_sep_when_shuffled(tiny_hf_folder, text_file) -> None:
+    from repgeom.models.hf import load_hf_model
+    from repgeom.probes.core.spec import ProbeRequest, resolve
+    from repgeom.probes.core.targets import hf_probe_set
+
+    hf = load_hf_model(tiny_hf_folder("bert"))
+    cls, sep = hf.tokenizer.cls_token_id, hf.tokenizer.sep_token_id
+    for include in (False, True):
+        request = ProbeRequest(n_states=60, window=32, text_file=str(text_file),
+                               include_special=include, texts="shuffled")
+        probes = hf_probe_set(hf, request, resolve(request))
+        real = hf_probe_set(hf, request, resolve(ProbeRequest(
+            n_states=60, window=32, text_file=str(text_file), include_special=include)))
+        ids = probes.windows
+        assert torch.equal(ids == cls, real.windows == cls)
+        assert torch.equal(ids == sep, real.windows == sep)
+        assert not torch.equal(ids, real.windows)
+        assert probes.positions[:, 0].any() == include  # CLS probed only when asked

@@ -178,11 +178,14 @@ class WindowPool:
     take : sorted window indices -> (windows (n, T) int64, candidates (n, T) bool, attention
         mask (n, T) or None): the chosen windows, the positions that may be probed in each
         (False for padding or left-out special tokens) and the tokenizer's mask
+    special_ids : the tokenizer's special ids (BOS, CLS, SEP, ...), which ``texts=shuffled``
+        leaves in place also where they may be probed (``include_special``)
     """
 
     count: int
     usable: int
     take: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    special_ids: tuple[int, ...] = ()
 
     @classmethod
     def of_windows(cls, windows: torch.Tensor) -> WindowPool:
@@ -198,8 +201,8 @@ def draw(pool: WindowPool, spec: Any) -> ProbeSet:
     ``spec.seed`` (`choose_windows`: spread over the whole text), `positions_per_window` random
     positions among each one's candidates (`choose_positions`), and the first
     ``attention_windows`` of them whole for attention. `spec` is a `ProbeSpec`; its
-    ``texts="shuffled"`` shuffles each window's tokens (`shuffle_tokens`), the same windows and
-    positions.
+    ``texts="shuffled"`` shuffles each window's ordinary tokens (`shuffle_tokens`: not the
+    pool's `WindowPool.special_ids`, probed or not), the same windows and positions.
 
     A pool with fewer windows than needed gives every window at more positions (`fit_to_text`);
     one that still falls short of ``n_states`` warns.
@@ -210,8 +213,10 @@ def draw(pool: WindowPool, spec: Any) -> ProbeSet:
     windows, candidates, mask = pool.take(choose_windows(pool.count, wanted, spec.seed))
     positions = choose_positions(candidates, per_window, spec.seed)
     texts = getattr(spec, "texts", TEXTS[0])
-    if texts == "shuffled":
-        windows = shuffle_tokens(windows, candidates, spec.seed)
+    if texts == "shuffled":  # the ordinary tokens only: padding and special tokens stay
+        ordinary = candidates & ~torch.isin(windows, torch.tensor(pool.special_ids,
+                                                                  dtype=windows.dtype))
+        windows = shuffle_tokens(windows, ordinary, spec.seed)
     probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask, texts)
     if probes.n_states < spec.n_states:
         warnings.warn(

@@ -367,11 +367,12 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
         window = default_window(hf, PROTOCOL_HF_WINDOW.get(spec.protocol, DEFAULT_WINDOW))
     ids, mask = tokenize_windows(hf, text, window=int(window))
     candidates = mask.bool()
+    special = tuple(int(i) for i in special_token_ids(hf.tokenizer))
     if not request.include_special:
-        candidates &= ~torch.isin(ids, torch.tensor(special_token_ids(hf.tokenizer)))
+        candidates &= ~torch.isin(ids, torch.tensor(special, dtype=ids.dtype))
 
     def take(chosen: np.ndarray):
         index = torch.from_numpy(chosen)
         return ids[index], candidates[index], mask[index]
 
-    return draw(WindowPool(len(ids), int(candidates[0].sum()), take), spec)
+    return draw(WindowPool(len(ids), int(candidates[0].sum()), take, special), spec)
