@@ -99,3 +99,25 @@ def test_steps_and_models_accumulate_and_a_step_probed_again_is_replaced(tmp_pat
     frame = pd.read_parquet(tmp_path / tokens.TOKENS_DIR / "step_5_a.parquet")
     assert frame["surprisal"].min() >= 1.0 and set(frame["token"]) == set(
         windows[positions].tolist())
+
+
+def test_per_token_local_ids_go_through_the_copies_guard() -> None:
+    """A layer whose states are mostly copies gets NaN ID rows (max_copy_share) and NaN local
+    IDs alike; below the limit both are read."""
+    from repgeom.probes.core import id_entries
+    from repgeom.probes.core.measure import ProbeSettings
+
+    g = torch.Generator().manual_seed(0)
+    distinct = torch.randn(200, 5, generator=g) @ torch.randn(5, 16, generator=g)
+    settings = ProbeSettings(per_token=True, state_batch_size=400, max_order=8, noise_splits=0)
+    for n_copies, guarded in ((200, True), (40, False)):  # 50% + 1 copies vs 17%
+        X = torch.cat([distinct, distinct[:1].repeat(n_copies, 1)])
+        if guarded:
+            X = torch.cat([X, distinct[1:2]])  # one more copy: over the 50% limit
+        rows = {row[0]: row[1] for row in id_entries._intrinsic_dimension(X, settings)}
+        local = id_entries.local_ids(X)
+        assert local is not None and len(local) == X.shape[0]
+        assert math.isnan(rows["mle_dimension"]) == guarded
+        assert np.isnan(local).all() == guarded
+        if not guarded:  # the distinct states have their own local IDs
+            assert np.isfinite(local[1:200]).mean() > 0.9

@@ -75,10 +75,16 @@ def local_ids(X) -> np.ndarray | None:
 def _intrinsic_dimension(X, settings) -> list[tuple]:
     """TwoNN, GRIDE and the Levina-Bickel MLE from one exact neighbour search per batch; NaN
     with a note where copies exceed ``settings.max_copy_share`` (`_guard`); each state's local
-    MLE kept for `local_ids` where ``settings.per_token`` asks."""
+    MLE kept for `local_ids` where ``settings.per_token`` asks, behind the same guard (all NaN
+    where the layer's estimators are: a local ID inside a clump of copies reads the jitter)."""
     result = _id_search(X, settings)
-    _LOCAL_IDS[:] = [] if not getattr(settings, "per_token", False) else [
-        weakref.ref(X), local_mle(result.neighbours, result.mle.k, X.shape[0])]
+    share = _copy_share(result, X.shape[0])
+    if getattr(settings, "per_token", False):
+        local = (np.full(X.shape[0], math.nan) if share > settings.max_copy_share
+                 else local_mle(result.neighbours, result.mle.k, X.shape[0]))
+        _LOCAL_IDS[:] = [weakref.ref(X), local]
+    else:
+        _LOCAL_IDS[:] = []
     twonn = result.twonn
     spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
     if settings.twonn_convention == "llm_microscope":  # the authors' fit, on the same batches
@@ -96,7 +102,6 @@ def _intrinsic_dimension(X, settings) -> list[tuple]:
     rows.append(("near_duplicate_share", result.near_duplicate_share, math.nan))
     mle = result.mle
     rows.append(("mle_dimension", mle.dimension, mle.dimension_std * spread))
-    share = _copy_share(result, X.shape[0])
     rows.append(("copy_share", share, math.nan))
     noise = (id_noise.standard_errors(X, settings, twonn.n_batches)
              if not share > settings.max_copy_share else {})
