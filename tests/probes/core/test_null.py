@@ -3,6 +3,8 @@ CKA and mutual k-NN; the relabelled neighbour lists equal a new search of the sh
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -83,3 +85,32 @@ def test_relabelled_neighbours_equal_a_search_of_the_shuffled_set() -> None:
 def test_negative_permutations_are_refused() -> None:
     with pytest.raises(ValueError, match="null_permutations"):
         ProbeSettings(null_permutations=-1)
+
+
+def test_the_stated_cost_each_shuffle_calls_the_statistic_the_search_runs_once(monkeypatch):
+    """What the module docstring says the null costs and saves: ``P x n_batches`` more calls of
+    each pair's statistic (CKA in full, all three products), and mutual k-NN's neighbour search
+    once per layer and batch whatever ``P``."""
+    from repgeom.probes.core import catalogue, null
+
+    calls = {"cka": 0, "search": 0}
+    cka, knn = catalogue.BUILTIN["linear_cka"], catalogue.BUILTIN["mutual_knn"]
+
+    def counted(fn, key):
+        def wrapper(*args, **kwargs):
+            calls[key] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setitem(catalogue.BUILTIN, "linear_cka",
+                        dataclasses.replace(cka, fn=counted(cka.fn, "cka")))
+    monkeypatch.setitem(catalogue.BUILTIN, "mutual_knn",
+                        dataclasses.replace(knn, prepare=counted(knn.prepare, "search")))
+    P, n_layers, n_batches = 7, 3, 2
+    n_pairs = n_layers * (n_layers + 1) // 2
+    _pairs(ProbeSettings(metrics=["linear_cka", "mutual_knn"], state_batch_size=200,
+                         null_permutations=P))
+    assert calls["cka"] == n_pairs * n_batches * (1 + P)
+    assert calls["search"] == n_layers * n_batches
+    doc = " ".join(null.__doc__.split())
+    assert "computes the whole statistic again" in doc and "runs once per layer and batch" in doc

@@ -89,7 +89,8 @@ class ProbeSettings:
     null_permutations: int = 0
     """Shuffles of the permutation null of the pairwise entries (`repgeom.probes.core.null`:
     rows ``<metric>_chance`` and ``<metric>_p`` beside linear CKA and mutual k-NN); 0: off.
-    Each costs about one more computation of every linear CKA pair (see `null`)."""
+    Each shuffle computes every pair's CKA again in full (mutual k-NN reuses its neighbour
+    search): about ``null_permutations`` times the pairs' own cost (see `null`)."""
     twonn_convention: str = "facco"
     """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
     ``llm_microscope``: as the Shape of Learning authors' code does

@@ -13,12 +13,21 @@ gives the statistic the table holds (the mean over the batches), and so a null d
 - ``<metric>_p``: the permutation p-value ``(1 + #{null >= observed}) / (1 + P)`` (Phipson &
   Smyth 2010), at least ``1 / (1 + P)``.
 
-Cost: ``P`` times the pair's own statistic, for every pair. Linear CKA (either form) recomputes
-only its cross term, ``Y_perm^T X``: ``O(P n d1 d2)`` per pair and batch, about ``P`` times the
-pair itself (gpt_tiny's 7 layers: 28 pairs x 2 batches of 4096 x 128 x 128; at ``P = 100``, tens
-of seconds per probe step on one CPU core, several times the default probe). Mutual k-NN reuses
-each set's neighbour search and only relabels the shuffled set's neighbour lists,
-``O(P n k log k)`` per pair and batch (a fraction of a second per pair at ``P = 100``).
+Cost, for every pair the probe compares (``L (L + 1) / 2`` layer pairs per step, and each
+step against the final one where asked) and every batch: ``P`` more calls of the entry's
+statistic (`pair_null`: ``P x n_batches`` calls per pair, counted by a test).
+
+- What it saves: only the *preparation* of a set. Mutual k-NN's neighbour search (the costly
+  part, ``O(n^2 d)`` per batch) runs once per layer and batch whatever ``P``; each shuffle
+  relabels the second set's neighbour lists (`permute_neighbors`) and counts the overlap,
+  ``O(n k log k)``: a fraction of a second per pair at ``P = 100``.
+- What it does not save: linear CKA (either form) has no preparation, so each shuffle computes
+  the whole statistic again, centring both sets and forming all three products ``X^T X``,
+  ``Y^T Y`` and ``Y^T X`` (``O(n (d1^2 + d2^2 + d1 d2))``), although a row shuffle changes only
+  the cross term ``Y^T X``. The null of a CKA pair therefore costs ``P`` times the pair itself:
+  gpt_tiny's 7 layers give 28 pairs x 2 batches of 4096 x 128 x 128, which at ``P = 100`` adds
+  tens of seconds per probe step on one CPU core, several times the default probe. Hence off
+  by default, and meant for a final checkpoint rather than every training step.
 """
 
 from __future__ import annotations
