@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra_configs import compose_job, compose_probe, compose_train
@@ -118,7 +119,8 @@ def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, 
         own = float(model(input_ids=ids, attention_mask=mask, labels=labels).loss)
     # float32 on both sides, the head applied to the same final states: measured ~1e-7
     assert rows.loc["lm_loss", "value"] == pytest.approx(own, abs=1e-5)
-    assert rows.loc["bpc", "value"] > 0
+    # the tiny tokenizers' tokens are one character each (their offsets say so)
+    assert rows.loc["bpc", "value"] == pytest.approx(own / math.log(2), abs=1e-5)
 
 
 @pytest.mark.slow
@@ -146,3 +148,57 @@ def test_the_loss_is_drawn_beside_the_intrinsic_dimension(trained_run) -> None:
     assert len(top.lines[0].get_xdata()) == len(x)
     # the training run's end-of-run figures include it (conf/probe/default.yaml plot_metrics)
     assert (table.plot_dir(trained_run) / "loss_beside_id.png").is_file()
+
+
+def _byte_level_hf(text: str):
+    """A GPT-2-style byte-level BPE tokenizer trained on `text` (multi-byte characters split
+    into byte tokens), as the `hf` that the window functions read."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.train_from_iterator([text[:200]], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    return SimpleNamespace(tokenizer=tok, model=SimpleNamespace(config=SimpleNamespace()),
+                           name="byte-level")
+
+
+def test_hf_characters_per_token_partition_the_text() -> None:
+    """bpc's characters come from the offset mapping: they add up to the text the windows
+    hold (its decoded length, an independent count); decoding each token alone over-counts
+    (a byte of a multi-byte character decodes to a replacement character)."""
+    from repgeom.models.hf.windows import tokenize_windows, window_characters
+
+    text = "Le café déjà vu — naïve façade, über straße; the quick brown fox 🦊 jumps. " * 30
+    hf = _byte_level_hf(text)
+    ids, _ = tokenize_windows(hf, text, window=16)
+    characters = window_characters(hf, text, window=16)
+    assert characters.shape == ids.shape and (characters >= 0).all()
+    held = len(hf.tokenizer.decode(ids.flatten().tolist()))
+    assert float(characters.sum()) == held
+    by_decode = sum(len(hf.tokenizer.decode([t])) for t in ids.flatten().tolist())
+    assert by_decode > 1.02 * held  # the bias the offsets remove
+    for row in range(len(ids)):  # each window: the characters it holds, to one split character
+        assert abs(float(characters[row].sum()) - len(hf.tokenizer.decode(ids[row].tolist()))) <= 2
+
+
+def test_hf_targets_leave_out_special_tokens_and_read_the_characters() -> None:
+    from repgeom.probes.core.lm_loss import hf_targets
+
+    windows = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]])  # BOS .. EOS, pad
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    valid = torch.tensor([[1, 1, 1, 1, 1, 0], [0, 1, 0, 0, 1, 0]], dtype=torch.bool)
+    characters = torch.tensor([[0, 1, 2, 3, 0, 0], [0, 4, 5, 6, 7, 0]], dtype=torch.float64)
+    targets, has, chars = hf_targets(windows, valid, mask, characters, torch.tensor([0, 2, 3]))
+    assert targets.tolist() == [10, 11, 12, 3, 0, 14, 3]
+    # an EOS (or padding, or the window's end) is no text to predict
+    assert has.tolist() == [True, True, True, False, False, True, False]
+    assert chars.tolist()[:3] == [1, 2, 3] and chars[5] == 5
+    _, _, none = hf_targets(windows, valid, mask, None, torch.tensor([0, 2, 3]))
+    assert np.isnan(none).all()

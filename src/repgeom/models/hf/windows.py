@@ -84,6 +84,36 @@ def tokenize_windows(
     return input_ids, torch.ones_like(input_ids)
 
 
+def window_characters(hf: HFModel, text: str, *, window: int) -> torch.Tensor | None:
+    """The characters of `text` each token of `tokenize_windows`' windows covers, (N, window)
+    float64, 0 at the special tokens; None where the tokenizer gives no offset mapping (a slow,
+    Python tokenizer).
+
+    Read from the tokenizer's offset mapping: token i covers the characters from its start up
+    to the next token's start (the last one to its end), so the counts partition the text (a
+    space that a byte-level token's offsets leave out goes to the token before it; the first of
+    two byte tokens of one character counts 0, the second 1). Decoding each token alone instead
+    is biased: a byte token of a multi-byte character decodes to a replacement character, a
+    word piece keeps its ``##``, a SentencePiece word loses its space.
+    """
+    tok = hf.tokenizer
+    if not getattr(tok, "is_fast", False):
+        return None
+    encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    offsets = torch.tensor(encoded["offset_mapping"], dtype=torch.float64).reshape(-1, 2)
+    if len(offsets) == 0:
+        return None
+    starts = torch.cummax(offsets[:, 0], dim=0).values
+    ends = torch.cat([starts[1:], offsets[-1:, 1].clamp_min(starts[-1])])
+    per_token = ends - starts
+    prefix, suffix = _special_template(tok, text)
+    content = window - len(prefix) - len(suffix)
+    n = len(per_token) // content
+    body = per_token[: n * content].reshape(n, content)
+    return torch.cat([torch.zeros(n, len(prefix), dtype=torch.float64), body,
+                      torch.zeros(n, len(suffix), dtype=torch.float64)], dim=1)
+
+
 def text_windows(hf: HFModel, text: str, *, window: int) -> list[list[int]]:
     """All of `text` as consecutive windows of at most `window` ids, special tokens included.
 

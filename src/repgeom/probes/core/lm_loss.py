@@ -153,28 +153,54 @@ def gpt_masked_loss(model: Any, windows: torch.Tensor, masking: Masking, *, seed
     return TokenLoss(torch.cat(parts).numpy(), per_state=False)
 
 
+def hf_targets(windows: torch.Tensor, valid: torch.Tensor, mask: torch.Tensor | None,
+               characters: torch.Tensor | None, special: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """(targets, has, characters) of the probed states `valid` of Hugging Face `windows`: the
+    next token (`next_token_targets`), whether it is one to predict (inside the window, a real
+    token of `mask`, not one of the `special` ids: a BOS/EOS/SEP the tokenizer adds is no text),
+    and the characters of the text it covers (`characters` at it; NaN where None)."""
+    valid = valid.cpu()
+    windows = windows.cpu()
+    targets, has = next_token_targets(windows, valid)
+    window, position = valid.nonzero(as_tuple=True)
+    nxt = (window, (position + 1).clamp_max(windows.shape[1] - 1))
+    if mask is not None:
+        has &= mask.bool().cpu()[nxt]
+    has &= ~torch.isin(targets, special.to(targets.dtype))
+    chars = (np.full(len(targets), math.nan) if characters is None
+             else characters.cpu()[nxt].double().numpy())
+    return targets, has, chars
+
+
 class HFLoss:
     """A Hugging Face decoder's next-token surprisal at the probed states, batch by batch of
     `hf_capture`: its head (`repgeom.models.hf.lm_head`) on the captured final states, checked
     once against the model's own logits (`check_head`; a mismatch leaves the rows out, warned).
-    A state's target is the next token when it is a real token of the window (mask 1); the
-    characters of each target (its decoded text) make ``bpc``."""
+    A state's target is the next token when it is a real, ordinary token of the window (mask 1,
+    not a special token: `hf_targets`); the characters of the text each target covers (the
+    tokenizer's offsets, `repgeom.models.hf.windows.window_characters`) make ``bpc``, NaN where
+    the tokenizer has no offsets (warned)."""
 
     def __init__(self, hf: Any) -> None:
         from repgeom.models.hf.lm_head import head_of
+        from repgeom.models.hf.windows import special_token_ids
 
         self.hf, self.head = hf, head_of(hf.lm)
+        self.special = torch.tensor(special_token_ids(hf.tokenizer), dtype=torch.long)
         self.parts: list[np.ndarray] = []
         self.chars: list[np.ndarray] = []
         self.warnings: list[str] = []
         self.checked = False
-        self._lengths: dict[int, int] = {}
 
     @classmethod
     def of(cls, hf: Any) -> HFLoss | None:
         return None if getattr(hf, "lm", None) is None else cls(hf)
 
-    def add(self, capture: Any, windows: torch.Tensor, mask: torch.Tensor | None) -> None:
+    def add(self, capture: Any, windows: torch.Tensor, mask: torch.Tensor | None,
+            characters: torch.Tensor | None = None) -> None:
+        """The surprisals of one batch's probed states (`capture.valid`) at their next tokens;
+        `characters` (windows' shape): what each token covers of the text."""
         if self.head is None:
             return
         final = capture.final_norm if capture.final_norm is not None else capture.hidden[-1]
@@ -190,19 +216,13 @@ class HFLoss:
                 self.head = None
                 return
         valid = capture.valid.cpu()
-        real = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask.bool().cpu()
-        targets, has = next_token_targets(windows, valid)
-        following = valid.nonzero(as_tuple=True)
-        nxt = (following[0], (following[1] + 1).clamp_max(windows.shape[1] - 1))
-        has &= real[nxt]
+        targets, has, chars = hf_targets(windows, valid, mask, characters, self.special)
+        if characters is None and not self.chars:
+            self.warnings.append(f"{self.hf.name}: its tokenizer gives no offset mapping (not a "
+                                 "fast tokenizer): bpc is NaN, lm_loss is written")
         rows = final[valid.to(final.device)]
         self.parts.append(head_surprisal(self.head, rows, targets, has))
-        self.chars.append(np.array([self._characters(int(t)) for t in targets], dtype=float))
-
-    def _characters(self, token: int) -> int:
-        if token not in self._lengths:
-            self._lengths[token] = len(self.hf.tokenizer.decode([token]))
-        return self._lengths[token]
+        self.chars.append(chars)
 
     def result(self) -> TokenLoss | None:
         if self.head is None or not self.parts:

@@ -56,6 +56,10 @@ class ProbeSet:
     texts: str = "real"
     """``real``, or ``shuffled``: each window's tokens shuffled among its probe-able positions
     (`shuffle_tokens`), the control of Cheng et al. (ICLR 2025)."""
+    characters: torch.Tensor | None = None
+    """(n_windows, T) characters of the text each token covers (Hugging Face windows:
+    `repgeom.models.hf.windows.window_characters`, moved with its token when shuffled), for
+    ``bpc``; None: one character per token (our byte windows)."""
 
     @property
     def n_states(self) -> int:
@@ -186,6 +190,8 @@ class WindowPool:
     usable: int
     take: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
     special_ids: tuple[int, ...] = ()
+    characters: torch.Tensor | None = None
+    """(count, T) characters each token of every window covers (`ProbeSet.characters`)."""
 
     @classmethod
     def of_windows(cls, windows: torch.Tensor) -> WindowPool:
@@ -210,14 +216,19 @@ def draw(pool: WindowPool, spec: Any) -> ProbeSet:
     wanted, per_window = fit_to_text(
         spec.n_states, spec.positions_per_window, pool.count, pool.usable
     )
-    windows, candidates, mask = pool.take(choose_windows(pool.count, wanted, spec.seed))
+    chosen = choose_windows(pool.count, wanted, spec.seed)
+    windows, candidates, mask = pool.take(chosen)
+    characters = None if pool.characters is None else pool.characters[torch.from_numpy(chosen)]
     positions = choose_positions(candidates, per_window, spec.seed)
     texts = getattr(spec, "texts", TEXTS[0])
     if texts == "shuffled":  # the ordinary tokens only: padding and special tokens stay
         ordinary = candidates & ~torch.isin(windows, torch.tensor(pool.special_ids,
                                                                   dtype=windows.dtype))
         windows = shuffle_tokens(windows, ordinary, spec.seed)
-    probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask, texts)
+        if characters is not None:  # the same order (the same stream): with their tokens
+            characters = shuffle_tokens(characters, ordinary, spec.seed)
+    probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask, texts,
+                      characters)
     if probes.n_states < spec.n_states:
         warnings.warn(
             f"the text gives {probes.n_states} states per layer, fewer than "

@@ -329,7 +329,9 @@ class HFTarget:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
                     if loss is not None:  # the head on this batch's final states
                         loss.add(capture, probes.windows[start:stop],
-                                 probes.attention_mask[start:stop])
+                                 probes.attention_mask[start:stop],
+                                 None if probes.characters is None
+                                 else probes.characters[start:stop])
                 yield capture
 
         clock = Stopwatch()
@@ -358,7 +360,7 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
     the model's positions): random positions among each window's tokens, special tokens left out
     unless `request.include_special`; the windows' attention mask comes with it."""
     from repgeom.models.hf import special_token_ids, tokenize_windows
-    from repgeom.models.hf.windows import DEFAULT_WINDOW, default_window
+    from repgeom.models.hf.windows import DEFAULT_WINDOW, default_window, window_characters
 
     text = read_text(request.text_file) if request.text_file else default_text(
         request.text_source)
@@ -375,4 +377,5 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
         index = torch.from_numpy(chosen)
         return ids[index], candidates[index], mask[index]
 
-    return draw(WindowPool(len(ids), int(candidates[0].sum()), take, special), spec)
+    characters = window_characters(hf, text, window=int(window))
+    return draw(WindowPool(len(ids), int(candidates[0].sum()), take, special, characters), spec)
