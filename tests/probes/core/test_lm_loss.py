@@ -170,9 +170,15 @@ def _byte_level_hf(text: str):
 
 
 def test_hf_characters_per_token_partition_the_text() -> None:
-    """bpc's characters come from the offset mapping: they add up to the text the windows
-    hold (its decoded length, an independent count); decoding each token alone over-counts
-    (a byte of a multi-byte character decodes to a replacement character)."""
+    """bpc's characters (UTF-8 bytes, as enwik8 and our byte-level models count them) come from
+    the offset mapping: they add up to the text the windows hold (its decoded bytes, an
+    independent count); counting each token decoded alone is off (a byte of a multi-byte
+    character decodes to a 3-byte replacement character); our export's byte tokens are one
+    each, as in the ckpt= probe of the same model."""
+    from types import SimpleNamespace
+
+    from repgeom.data.vocab import Vocab
+    from repgeom.models.export_hf import build_tokenizer
     from repgeom.models.hf.windows import tokenize_windows, window_characters
 
     text = "Le café déjà vu — naïve façade, über straße; the quick brown fox 🦊 jumps. " * 30
@@ -180,12 +186,13 @@ def test_hf_characters_per_token_partition_the_text() -> None:
     ids, _ = tokenize_windows(hf, text, window=16)
     characters = window_characters(hf, text, window=16)
     assert characters.shape == ids.shape and (characters >= 0).all()
-    held = len(hf.tokenizer.decode(ids.flatten().tolist()))
-    assert float(characters.sum()) == held
-    by_decode = sum(len(hf.tokenizer.decode([t])) for t in ids.flatten().tolist())
-    assert by_decode > 1.02 * held  # the bias the offsets remove
-    for row in range(len(ids)):  # each window: the characters it holds, to one split character
-        assert abs(float(characters[row].sum()) - len(hf.tokenizer.decode(ids[row].tolist()))) <= 2
+    held = len(hf.tokenizer.decode(ids.flatten().tolist()).encode("utf-8"))
+    assert float(characters.sum()) == pytest.approx(held, abs=1e-9)
+    by_decode = sum(len(hf.tokenizer.decode([t]).encode("utf-8")) for t in ids.flatten().tolist())
+    assert abs(by_decode - held) > 0.02 * held  # the bias the offsets remove
+    ours = SimpleNamespace(tokenizer=build_tokenizer(Vocab(range(256)), model_max_length=64),
+                           model=SimpleNamespace(config=SimpleNamespace()), name="export")
+    assert (window_characters(ours, text, window=16) == 1).all()
 
 
 def test_hf_targets_leave_out_special_tokens_and_read_the_characters() -> None:

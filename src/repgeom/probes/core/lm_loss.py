@@ -16,9 +16,11 @@ same step:
   inputs the probe's states do not see.
 
 Rows (`MODEL_LAYER`: not a layer of the model, its output): ``lm_loss`` the mean surprisal in
-nats per predicted token, ``bpc`` the same in bits per character (ours: one token is one byte;
-Hugging Face models: bits over the characters of the predicted tokens' text); ``std`` is the
-standard error of the mean over the predicted tokens.
+nats per predicted token, ``bpc`` the same in bits per character, a character being a UTF-8
+byte as in enwik8 (ours: one token is one byte; Hugging Face models: bits over the bytes of the
+text the predicted tokens cover, from the tokenizer's offsets,
+`repgeom.models.hf.windows.window_characters`, so an export of ours reads the same); ``std`` is
+the standard error of the mean over the predicted tokens.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class TokenLoss:
 
     surprisal : (S,) float64, nats; NaN where a state has no target (the last position of a
         window under next-token prediction)
-    characters : (S,) float64 or None, the characters of each predicted token (None: one each)
+    characters : (S,) float64 or None, the characters (UTF-8 bytes) of the text each predicted
+        token covers (None: one each)
     per_state : True when row i is the i-th probed state (decoders), False when the rows are
         the masked positions of an encoder's windows
     """
@@ -178,9 +181,9 @@ class HFLoss:
     `hf_capture`: its head (`repgeom.models.hf.lm_head`) on the captured final states, checked
     once against the model's own logits (`check_head`; a mismatch leaves the rows out, warned).
     A state's target is the next token when it is a real, ordinary token of the window (mask 1,
-    not a special token: `hf_targets`); the characters of the text each target covers (the
-    tokenizer's offsets, `repgeom.models.hf.windows.window_characters`) make ``bpc``, NaN where
-    the tokenizer has no offsets (warned)."""
+    not a special token: `hf_targets`); the characters (UTF-8 bytes) of the text each target
+    covers (the tokenizer's offsets, `repgeom.models.hf.windows.window_characters`) make
+    ``bpc``, NaN where the tokenizer has no offsets (warned)."""
 
     def __init__(self, hf: Any) -> None:
         from repgeom.models.hf.lm_head import head_of
