@@ -209,3 +209,58 @@ def test_hf_targets_leave_out_special_tokens_and_read_the_characters() -> None:
     assert chars.tolist()[:3] == [1, 2, 3] and chars[5] == 5
     _, _, none = hf_targets(windows, valid, mask, None, torch.tensor([0, 2, 3]))
     assert np.isnan(none).all()
+
+
+def _tiny_masked_lm(folder: Path) -> str:
+    """A tiny BERT with its masked-LM head and a tokenizer with a mask token, one token per
+    character (the tests' tiny text is in its vocabulary)."""
+    from tokenizers import Tokenizer, models, processors
+    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+
+    tokens = ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz .,;:'\n"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    PreTrainedTokenizerFast(tokenizer_object=backend, cls_token="[CLS]", sep_token="[SEP]",
+                            pad_token="<pad>", unk_token="<unk>",
+                            mask_token="[MASK]").save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                        pad_token_id=0)
+    BertForMaskedLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.slow
+def test_probe_py_hf_encoder_lm_loss_equals_the_masked_lm_own_loss(text_file, tmp_path) -> None:
+    """`probe.py hf=<tiny BERT with its MLM head>`: lm_loss is AutoModelForMaskedLM's own loss
+    (its forward with labels) on the probe's windows, masked with the probe's seed."""
+    from transformers import AutoModelForMaskedLM
+
+    from repgeom.models.hf import load_hf_model, special_token_ids
+    from repgeom.probes.core.lm_loss import hf_mlm_mask
+    from repgeom.probes.core.spec import resolve
+    from repgeom.probes.core.targets import hf_probe_set
+
+    folder = _tiny_masked_lm(tmp_path / "bert_mlm")
+    args = [f"hf={folder}", f"text_file={text_file}", *HF_SMALL]
+    rows = _model_rows(probe(compose_job(tmp_path / "out", args)).frame)
+    request = probe_request(compose_probe(tmp_path, args))
+    hf = load_hf_model(folder)
+    assert hf.lm is not None and not hf.is_decoder
+    spec = resolve(request)
+    probes = hf_probe_set(hf, request, spec)
+    special = torch.tensor(special_token_ids(hf.tokenizer))
+    inputs, labels = hf_mlm_mask(probes.windows, probes.attention_mask, special,
+                                 hf.tokenizer.mask_token_id, spec.seed)
+    assert 0.05 < (labels != -100).float().mean() < 0.3  # ~15% of the text tokens
+    assert not torch.isin(labels[labels != -100], special).any()
+    model = AutoModelForMaskedLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        own = float(model(input_ids=inputs, attention_mask=probes.attention_mask,
+                          labels=labels).loss)
+    # float32 on both sides, the same forward in batches: measured ~1e-7
+    assert rows.loc["lm_loss", "value"] == pytest.approx(own, abs=1e-5)
+    assert rows.loc["bpc", "value"] == pytest.approx(own / math.log(2), abs=1e-5)

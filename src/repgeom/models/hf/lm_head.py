@@ -1,4 +1,4 @@
-"""A Hugging Face decoder loaded once with its language-model head, for the probe's loss rows.
+"""A Hugging Face model loaded once with its language-model head, for the probe's loss rows.
 
 A decoder-only model is loaded through ``AutoModelForCausalLM``: its base model (what
 ``AutoModel`` would load, the same weights and forward) is what the probes capture, and its head
@@ -6,6 +6,12 @@ turns the captured final states into the next token's probabilities
 (`repgeom.probes.core.lm_loss`). Where the weights hold no head (a folder written by
 ``save_pretrained`` of a base model whose head is not tied to its embedding) or the family has
 no causal-LM class, the base model alone is loaded, as before, and no loss is written.
+
+A bidirectional encoder is loaded through ``AutoModelForMaskedLM`` where its weights hold the
+masked-LM head (BERT, RoBERTa as published): its base model is probed, and the loss rows come
+from one more forward pass of masked windows (`repgeom.probes.core.lm_loss.hf_masked_loss`).
+An encoder saved without that head is loaded through ``AutoModel`` as before, silently: most
+encoders' base checkpoints have none, and their probe needs none.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ import torch
 
 def load_with_head(name: str, kwargs: dict[str, Any], causal: bool | None) -> tuple[Any, Any]:
     """(base model, model with its head or None): ``AutoModelForCausalLM`` for a decoder
-    (`causal`) whose weights hold its head, else ``AutoModel`` and None."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    (`causal`) whose weights hold its head, ``AutoModelForMaskedLM`` for an encoder
+    (`causal` False) whose weights hold its masked-LM head, else ``AutoModel`` and None."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
     if causal:
         try:
@@ -35,6 +42,14 @@ def load_with_head(name: str, kwargs: dict[str, Any], causal: bool | None) -> tu
                 f"{name}: its weights hold no language-model head ({sorted(info['missing_keys'])}"
                 " missing); probing its base model, without the lm_loss rows", stacklevel=3)
             return full.base_model, None
+    if causal is False:
+        try:
+            full, info = AutoModelForMaskedLM.from_pretrained(name, output_loading_info=True,
+                                                              **kwargs)
+        except ValueError:  # no masked-LM class for this model type
+            full = info = None
+        if full is not None and not info.get("missing_keys"):
+            return full.base_model, full
     return AutoModel.from_pretrained(name, **kwargs), None
 
 

@@ -48,8 +48,9 @@ class HFModel:
     revision: str | None = None
     stack: str | None = None
     lm: Any = None
-    """A decoder's model with its language-model head (``AutoModelForCausalLM``), whose base
-    model is `model` (loaded once, `repgeom.models.hf.lm_head`); None: no loss rows."""
+    """The model with its language-model head (a decoder's ``AutoModelForCausalLM``, an
+    encoder's ``AutoModelForMaskedLM``), whose base model is `model` (loaded once,
+    `repgeom.models.hf.lm_head`); None: no loss rows."""
     _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
     _warned_layout: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -414,5 +415,4 @@ def load_hf_model(
         is_decoder = is_decoder_from_config(model.config)
         if is_decoder is None:
             is_decoder = is_decoder_by_experiment(model)
-    return HFModel(model, tok, config.model_type, is_decoder, name, revision, stack,
-                   lm if is_decoder else None)
+    return HFModel(model, tok, config.model_type, is_decoder, name, revision, stack, lm)

@@ -198,7 +198,11 @@ class HFLoss:
 
     @classmethod
     def of(cls, hf: Any) -> HFLoss | None:
-        return None if getattr(hf, "lm", None) is None else cls(hf)
+        """The loss of a decoder loaded with its head; None otherwise (an encoder's:
+        `hf_masked_loss`)."""
+        if getattr(hf, "lm", None) is None or not getattr(hf, "is_decoder", True):
+            return None
+        return cls(hf)
 
     def add(self, capture: Any, windows: torch.Tensor, mask: torch.Tensor | None,
             characters: torch.Tensor | None = None) -> None:
@@ -231,3 +235,58 @@ class HFLoss:
         if self.head is None or not self.parts:
             return None
         return TokenLoss(np.concatenate(self.parts), np.concatenate(self.chars))
+
+
+HF_MASK_PROB = 0.15
+"""Share of a Hugging Face encoder's ordinary tokens masked for its loss rows (BERT's 15%)."""
+
+
+def hf_mlm_mask(windows: torch.Tensor, mask: torch.Tensor | None, special: torch.Tensor,
+                mask_id: int, seed: int, mask_prob: float = HF_MASK_PROB
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of an encoder's masked-LM loss on `windows`: `mask_prob` of the ordinary
+    tokens (real, not `special`), drawn on the CPU from `seed`, replaced by `mask_id`; labels
+    are the original tokens there, ``IGNORE_INDEX`` elsewhere. Every chosen token is masked (no
+    random or kept ones): the evaluation form of BERT's masking (Devlin et al. 2019, 3.1)."""
+    windows = windows.cpu()
+    ordinary = torch.ones_like(windows, dtype=torch.bool) if mask is None else mask.bool().cpu()
+    ordinary &= ~torch.isin(windows, special.to(windows.dtype))
+    generator = torch.Generator().manual_seed(int(seed))
+    chosen = (torch.rand(windows.shape, generator=generator) < mask_prob) & ordinary
+    inputs = torch.where(chosen, torch.full_like(windows, int(mask_id)), windows)
+    labels = torch.where(chosen, windows, torch.full_like(windows, IGNORE_INDEX))
+    return inputs, labels
+
+
+def hf_masked_loss(hf: Any, windows: torch.Tensor, mask: torch.Tensor | None,
+                   characters: torch.Tensor | None, *, seed: int, batch_size: int
+                   ) -> tuple[TokenLoss | None, str]:
+    """A Hugging Face encoder's masked-token surprisal (`hf_mlm_mask` with the probe's `seed`),
+    from one more forward pass of the masked windows through its ``AutoModelForMaskedLM``
+    (`HFModel.lm`); the characters (UTF-8 bytes) of the masked tokens make ``bpc``. (None,
+    why) when it has no head or its tokenizer no mask token."""
+    from repgeom.models.hf.windows import special_token_ids
+
+    if getattr(hf, "lm", None) is None or getattr(hf, "is_decoder", False):
+        return None, ""
+    mask_id = getattr(hf.tokenizer, "mask_token_id", None)
+    if mask_id is None:
+        return None, f"{hf.name}: its tokenizer has no mask token: no lm_loss rows"
+    special = torch.tensor(special_token_ids(hf.tokenizer), dtype=torch.long)
+    inputs, labels = hf_mlm_mask(windows, mask, special, mask_id, seed)
+    device = next(hf.lm.parameters()).device
+    parts = []
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch_size):
+            rows = slice(start, start + batch_size)
+            logits = hf.lm(input_ids=inputs[rows].to(device), attention_mask=None if mask is None
+                           else mask[rows].to(device)).logits.float()
+            target = labels[rows].to(device)
+            nats = F.cross_entropy(logits.flatten(0, 1), target.flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="none")
+            parts.append(nats[target.flatten() != IGNORE_INDEX].double().cpu())
+    chosen = labels != IGNORE_INDEX
+    chars = None if characters is None else characters.cpu()[chosen].double().numpy()
+    if chars is None:
+        chars = np.full(int(chosen.sum()), math.nan)
+    return TokenLoss(torch.cat(parts).numpy(), chars, per_state=False), ""

@@ -343,13 +343,20 @@ class HFTarget:
                 settings,
                 keep_states=bool(catalogue.select(settings).pairs),
             )
-        output.forward_seconds = clock.seconds
         if loss is not None:
             output.warnings += loss.warnings
             tokens = loss.result()
-            if tokens is not None:
-                output.rows += tokens.rows()
-                output.tokens = tokens
+        else:  # an encoder with its masked-LM head: one more forward pass, masked windows
+            started = time.perf_counter()
+            tokens, why = lm_loss.hf_masked_loss(
+                loaded, probes.windows, probes.attention_mask, probes.characters,
+                seed=settings.seed, batch_size=spec.batch_size)
+            clock.seconds += time.perf_counter() - started
+            output.warnings += [why] if why else []
+        output.forward_seconds = clock.seconds
+        if tokens is not None:
+            output.rows += tokens.rows()
+            output.tokens = tokens
         _finish_output(output, probes, settings)
         return output
 

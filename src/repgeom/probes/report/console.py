@@ -52,7 +52,11 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
         label = "final norm" if names.get(layer) == table.FINAL_NORM else str(layer)
         out.add_row(label, *[_fmt(values.get(m)) for m in shown])
     out_console.print(out)
-    loss = model_rows.loc[model_rows["step"] == last.step].set_index("metric")["value"]
+    now = model_rows.loc[model_rows["step"] == last.step]
+    revision = getattr(last, "revision", None)
+    if revision and "revision" in now.columns:  # revisions without steps may share a step
+        now = now.loc[now["revision"] == revision]
+    loss = now.groupby("metric")["value"].last()  # one value per metric, whatever the table
     if "lm_loss" in loss:
         out_console.print(f"LM loss on the probe's windows: {_fmt(loss['lm_loss'])} nats per "
                           f"token, {_fmt(loss.get('bpc'))} bits per character")

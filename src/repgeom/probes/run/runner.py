@@ -277,8 +277,10 @@ def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
         "mode": job.mode,
         # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
         "protocol": job.protocol,
-        # The shuffled-text control (texts=shuffled) or the text as it is.
-        "texts": job.request.texts or "real",
+        # The shuffled-text control (texts=shuffled) or the text as it is (texts= unset: as the
+        # checkpoint's training probe, which the table's texts column says).
+        "texts": job.request.texts or min(
+            table.texts_of(result.frame) if result.frame is not None else set(), default="real"),
         "twonn_convention": "llm_microscope" if result.frame is not None and (
             result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
         "compare": result.compare is not None,
