@@ -239,7 +239,7 @@ class Trajectory:
         self._final, self._many_steps = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
             steps = [steps[-1], *steps[:-1]]
-        done = _done(self.output_dir, self.request.texts)
+        done = _done(self.output_dir, getattr(self.request, "texts", None))
         self.skipped = _read_skipped(self.output_dir)
         todo = [s for s in steps if not self._complete(s, done)]
         frame = table.rows_to_frame([])
