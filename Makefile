@@ -24,7 +24,7 @@ $(VENV)/.installed: $(BIN)/python requirements.txt requirements-dev.txt pyprojec
 	# DADApy is a test-only reference; --no-deps keeps its numpy<2/jax pins out (requirements-dev.txt).
 	$(BIN)/pip install --no-deps dadapy==0.3.4
 	# IsoScore and CKA references for tests/metrics: --no-deps so pip never touches torch.
-	$(BIN)/pip install --no-deps isoscore==2.0.1 ckatorch==1.0.3
+	$(BIN)/pip install --no-deps isoscore==2.0.1 ckatorch==1.0.3 reptrix==0.1.0
 	# The Shape of Learning authors' code, the reference for metrics.twonn_authors (tests only).
 	$(BIN)/pip install --no-deps llm-microscope==0.0.7
 	touch $@

@@ -22,7 +22,7 @@ from repgeom.experiments.report_findings import (
 )
 from repgeom.experiments.report_id import id_findings, scale_lines
 from repgeom.experiments.report_runs import MASKINGS, PAPER_VOCAB, find_runs, run_facts
-from repgeom.probes.core.table import FINAL_NORM, read_table
+from repgeom.probes.core.table import FINAL_NORM, layer_rows, read_table
 from repgeom.probes.report import plots
 from repgeom.probes.report.drift_cosine import drift_cosine_correlation
 
@@ -277,8 +277,8 @@ def statistics_lines(tested: int | None = None) -> list[str]:
 def distributions(run: Path, figures: Path) -> tuple[list[str], pd.DataFrame]:
     """Experiment 5: best-fitting family and number of modes per layer, from a probe.py run."""
     frame = read_table(run)
-    # the layers only: the whole model's rows (the LM loss, layer -1) have no distribution
-    frame = frame[(frame["step"] == frame["step"].max()) & (frame["layer"] >= 0)]
+    # the layers only: the whole model's rows (the LM loss) have no distribution
+    frame = layer_rows(frame[frame["step"] == frame["step"].max()])
 
     def best(prefix: str, largest: bool) -> pd.Series:
         rows = frame[frame["metric"].str.startswith(prefix)].sort_values("value", ascending=largest)

@@ -9,6 +9,7 @@ Modules:
 - ``cosine``: mean pairwise cosine and its isotropic chance level.
 - ``drift``: the common offset of the states.
 - ``rank``: effective rank (Roy & Vetterli, centred), RankMe (Garrido et al.), PCA dimension.
+- ``powerlaw``: alpha-ReQ (Agrawal et al.), the power-law decay of the covariance spectrum.
 - ``isoscore``: IsoScore (Rudman et al.), uniformity of the variance over dimensions.
 - ``twonn``: TwoNN (Facco et al.) in DADApy's and scikit-dimension's convention;
   ``twonn_authors``: TwoNN in the convention of the Shape of Learning authors' llm-microscope.
@@ -20,13 +21,13 @@ Modules:
 - ``id_scales``: the intrinsic dimension against scale, TwoNN by decimation (Facco et al.) and
   the plateau of a profile.
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
-  mutual-kNN alignment (Huh et al.).
+  mutual-kNN alignment (Huh et al.), and CKA from the unbiased HSIC (Song et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
 - ``attention``: attention entropy; ``qk``: QK alignment (per head and heads concatenated),
   pre-softmax scores; ``distributions``: activation laws.
 """
 
-from .alignment import linear_cka, mutual_knn
+from .alignment import linear_cka, linear_cka_unbiased, mutual_knn
 from .anisotropy import anisotropy
 from .attention import AttentionResult, attention_entropy
 from .cosine import (
@@ -52,6 +53,7 @@ from .intrinsic_dimension.twonn_authors import TwoNNAuthorsResult, twonn_authors
 from .isoscore import isoscore
 from .linearity import linearity
 from .neighbors import faiss_has_gpu, nearest_neighbors
+from .powerlaw import AlphaReQResult, alpha_req
 from .qk import QKAlignmentResult, attention_scores, qk_alignment, qk_cosine_concat
 from .rank import effective_rank, pca_dimension, rankme
 from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
@@ -96,8 +98,11 @@ __all__ = [
     "token_cosine_matrix",
     "effective_rank",
     "rankme",
+    "alpha_req",
+    "AlphaReQResult",
     "pca_dimension",
     "isoscore",
     "linear_cka",
+    "linear_cka_unbiased",
     "mutual_knn",
 ]

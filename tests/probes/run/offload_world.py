@@ -250,6 +250,7 @@ class World:
         patch.setattr(follow_module.Follower, "_prepare", _prepare)
         patch.setattr(follow_module, "gpt_from_checkpoint", _model)
         patch.setattr(follow_module, "probe_gpt", _probe)
+        patch.setattr(follow_module, "checkpoint_masking", lambda ckpt, vocab: None)
         # No fsync: the world is never power-cut (kills are played by the threads)
         patch.setattr(os, "fsync", lambda fd: None)
         patch.setattr(snapshots, "_free_bytes",
@@ -449,7 +450,8 @@ def _prepare(self, path: Path, ckpt: dict) -> None:
 
 
 def _model(ckpt: dict, device: Any) -> Any:
-    return types.SimpleNamespace(model=(ckpt["state_dict"]["model.w"].clone(), ckpt["gen"]))
+    return types.SimpleNamespace(model=(ckpt["state_dict"]["model.w"].clone(), ckpt["gen"]),
+                                 vocab=None)
 
 
 def _probe(model: Any, *args: Any, **kwargs: Any) -> Any:

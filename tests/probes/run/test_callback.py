@@ -124,7 +124,7 @@ def test_probe_values_equal_the_metrics_on_the_captured_states(tmp_path: Path) -
     assert probes.positions.sum(1).eq(4).all() and probes.n_states == 512
     used = json.loads((tmp_path / "probes" / "probe_set.json").read_text())
     assert used == {"protocol": "repgeom", "n_states": 512, "n_windows": 128, "window": 32,
-                    "positions_per_window": 4, "attention_windows": 16,
+                    "positions_per_window": 4, "attention_windows": 16, "texts": "real",
                     "twonn_convention": "facco"}
     frame = table.read_table(tmp_path)
     final = frame[frame["step"] == 5]

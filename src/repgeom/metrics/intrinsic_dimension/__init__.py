@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .._validation import check_fraction, check_int, check_matrix
 from .gride import GrideResult, check_max_order, gride_from_neighbours
-from .knn_batches import search_batches
+from .knn_batches import Neighbours, search_batches
 from .mle import MLE_NEIGHBORS, MLEResult, mle_from_neighbours
 from .near_duplicates import near_duplicate_share_from_neighbours
 from .twonn import TwoNNResult, twonn_from_neighbours
@@ -25,6 +25,8 @@ class IntrinsicDimensionResult:
     gride: GrideResult
     near_duplicate_share: float
     mle: MLEResult
+    neighbours: Neighbours | None = None
+    """The searched batches all four read (each point's distances: `mle.local_mle`)."""
 
 
 def intrinsic_dimension(
@@ -93,4 +95,5 @@ def intrinsic_dimension(
         gride=gride_from_neighbours(found, max_order),
         near_duplicate_share=near_duplicate_share_from_neighbours(found, threshold, max_order),
         mle=mle_from_neighbours(found, mle_k),
+        neighbours=found,
     )

@@ -18,7 +18,7 @@ one-search combination :mod:`intrinsic_dimension` (so their numbers agree):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse
@@ -91,7 +91,8 @@ def batch_indices(n: int, batch_size: int, seed: int) -> list[torch.Tensor]:
     return list(torch.tensor_split(perm, n_batches))
 
 
-def distinct_batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, what: str):
+def distinct_batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points: int, what: str,
+                     rows: list | None = None):
     """Shuffle, split, deduplicate within each batch and centre; returns (list of float32
     batches, n_duplicates).
 
@@ -105,6 +106,8 @@ def distinct_batches(X: torch.Tensor, batch_size: int, seed: int, *, min_points:
         index = index.to(X.device)
         keep = index[unique_rows(X[index])]
         n_dup += len(index) - len(keep)
+        if rows is not None:  # which rows of X each batch holds
+            rows.append(keep.cpu().numpy())
         batches.append(_centre32(X[keep], mean))
     n = X.shape[0] - n_dup
     smallest = min(b.shape[0] for b in batches)
@@ -128,6 +131,8 @@ class Neighbours:
 
     distances: list
     n_duplicates: int
+    rows: list = field(default_factory=list)
+    """Per batch, (n_b,) int64: the row of ``X`` each row of ``distances`` belongs to."""
 
     @property
     def n_batches(self) -> int:
@@ -143,14 +148,17 @@ def search_batches(X: torch.Tensor, *, k: int, batch_size: int, seed: int, min_p
                    what: str) -> Neighbours:
     """Batches of ``X`` (:func:`distinct_batches`) and one exact search for ``k`` neighbours in
     each; ``min_points`` and ``what`` word the error on a batch too small for the caller."""
-    batches, n_dup = distinct_batches(X, batch_size, seed, min_points=min_points, what=what)
+    kept: list = []
+    batches, n_dup = distinct_batches(X, batch_size, seed, min_points=min_points, what=what,
+                                      rows=kept)
     distances = []
-    for Xb in batches:
+    for b, Xb in enumerate(batches):
         dist, _ = _nearest_neighbors(Xb, k, centred=True)  # centred globally in distinct_batches
         r = dist.detach().cpu().numpy().astype(np.float64)  # (nb, k)
         zero = r[:, 0] <= 0.0  # float32 coincidences that survived deduplication
         if zero.any():
             n_dup += int(zero.sum())
             r = r[~zero]
+            kept[b] = kept[b][~zero]
         distances.append(r)
-    return Neighbours(distances=distances, n_duplicates=n_dup)
+    return Neighbours(distances=distances, n_duplicates=n_dup, rows=kept)

@@ -12,7 +12,7 @@ import numpy as np
 from .._validation import check_int, check_matrix
 from .knn_batches import Neighbours, search_batches
 
-__all__ = ["MLEResult", "mle_dimension", "MLE_NEIGHBORS"]
+__all__ = ["MLEResult", "mle_dimension", "MLE_NEIGHBORS", "local_mle"]
 
 # Neighbours of the Levina-Bickel MLE: scikit-dimension's default for skdim.id.MLE
 # (MLE._N_NEIGHBORS = 20, v0.3); the one place this default is written.
@@ -113,6 +113,32 @@ def mle_from_neighbours(found: Neighbours, k: int) -> MLEResult:
         dimension=float(np.mean(dims)), dimension_std=float(np.std(dims)), k=k,
         n_batches=found.n_batches, n_points=found.n_points, n_duplicates=found.n_duplicates,
     )
+
+
+def local_mle(found: Neighbours, k: int, n: int) -> np.ndarray:
+    r"""Each point's own Levina-Bickel estimate from its ``k`` nearest distances (the local
+    intrinsic dimension of Viswanathan et al. 2025, "The geometry of tokens in internal
+    representations of large language models"):
+
+    .. math:: \hat m_k(x) = \Big[\frac{1}{k-1}\sum_{j=1}^{k-1}
+              \log\frac{T_k(x)}{T_j(x)}\Big]^{-1},
+
+    scikit-dimension's ``MLE().fit(...).dimension_pw_`` on the same distances (its defaults:
+    no noise model, ``k - 1``), read from the searched batches of `mle_from_neighbours`.
+
+    Returns
+    -------
+    (n,) float64 ndarray
+        Indexed by row of the searched ``X`` (`Neighbours.rows`); NaN for rows that were
+        merged as duplicates; ``inf`` where all ``k`` distances are equal.
+    """
+    out = np.full(n, np.nan)
+    for r, rows in zip(found.distances, found.rows, strict=True):
+        log_r = np.log(r[:, :k])
+        inv = (log_r[:, k - 1:k] - log_r[:, : k - 1]).sum(axis=1) / (k - 1)
+        with np.errstate(divide="ignore"):
+            out[rows] = 1.0 / inv
+    return out
 
 
 def _mle_from_distances(r: np.ndarray, k: int) -> float:

@@ -24,7 +24,7 @@ class HFModel:
     Attributes
     ----------
     model : transformers.PreTrainedModel
-        The base model (``AutoModel``), in eval mode, eager attention.
+        The base model (``AutoModel``, or the base of ``lm``), in eval mode, eager attention.
     tokenizer : transformers.PreTrainedTokenizerBase
     family : str
         ``config.model_type`` (``"gpt2"``, ``"bert"``, ``"gpt_neox"``, ...).
@@ -47,6 +47,10 @@ class HFModel:
     name: str
     revision: str | None = None
     stack: str | None = None
+    lm: Any = None
+    """The model with its language-model head (a decoder's ``AutoModelForCausalLM``, an
+    encoder's ``AutoModelForMaskedLM``), whose base model is `model` (loaded once,
+    `repgeom.models.hf.lm_head`); None: no loss rows."""
     _warned_qk: bool = field(default=False, init=False, repr=False, compare=False)
     _warned_layout: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -376,6 +380,8 @@ def load_hf_model(
     """
     from transformers import AutoModel
 
+    from repgeom.models.hf.lm_head import load_with_head
+
     name = _expand(name_or_path)
     config = _read_config(name, revision, retry_budget_s)
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
@@ -391,7 +397,12 @@ def load_hf_model(
     kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    model = AutoModel.from_pretrained(name, **kwargs).to(device).eval()
+    if encoder_decoder:
+        model, lm = AutoModel.from_pretrained(name, **kwargs), None
+    else:  # a decoder with its head where the weights hold one (the loss rows)
+        model, lm = load_with_head(name, kwargs, is_decoder_from_config(config))
+    model = model.to(device).eval()
+    lm = None if lm is None else lm.to(device).eval()
     rows = model.get_input_embeddings().num_embeddings
     if tokenizer is not None and len(tok) > rows:
         raise ValueError(
@@ -404,4 +415,4 @@ def load_hf_model(
         is_decoder = is_decoder_from_config(model.config)
         if is_decoder is None:
             is_decoder = is_decoder_by_experiment(model)
-    return HFModel(model, tok, config.model_type, is_decoder, name, revision, stack)
+    return HFModel(model, tok, config.model_type, is_decoder, name, revision, stack, lm)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from repgeom.models.hf.loading import HFModel
@@ -82,6 +83,44 @@ def tokenize_windows(
     rows = [prefix + ids[i * content : (i + 1) * content] + suffix for i in range(n)]
     input_ids = torch.tensor(rows, dtype=torch.long)  # (N, window)
     return input_ids, torch.ones_like(input_ids)
+
+
+def window_characters(hf: HFModel, text: str, *, window: int) -> torch.Tensor | None:
+    """The characters of `text` each token of `tokenize_windows`' windows covers, counted as
+    UTF-8 bytes (the character of enwik8's bits per character, and of our byte-level models:
+    one token, one byte), (N, window) float64, 0 at the special tokens; None where the tokenizer
+    gives no offset mapping (a slow, Python tokenizer).
+
+    Read from the tokenizer's offset mapping: a token covers the text from its start up to the
+    next token's start (the last one to its end), so the counts partition the text (a space
+    that a byte-level token's offsets leave out goes to the token before it); tokens that share
+    one span (the byte tokens of one multi-byte character) share its bytes equally, which is
+    exact for byte tokens. Decoding each token alone instead is biased: a byte of a multi-byte
+    character decodes to a replacement character, a word piece keeps its ``##``, a
+    SentencePiece word loses its space.
+    """
+    tok = hf.tokenizer
+    if not getattr(tok, "is_fast", False):
+        return None
+    encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+    if len(offsets) == 0:
+        return None
+    points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    width = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)  # UTF-8 bytes
+    before = np.concatenate([[0], np.cumsum(width)])  # bytes before each character
+    starts = np.maximum.accumulate(offsets[:, 0])
+    first = np.flatnonzero(np.r_[True, starts[1:] != starts[:-1]])  # one run per span
+    count = np.diff(np.r_[first, len(starts)])
+    span_end = np.r_[starts[first[1:]], max(int(offsets[-1, 1]), int(starts[-1]))]
+    span_bytes = before[span_end] - before[starts[first]]
+    per_token = torch.from_numpy(np.repeat(span_bytes / count, count))
+    prefix, suffix = _special_template(tok, text)
+    content = window - len(prefix) - len(suffix)
+    n = len(per_token) // content
+    body = per_token[: n * content].reshape(n, content)
+    return torch.cat([torch.zeros(n, len(prefix), dtype=torch.float64), body,
+                      torch.zeros(n, len(suffix), dtype=torch.float64)], dim=1)
 
 
 def text_windows(hf: HFModel, text: str, *, window: int) -> list[list[int]]:

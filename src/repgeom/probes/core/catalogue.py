@@ -12,9 +12,10 @@ What an entry reads:
 - ``"states"``: one layer's states, (N, D). With ``batched=True`` (the default) ``fn(X)`` is
   called on each shuffled batch of ``state_batch_size`` states (Razzhigaev et al. 2023,
   section 2.2) and the table holds the mean over batches with its std; it returns a float, or a
-  dict whose keys become ``<name>_<key>`` rows. With ``batched=False`` ``fn(X, settings)`` sees
-  the whole layer and returns ``(metric, value, std)`` rows itself (the intrinsic dimension does
-  its own batching, so that one neighbour search per batch serves TwoNN, GRIDE and the MLE).
+  dict whose keys become ``<name>_<key>`` rows (the key ``""``: ``<name>`` itself). With
+  ``batched=False`` ``fn(X, settings)`` sees the whole layer and returns ``(metric, value,
+  std)`` rows itself (the intrinsic dimension does its own batching, so that one neighbour
+  search per batch serves TwoNN, GRIDE and the MLE).
 - ``"attention"``, ``"qk"``: one block's attention probabilities or queries and keys, on whole
   windows (`measure.measure_attention`). Per head (``per_head=True``): ``fn(Q, K, causal=,
   valid=)`` returns a result with one value per head for each output (`qk_alignment`). Per
@@ -33,18 +34,20 @@ import functools
 import importlib
 import math
 import re
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-import numpy as np
 
 from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.metrics._validation import check_matrix
 from repgeom.metrics.linearity import linearity
-from repgeom.probes.core import id_noise
+from repgeom.probes.core import null
+from repgeom.probes.core.id_entries import (  # noqa: F401 - ID_GUARDED is read from here too
+    ID_GUARDED,
+    _id_scales,
+    _intrinsic_dimension,
+)
 
 Reads = Literal["states", "attention", "qk", "pair"]
 FIGURES = ("profile", "vs_step", "per_layer", "per_head")
@@ -87,6 +90,9 @@ class Metric:
     prepare: Callable[..., Any] | None = None
     """Pairwise entries: a per-set step (a neighbour search) computed once per layer and batch;
     ``fn`` then takes two prepared sets. None: ``fn(X, Y)`` on the states."""
+    permute: Callable[..., Any] | None = None
+    """Pairwise entries: a prepared set with its rows shuffled, ``permute(prepared, perm)``, for
+    the permutation null (`repgeom.probes.core.null`); None: the entry has no null."""
     switch: str | None = None
     """A boolean of `ProbeSettings` that also gates this entry (kept: checkpoints carry it)."""
     user: bool = False
@@ -110,6 +116,13 @@ def _drift(X) -> dict[str, float]:
     return {"norm": result.norm, "ratio": result.ratio}
 
 
+def _alpha_req(X) -> dict[str, float]:
+    """alpha-ReQ and its fit's R^2: rows ``alpha_req`` (the key "" is the entry's own name) and
+    ``alpha_req_r2``."""
+    result = metrics.alpha_req(X)
+    return {"": result.alpha, "r2": result.r2}
+
+
 def _pca_dimension(X) -> dict[str, float]:
     d90, d99 = metrics.pca_dimension(X, variance=(0.9, 0.99))
     return {"90": float(d90), "99": float(d99)}
@@ -123,121 +136,6 @@ def _baseline(d: int, quantile: float) -> float:
 def _cosine_baseline(X, settings) -> list[tuple[str, float, float]]:
     """Godey et al.'s baseline: the quantile of one isotropic pair's cosine in d dimensions."""
     return [("cosine_baseline", _baseline(X.shape[1], settings.cosine_baseline_quantile), math.nan)]
-
-
-ID_GUARDED = re.compile(r"twonn|twonn_mle|twonn_llm_microscope|gride_k\d+|mle_dimension|"
-                        r"twonn_dec\d+|id_plateau(_lo|_hi)?")
-"""The intrinsic-dimension readings that `ProbeSettings.max_copy_share` sets to NaN."""
-
-
-def _copy_share(result, n: int) -> float:
-    """Share of the ``n`` states that are exact copies (merged before the search) or have a
-    near-copy (`metrics.near_duplicate_share`, a share of the distinct points)."""
-    twonn = result.twonn
-    return (twonn.n_duplicates + result.near_duplicate_share * twonn.n_points) / n
-
-
-def _guard(rows: list[tuple], share: float, limit: float) -> list[tuple]:
-    """Every ID reading of `rows` NaN with its reason where the copy share exceeds `limit`."""
-    if not share > limit:
-        return rows
-    note = (f"copies: {share:.0%} of the states are copies or near-copies "
-            f"(max_copy_share {limit:.0%}); the estimators would read the jitter inside clumps")
-    return [(row[0], math.nan, math.nan, note) if ID_GUARDED.fullmatch(row[0]) else row
-            for row in rows]
-
-
-_LAST_SEARCH: list = []
-"""(weak reference to the states, options, result) of the last `_id_search`:
-``intrinsic_dimension`` runs before
-``id_scales`` on the same layer's tensor (catalogue order), which then reuses its neighbour
-search (and so reads GRIDE's scales from the very search of the ``gride_k`` rows) instead of
-repeating it. The reference is weak, so the states are not kept alive by it."""
-
-
-def _id_search(X, settings, *, reuse: bool = False):
-    options = (settings.discard_fraction, min(settings.state_batch_size, X.shape[0]),
-               settings.max_order, settings.near_duplicate_threshold, settings.seed)
-    if reuse and _LAST_SEARCH and _LAST_SEARCH[0]() is X and _LAST_SEARCH[1] == options:
-        result = _LAST_SEARCH[2]
-    else:
-        discard_fraction, batch_size, max_order, threshold, seed = options
-        result = metrics.intrinsic_dimension(
-            X, discard_fraction=discard_fraction, batch_size=batch_size, max_order=max_order,
-            near_duplicate_threshold=threshold, seed=seed,
-        )
-    _LAST_SEARCH[:] = [] if reuse else [weakref.ref(X), options, result]
-    return result
-
-
-def _intrinsic_dimension(X, settings) -> list[tuple]:
-    """TwoNN, GRIDE and the Levina-Bickel MLE from one exact neighbour search per batch; NaN
-    with a note where copies exceed ``settings.max_copy_share`` (`_guard`)."""
-    result = _id_search(X, settings)
-    twonn = result.twonn
-    spread = 1.0 if twonn.n_batches > 1 else math.nan  # one batch has no spread to report
-    if settings.twonn_convention == "llm_microscope":  # the authors' fit, on the same batches
-        batch = min(settings.state_batch_size, X.shape[0])
-        dims = [metrics.twonn_authors(X[index.to(X.device)]).dimension
-                for index in metrics.batch_indices(X.shape[0], batch, settings.seed)]
-        rows = [("twonn_llm_microscope", float(np.mean(dims)), float(np.std(dims)) * spread)]
-    else:
-        rows = [("twonn", twonn.dimension, twonn.dimension_std * spread),
-                ("twonn_mle", twonn.mle, twonn.mle_std * spread)]
-    rows.append(("duplicates", twonn.n_duplicates, math.nan))
-    gride = result.gride
-    for order, dim, std in zip(gride.orders, gride.dimension, gride.dimension_std, strict=True):
-        rows.append((f"gride_k{order}", dim, std * spread))
-    rows.append(("near_duplicate_share", result.near_duplicate_share, math.nan))
-    mle = result.mle
-    rows.append(("mle_dimension", mle.dimension, mle.dimension_std * spread))
-    share = _copy_share(result, X.shape[0])
-    rows.append(("copy_share", share, math.nan))
-    noise = (id_noise.standard_errors(X, settings, twonn.n_batches)
-             if not share > settings.max_copy_share else {})
-    return id_noise.attach(_guard(rows, share, settings.max_copy_share), noise, twonn.n_batches)
-
-
-def _id_scales(X, settings) -> list[tuple]:
-    """The scale profile (Facco et al. 2017; Denti et al. 2022): TwoNN by decimation of the
-    whole layer and GRIDE at orders 2..max_order, each with its length scale, and the plateau
-    over both (`metrics.id_plateau`).
-
-    Rows: ``twonn_dec<j>`` (TwoNN on subsets of round(N / 2**j) states, mean over the subsets;
-    std: DADApy's error of that mean, NaN for j = 0), ``twonn_dec<j>_scale`` (its mean distance
-    to the first two neighbours), ``gride_k<k>_scale`` (GRIDE's mean distance of the k/2-th and
-    k-th neighbours; its ID is the ``gride_k<k>`` row: the same batches and search), and
-    ``id_plateau`` (std: root mean square of its points' noise), ``id_plateau_lo``,
-    ``id_plateau_hi`` (its range of scales); NaN with the reason in ``note`` where there is no
-    plateau or where copies exceed ``settings.max_copy_share``.
-    """
-    result = _id_search(X, settings, reuse=True)
-    decimation = metrics.twonn_decimation(X, discard_fraction=settings.discard_fraction,
-                                          seed=settings.seed)
-    gride = result.gride
-    spread = 1.0 if gride.n_batches > 1 else math.nan
-    err = np.where(decimation.n_subsets > 1, decimation.dimension_err, math.nan)
-    rows: list[tuple] = []
-    for j, (dim, std, scale) in enumerate(zip(decimation.dimension, err, decimation.scale,
-                                              strict=True)):
-        rows += [(f"twonn_dec{j}", dim, std), (f"twonn_dec{j}_scale", scale, math.nan)]
-    for order, scale in zip(gride.orders, gride.scale, strict=True):
-        rows.append((f"gride_k{order}_scale", scale, math.nan))
-    noise = np.concatenate([err, gride.dimension_std * spread])
-    plateau = metrics.id_plateau(np.concatenate([decimation.scale, gride.scale]),
-                                 np.concatenate([decimation.dimension, gride.dimension]), noise)
-    if plateau.n_points:
-        on = np.zeros(len(noise), dtype=bool)  # the points on the plateau, for its noise
-        scales = np.concatenate([decimation.scale, gride.scale])
-        on[(scales >= plateau.low) & (scales <= plateau.high)] = True
-        known = noise[on & np.isfinite(noise)]
-        std = float(np.sqrt(np.mean(known**2))) if known.size else math.nan
-        rows += [("id_plateau", plateau.dimension, std), ("id_plateau_lo", plateau.low, math.nan),
-                 ("id_plateau_hi", plateau.high, math.nan)]
-    else:
-        rows += [(name, math.nan, math.nan, plateau.reason)
-                 for name in ("id_plateau", "id_plateau_lo", "id_plateau_hi")]
-    return _guard(rows, _copy_share(result, X.shape[0]), settings.max_copy_share)
 
 
 def _distributions(X, settings) -> list[tuple[str, float, float]]:
@@ -260,6 +158,12 @@ def _knn_prepare(X):
     if X.shape[0] <= 10:
         raise ValueError(f"mutual_knn needs more than k = 10 rows, got {X.shape[0]}")
     return alignment._cosine_neighbors(check_matrix(X, "X"), 10)
+
+
+def _null(name: str) -> tuple[Output, Output]:
+    """The rows of a pair's permutation null (`repgeom.probes.core.null`)."""
+    return (Output(f"{name}_chance", f"{name} under shuffled pairing (chance level)", ()),
+            Output(f"{name}_p", f"{name}: permutation p-value", ()))
 
 
 def _id(pattern: str, label: str, **facts) -> Output:
@@ -334,6 +238,10 @@ BUILTIN: dict[str, Metric] = {
         Metric("effective_rank", "states", metrics.effective_rank,
                (Output("effective_rank", "Effective rank (Roy & Vetterli)"),)),
         Metric("rankme", "states", metrics.rankme, (Output("rankme", "RankMe (Garrido et al.)"),)),
+        Metric("alpha_req", "states", _alpha_req,
+               (Output("alpha_req", "alpha-ReQ (power-law decay of the spectrum, Agrawal et al.)",
+                       ("profile", "vs_step")),
+                Output("alpha_req_r2", "alpha-ReQ fit R\u00b2", ()))),
         Metric("isoscore", "states", metrics.isoscore,
                (Output("isoscore", "IsoScore (Rudman et al.)"),)),
         Metric("pca_dimension", "states", _pca_dimension,
@@ -348,10 +256,16 @@ BUILTIN: dict[str, Metric] = {
                 Output(r"(loglik|aic)_\w+", "{0}", ())),
                batched=False, switch="distributions"),
         Metric("linear_cka", "pair", metrics.linear_cka,
-               (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()),), training=False),
+               (Output("linear_cka", "Linear CKA (Kornblith et al.)", ()), *_null("linear_cka")),
+               training=False, permute=null.permute_rows),
+        Metric("linear_cka_unbiased", "pair", metrics.linear_cka_unbiased,
+               (Output("linear_cka_unbiased", "Linear CKA, unbiased HSIC (Song et al.)", ()),
+                *_null("linear_cka_unbiased")),
+               training=False, permute=null.permute_rows),
         Metric("mutual_knn", "pair", alignment._knn_overlap,
-               (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),),
-               training=False, prepare=_knn_prepare),
+               (Output("mutual_knn", "Mutual k-NN overlap (k=10, Huh et al.)", ()),
+                *_null("mutual_knn")),
+               training=False, prepare=_knn_prepare, permute=null.permute_neighbors),
         Metric("linearity", "pair", linearity,
                (Output("linearity", "Linearity of the map from layer to layer_b (Razzhigaev et "
                                     "al. 2024)", ()),),
@@ -359,6 +273,15 @@ BUILTIN: dict[str, Metric] = {
     )
 }
 """Every built-in metric by name, in the order the table's rows are written."""
+
+MODEL_OUTPUTS = (
+    Output("lm_loss", "LM loss on the probe's windows (nats per token)", ("vs_step",),
+           wandb=("final",)),
+    Output("bpc", "Bits per character on the probe's windows", ("vs_step",), wandb=("final",)),
+)
+"""The rows of the whole model (`repgeom.probes.core.lm_loss`, `table.MODEL_METRICS`):
+not catalogue entries (every probe of a model with a head writes them), but table metrics with
+the same facts."""
 
 _USER: dict[str, Metric] = {}
 
@@ -428,7 +351,7 @@ def output_of(metric: str) -> Output | None:
         for output in entry.outputs:
             if output.matches(metric):
                 return output
-    return None
+    return next((o for o in MODEL_OUTPUTS if o.matches(metric)), None)
 
 
 def entry_of(metric: str) -> Metric | None:
@@ -476,7 +399,7 @@ def wandb_metrics(kind: str) -> tuple[str, ...]:
     """Table metrics with W&B extra `kind` ("profile", "layer_step", "peak", "final")."""
     return tuple(
         o.member or o.pattern for m in BUILTIN.values() for o in m.outputs if kind in o.wandb
-    )
+    ) + tuple(o.pattern for o in MODEL_OUTPUTS if kind in o.wandb)
 
 
 PAIR_NAMES = tuple(m.name for m in BUILTIN.values() if m.reads == "pair")

@@ -23,9 +23,9 @@ and dropped.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +35,14 @@ from repgeom.metrics._spectrum import shared_spectrum
 from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
-from repgeom.probes.core import catalogue
+from repgeom.probes.core import catalogue, id_entries
+from repgeom.probes.core.pairs import (  # noqa: F401 - pair_value and pair_rows are read from here
+    _mean_std,
+    _skip_on_error,
+    measure_layer_pairs,
+    pair_rows,
+    pair_value,
+)
 from repgeom.probes.core.table import NOISE_COLUMNS
 
 PER_HEAD_METRICS: tuple[str, ...] = tuple(
@@ -69,12 +76,21 @@ class ProbeSettings:
     noise_splits: int = 8
     """Noise batches per estimator batch for the intrinsic-dimension rows' standard error
     (``se``, ``se_df``: `repgeom.probes.core.id_noise`); 0 or 1: off."""
+    per_token: bool = False
+    """Keep each probed state's surprisal, local ID (the MLE on its 20 neighbours of the shared
+    search), position and token (`repgeom.probes.core.tokens`: ``probes/tokens/step_<n>.parquet``
+    and the Spearman table ``token_id_surprisal.csv``)."""
     max_copy_share: float = 0.5
     """Above this share of a layer's states that are copies or near-copies (exact duplicates
     plus the near-duplicate share's points, of all states), every intrinsic-dimension reading of
     the layer (TwoNN, its MLE, the authors' convention, GRIDE, the MLE, decimation, the plateau)
     is NaN, with the reason in the table's ``note`` column: the estimators read the jitter
     inside the clumps there (the char embedding at step 0 reads 192 under the authors' fit)."""
+    null_permutations: int = 0
+    """Shuffles of the permutation null of the pairwise entries (`repgeom.probes.core.null`:
+    rows ``<metric>_chance`` and ``<metric>_p`` beside linear CKA and mutual k-NN); 0: off.
+    Each shuffle computes every pair's CKA again in full (mutual k-NN reuses its neighbour
+    search): about ``null_permutations`` times the pairs' own cost (see `null`)."""
     twonn_convention: str = "facco"
     """``facco``: TwoNN as Facco et al. 2017, DADApy and scikit-dimension fit it (row ``twonn``);
     ``llm_microscope``: as the Shape of Learning authors' code does
@@ -94,7 +110,7 @@ class ProbeSettings:
         self.max_copy_share = check_fraction(self.max_copy_share, "probe setting max_copy_share",
                                              include_high=True)
         for name, minimum in (("state_batch_size", 3), ("distribution_samples", 10),
-                              ("seed", None), ("noise_splits", 0)):
+                              ("seed", None), ("noise_splits", 0), ("null_permutations", 0)):
             check_int(getattr(self, name), f"probe setting {name}", minimum=minimum)
         if isinstance(self.metrics, str):
             raise ValueError(
@@ -121,6 +137,15 @@ class ProbeOutput:
     """Each layer's states, (N, D) float32, kept when pairwise metrics are wanted (`measure`
     with ``keep_states``), for similarity across steps and runs."""
     settings: ProbeSettings | None = None
+    tokens: Any = None
+    """The step's per-token surprisals (`repgeom.probes.core.lm_loss.TokenLoss`), or None."""
+    local_ids: list = field(default_factory=list, repr=False)
+    """Per layer, each state's local ID (or None), where ``settings.per_token`` asks."""
+    token_states: Any = None
+    """`repgeom.probes.core.tokens.TokenStates` of the step, where ``settings.per_token`` asks."""
+    texts: str = "real"
+    """The probe set's texts (``real``, ``shuffled``: `repgeom.probes.core.sampling.ProbeSet`),
+    set by the targets; the table's ``texts`` column (`repgeom.probes.report.sink.write_step`)."""
     forward_seconds: float = 0.0
     """Seconds in the model's forward passes (the rest of a probe is the metrics), set by the
     targets (`repgeom.probes.core.targets`)."""
@@ -255,8 +280,10 @@ def measure_states(
     split = metrics.batch_indices(states[0].shape[0], settings.state_batch_size, settings.seed)
     for layer, X in enumerate(states):
         _measure_states(out, layer, X, split, settings, selection.states)
+        if settings.per_token:
+            out.local_ids.append(id_entries.local_ids(X))
     if selection.pairs:
-        _measure_layer_pairs(out, states, split, selection.pairs)
+        measure_layer_pairs(out, states, split, selection.pairs, settings)
     if keep_states:
         out.states = states
     return out
@@ -328,21 +355,6 @@ def _flatten(hidden: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     return states.reshape(-1, hidden.size(-1)).float()
 
 
-@contextmanager
-def _skip_on_error(out: ProbeOutput, metric: str, layer: int) -> Iterator[None]:
-    """On a ValueError from a metric (its inputs are unusable), record a warning and carry on."""
-    try:
-        yield
-    except ValueError as error:
-        out.warnings.append(f"probe: {metric} skipped at layer {layer}: {error}")
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population std over batches (std NaN for one batch: there is no spread)."""
-    array = np.asarray(values, dtype=np.float64)
-    return float(array.mean()), float(array.std()) if len(array) > 1 else math.nan
-
-
 def _measure_states(
     out: ProbeOutput,
     layer: int,
@@ -363,11 +375,13 @@ def _measure_states(
 
 
 def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tuple]:
-    """``(metric, mean, std)`` over batches of ``entry.fn(batch)`` (a float or a dict of them)."""
+    """``(metric, mean, std)`` over batches of ``entry.fn(batch)`` (a float or a dict of them;
+    a dict's key ``""`` is the row of the entry's own name)."""
     values = [entry.fn(batch) for batch in batches]
     if all(isinstance(v, dict) for v in values):
-        return [
-            (f"{entry.name}_{key}", *_mean_std([float(v[key]) for v in values]))
+        return [  # the key "": the entry's own name
+            (f"{entry.name}_{key}" if key else entry.name,
+             *_mean_std([float(v[key]) for v in values]))
             for key in values[0]
         ]
     try:
@@ -377,48 +391,6 @@ def per_batch(entry: catalogue.Metric, batches: list[torch.Tensor]) -> list[tupl
             f"{entry.name} returned {type(values[0]).__name__}; a state metric returns a float "
             "or a dict of floats"
         ) from None
-
-
-def _measure_layer_pairs(
-    out: ProbeOutput,
-    states: list[torch.Tensor],
-    split: list[torch.Tensor],
-    entries: list[catalogue.Metric],
-) -> None:
-    """Every pairwise entry between layers a <= b: mean and std over the same batches (an
-    entry's ``prepare`` step, e.g. a neighbour search, runs once per layer and batch)."""
-    for entry in entries:
-        prepared = [_PreparedBatches(entry, X, split) for X in states]
-        for a in range(len(states)):
-            for b in range(a, len(states)):
-                with _skip_on_error(out, entry.name, a):
-                    value, std = _mean_std(
-                        [entry.fn(x, y) for x, y in zip(prepared[a], prepared[b], strict=True)]
-                    )
-                    out.add(a, entry.name, value, std, layer_b=b)
-
-
-class _PreparedBatches:
-    """The batches of one state set as a pairwise entry reads them, each prepared on first use."""
-
-    def __init__(self, entry: catalogue.Metric, X: torch.Tensor, split: list[torch.Tensor]):
-        self.entry, self.X, self.split = entry, X, split
-        self.cache: list | None = None
-
-    def __iter__(self):
-        if self.cache is None:
-            batches = [self.X[index.to(self.X.device)] for index in self.split]
-            prepare = self.entry.prepare
-            self.cache = batches if prepare is None else [prepare(b) for b in batches]
-        return iter(self.cache)
-
-
-def pair_value(
-    entry: catalogue.Metric, X: torch.Tensor, Y: torch.Tensor, split: list[torch.Tensor]
-) -> tuple[float, float]:
-    """Mean and std over batches of a pairwise entry on paired rows of `X` and `Y`."""
-    A, B = _PreparedBatches(entry, X, split), _PreparedBatches(entry, Y, split)
-    return _mean_std([entry.fn(x, y) for x, y in zip(A, B, strict=True)])
 
 
 def _measure_qk(

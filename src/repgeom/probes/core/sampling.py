@@ -53,6 +53,13 @@ class ProbeSet:
     attention_windows: int
     attention_mask: torch.Tensor | None = None
     """(n_windows, T) 0/1 tensor of real tokens (Hugging Face windows); None: every token."""
+    texts: str = "real"
+    """``real``, or ``shuffled``: each window's tokens shuffled among its probe-able positions
+    (`shuffle_tokens`), the control of Cheng et al. (ICLR 2025)."""
+    characters: torch.Tensor | None = None
+    """(n_windows, T) characters of the text each token covers (Hugging Face windows:
+    `repgeom.models.hf.windows.window_characters`, moved with its token when shuffled), for
+    ``bpc``; None: one character per token (our byte windows)."""
 
     @property
     def n_states(self) -> int:
@@ -67,6 +74,7 @@ class ProbeSet:
             "window": int(self.windows.shape[1]),
             "positions_per_window": int(per_window.max()),
             "attention_windows": self.attention_windows,
+            "texts": self.texts,
         }
 
 
@@ -105,6 +113,30 @@ def fit_to_text(
         stacklevel=3,
     )
     return available, per_window
+
+
+TEXTS = ("real", "shuffled")
+"""`ProbeSpec.texts`' values: the text as it is, or each window's tokens shuffled."""
+
+
+def shuffle_tokens(windows: torch.Tensor, candidates: torch.Tensor, seed: int) -> torch.Tensor:
+    """Each window's tokens at its `candidates` positions (every position of our byte windows;
+    a Hugging Face window's real, non-special tokens) in a random order from `seed`, the other
+    positions (padding, BOS/CLS/SEP) left in place: the same tokens and positions without their
+    order, the shuffled-text control of Cheng et al. (ICLR 2025, "Emergence of a
+    high-dimensional abstraction phase in language transformers", section 4).
+
+    The order comes from a random stream of its own (``numpy.random.default_rng([seed, 1])``),
+    not the one `choose_positions` draws the positions from.
+    """
+    rng = np.random.default_rng([int(seed), 1])
+    out = windows.clone()
+    candidates = candidates.bool().cpu()
+    for row in range(len(windows)):
+        index = candidates[row].nonzero().squeeze(1)
+        order = torch.from_numpy(rng.permutation(len(index)))
+        out[row, index] = windows[row, index[order]]
+    return out
 
 
 def choose_positions(
@@ -150,11 +182,16 @@ class WindowPool:
     take : sorted window indices -> (windows (n, T) int64, candidates (n, T) bool, attention
         mask (n, T) or None): the chosen windows, the positions that may be probed in each
         (False for padding or left-out special tokens) and the tokenizer's mask
+    special_ids : the tokenizer's special ids (BOS, CLS, SEP, ...), which ``texts=shuffled``
+        leaves in place also where they may be probed (``include_special``)
     """
 
     count: int
     usable: int
     take: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+    special_ids: tuple[int, ...] = ()
+    characters: torch.Tensor | None = None
+    """(count, T) characters each token of every window covers (`ProbeSet.characters`)."""
 
     @classmethod
     def of_windows(cls, windows: torch.Tensor) -> WindowPool:
@@ -169,7 +206,9 @@ def draw(pool: WindowPool, spec: Any) -> ProbeSet:
     HF tokenizer's windows): ``ceil(n_states / positions_per_window)`` windows drawn from
     ``spec.seed`` (`choose_windows`: spread over the whole text), `positions_per_window` random
     positions among each one's candidates (`choose_positions`), and the first
-    ``attention_windows`` of them whole for attention. `spec` is a `ProbeSpec`.
+    ``attention_windows`` of them whole for attention. `spec` is a `ProbeSpec`; its
+    ``texts="shuffled"`` shuffles each window's ordinary tokens (`shuffle_tokens`: not the
+    pool's `WindowPool.special_ids`, probed or not), the same windows and positions.
 
     A pool with fewer windows than needed gives every window at more positions (`fit_to_text`);
     one that still falls short of ``n_states`` warns.
@@ -177,9 +216,19 @@ def draw(pool: WindowPool, spec: Any) -> ProbeSet:
     wanted, per_window = fit_to_text(
         spec.n_states, spec.positions_per_window, pool.count, pool.usable
     )
-    windows, candidates, mask = pool.take(choose_windows(pool.count, wanted, spec.seed))
+    chosen = choose_windows(pool.count, wanted, spec.seed)
+    windows, candidates, mask = pool.take(chosen)
+    characters = None if pool.characters is None else pool.characters[torch.from_numpy(chosen)]
     positions = choose_positions(candidates, per_window, spec.seed)
-    probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask)
+    texts = getattr(spec, "texts", TEXTS[0])
+    if texts == "shuffled":  # the ordinary tokens only: padding and special tokens stay
+        ordinary = candidates & ~torch.isin(windows, torch.tensor(pool.special_ids,
+                                                                  dtype=windows.dtype))
+        windows = shuffle_tokens(windows, ordinary, spec.seed)
+        if characters is not None:  # the same order (the same stream): with their tokens
+            characters = shuffle_tokens(characters, ordinary, spec.seed)
+    probes = ProbeSet(windows, positions, min(spec.attention_windows, len(windows)), mask, texts,
+                      characters)
     if probes.n_states < spec.n_states:
         warnings.warn(
             f"the text gives {probes.n_states} states per layer, fewer than "

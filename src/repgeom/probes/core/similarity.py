@@ -12,8 +12,10 @@ and at the end
   (causal vs bidirectional on the same windows), rows with ``run_b``.
 
 Values are the mean and std over the same shuffled batches of ``state_batch_size`` rows as every
-other state metric (`repgeom.metrics.batch_indices`). Float16 storage moves CKA by ~1e-4
-(relative rounding 2^-11 of each state), far below the differences between layers it shows.
+other state metric (`repgeom.metrics.batch_indices`), with the permutation null's rows where
+``permutations`` (``ProbeSettings.null_permutations``) asks (`repgeom.probes.core.null`).
+Float16 storage moves CKA by ~1e-4 (relative rounding 2^-11 of each state), far below the
+differences between layers it shows.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from repgeom import metrics
 from repgeom.probes.core import catalogue, table
-from repgeom.probes.core.measure import ProbeSettings, pair_value
+from repgeom.probes.core.measure import ProbeSettings, pair_rows
 
 STATES_DIR = "states"
 
@@ -73,6 +75,7 @@ def _compare(
     *,
     batch_size: int,
     seed: int,
+    permutations: int = 0,
 ) -> list[dict]:
     if len(A) != len(B) or A[0].shape[0] != B[0].shape[0]:
         raise ValueError(
@@ -83,9 +86,10 @@ def _compare(
     rows = []
     for layer, (X, Y) in enumerate(zip(A, B, strict=True)):
         for entry in entries:
-            value, std = pair_value(entry, X, Y, split)
-            rows.append({"layer": layer, "layer_name": names[layer], "layer_b": layer,
-                         "metric": entry.name, "value": value, "std": std})
+            for metric, value, std in pair_rows(entry, X, Y, split, permutations=permutations,
+                                                seed=seed):
+                rows.append({"layer": layer, "layer_name": names[layer], "layer_b": layer,
+                             "metric": metric, "value": value, "std": std})
     return rows
 
 
@@ -95,6 +99,7 @@ def vs_final_rows(
     *,
     batch_size: int = ProbeSettings.state_batch_size,
     seed: int = ProbeSettings.seed,
+    permutations: int = ProbeSettings.null_permutations,
 ) -> list[dict]:
     """Every saved step's layers against the same layers at the last saved step."""
     steps = saved_steps(probe_folder)
@@ -105,7 +110,8 @@ def vs_final_rows(
     rows = []
     for step, path in steps.items():
         A, _ = load_states(path)
-        for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed):
+        for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed,
+                        permutations=permutations):
             rows.append({"step": step, "step_b": final, **row})
     return rows
 
@@ -117,6 +123,7 @@ def vs_final_step_rows(
     *,
     batch_size: int = ProbeSettings.state_batch_size,
     seed: int = ProbeSettings.seed,
+    permutations: int = ProbeSettings.null_permutations,
 ) -> list[dict]:
     """One step's layers (`states`, just probed) against the same layers at the last step saved
     in `probe_folder`: `vs_final_rows` for one step, without keeping its states. The states are
@@ -128,7 +135,8 @@ def vs_final_step_rows(
     B, names = load_states(steps[final])
     A = [s.detach().half().float().cpu() for s in states]
     return [{"step_b": final, **row}
-            for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed)]
+            for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed,
+                        permutations=permutations)]
 
 
 def run_vs_run_rows(
@@ -140,6 +148,7 @@ def run_vs_run_rows(
     step: int | None = None,
     batch_size: int = ProbeSettings.state_batch_size,
     seed: int = ProbeSettings.seed,
+    permutations: int = ProbeSettings.null_permutations,
 ) -> list[dict]:
     """Run A's layers against run B's at `step` (default: the last step both saved)."""
     steps_a, steps_b = saved_steps(folder_a), saved_steps(folder_b)
@@ -153,4 +162,5 @@ def run_vs_run_rows(
     A, names = load_states(steps_a[step])
     B, _ = load_states(steps_b[step])
     return [{"step": step, "run_b": run_b, **row}
-            for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed)]
+            for row in _compare(A, B, names, entries, batch_size=batch_size, seed=seed,
+                        permutations=permutations)]

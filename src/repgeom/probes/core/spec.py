@@ -24,6 +24,7 @@ from repgeom.probes.core.sampling import (
     DEFAULT_ATTENTION_WINDOWS,
     DEFAULT_N_STATES,
     DEFAULT_POSITIONS_PER_WINDOW,
+    TEXTS,
 )
 
 POSITIONS_ALL = "all"
@@ -65,6 +66,8 @@ class ProbeSpec:
     settings : estimator options (`ProbeSettings`)
     protocol : the name of the protocol these options make (``repgeom``, ``llm_microscope``:
         conf/probe/llm_microscope.yaml), written to ``probes/probe_set.json``
+    texts : ``real``, or ``shuffled``: each window's tokens shuffled, the same windows and
+        positions (`sampling.shuffle_tokens`), the shuffled-text control
     """
 
     n_states: int = DEFAULT_N_STATES
@@ -75,8 +78,11 @@ class ProbeSpec:
     metrics: list[str] = field(default_factory=lambda: ["default"])
     settings: EstimatorOptions = field(default_factory=EstimatorOptions)  # type: ignore[valid-type]
     protocol: str = "repgeom"
+    texts: str = TEXTS[0]
 
     def __post_init__(self) -> None:
+        if self.texts not in TEXTS:
+            raise ValueError(f"texts must be one of {', '.join(TEXTS)}, got {self.texts!r}")
         if not isinstance(self.settings, EstimatorOptions):
             known = {f.name for f in dataclasses.fields(EstimatorOptions)}
             given = dict(self.settings or {})
@@ -93,7 +99,13 @@ class ProbeSpec:
         return ProbeSettings(seed=self.seed, metrics=tuple(self.metrics), **asdict(self.settings))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict, what checkpoints hold; ``texts`` only where not ``real``, so a
+        checkpoint of real text reads in a repgeom from before the field (which refuses
+        unknown fields), and one of shuffled text does not (it would probe real text)."""
+        given = asdict(self)
+        if given["texts"] == TEXTS[0]:
+            del given["texts"]
+        return given
 
     @classmethod
     def from_checkpoint(cls, state: dict[str, Any]) -> ProbeSpec:
@@ -133,6 +145,7 @@ class ProbeRequest:
     metrics: tuple[str, ...] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     protocol: str | None = None
+    texts: str | None = None
     text_file: str | None = None
     text_source: str = "sample"
     window: int | None = None

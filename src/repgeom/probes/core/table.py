@@ -18,6 +18,15 @@ value      float64  the number
 std        float64  its standard deviation (bootstrap, across windows, ...), NaN when there is none
 =========  =======  ===============================================================================
 
+Rows of the whole model rather than of one layer (the language-model loss on the probe's
+windows, ``lm_loss`` and ``bpc``: `repgeom.probes.core.lm_loss`) have ``layer`` -1
+(`MODEL_LAYER`) and ``layer_name`` ``model`` (`MODEL_LAYER_NAME`); they are told apart by their
+metric (`MODEL_METRICS`, `model_rows`, `layer_rows`), not by that number.
+
+A probe of shuffled text (``texts=shuffled``, `repgeom.probes.core.sampling.shuffle_tokens`)
+adds the column ``texts`` (`TEXTS_COLUMN`), ``shuffled`` on its rows; tables of real text have
+none. A table never mixes the two (`append_rows`), so a resumed probe cannot either.
+
 Any further columns (``probe.py`` adds ``model`` and ``revision``, a comparison may add ``run``)
 are kept, after these seven, and every function here and in `plots` can group by them.
 
@@ -99,6 +108,52 @@ PAIR_COLUMNS: tuple[str, ...] = ("layer_b", "step_b", "run_b")
 """Columns that name the second state set of a pairwise row (see the module docstring)."""
 
 
+MODEL_LAYER = -1
+"""``layer`` of a row of the whole model (its output), not of one layer: the LM loss. A storage
+marker only: the rows are told apart by their metric (`MODEL_METRICS`, `model_rows`), never by
+this number, which the phase tables use for the layer mean."""
+
+
+MODEL_LAYER_NAME = "model"
+"""``layer_name`` of `MODEL_LAYER`."""
+
+
+MODEL_METRICS: tuple[str, ...] = ("lm_loss", "bpc")
+"""The metrics of the whole model (`repgeom.probes.core.lm_loss`): no layer has them."""
+
+
+def model_rows(frame: pd.DataFrame) -> pd.Series:
+    """Which rows of `frame` are the whole model's (the LM loss, `MODEL_METRICS`), a bool mask.
+
+    Every reader of layers (layer means, phases, profiles, the console, W&B) leaves these out
+    through this one test, which reads the metric: a number in ``layer`` could be taken for a
+    layer, or for the layer mean (``layer`` -1 of `repgeom.probes.report.phases`)."""
+    if "metric" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    return frame["metric"].isin(MODEL_METRICS)
+
+
+def layer_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` without the whole model's rows (`model_rows`): the layers' rows only."""
+    return frame.loc[~model_rows(frame)] if len(frame) else frame
+
+
+TEXTS_COLUMN = "texts"
+"""Column of a probe of shuffled text (``probe.texts=shuffled``): ``shuffled`` on each of its
+rows. Absent (or empty) means the text as it is (``real``), so tables of real text are as
+before. A table holds one kind only (`append_rows` refuses to mix them)."""
+
+
+def texts_of(frame: pd.DataFrame) -> set[str]:
+    """The texts (``real``, ``shuffled``) the rows of `frame` were probed on; empty: no rows."""
+    if frame.empty:
+        return set()
+    if TEXTS_COLUMN not in frame.columns:
+        return {"real"}
+    values = frame[TEXTS_COLUMN].fillna("").astype(str).replace({"": "real", "nan": "real"})
+    return set(values)
+
+
 PROBE_DIR = "probes"
 
 
@@ -160,7 +215,7 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
     for col in PAIR_COLUMNS[:2]:
         if col in frame.columns:
             frame[col] = _as_int(frame[col].fillna(-1), col)
-    for col in ("run_b", NOTE):  # strings, empty where a row has none
+    for col in ("run_b", NOTE, TEXTS_COLUMN):  # strings, empty where a row has none
         if col in frame.columns:
             frame[col] = frame[col].astype(object).where(frame[col].notna(), "").astype(str)
     derived = frame["layer"].map(block_name)
@@ -183,7 +238,10 @@ def rows_to_frame(rows: Iterable[Mapping[str, Any]] | pd.DataFrame) -> pd.DataFr
 
 
 def block_name(layer: int) -> str:
-    """The name of layer `layer` in a model without a final norm: embedding or block_<i>."""
+    """The name of layer `layer` in a model without a final norm: embedding or block_<i>
+    (``model`` for `MODEL_LAYER`)."""
+    if layer == MODEL_LAYER:
+        return MODEL_LAYER_NAME
     return "embedding" if layer == 0 else f"block_{layer}"
 
 
@@ -233,6 +291,12 @@ def append_rows(
     new = rows_to_frame(rows)
     old = _read_folder(folder) if _table_file(folder) is not None else None
     if old is not None and not old.empty and not new.empty:
+        if texts_of(old) != texts_of(new):  # a resumed probe must not mix real and shuffled
+            raise ValueError(
+                f"{folder} holds probes of {' and '.join(sorted(texts_of(old)))} text and "
+                f"these rows are of {' and '.join(sorted(texts_of(new)))} text (texts= / "
+                "probe.texts=): one table never mixes them; give another output folder "
+                "(output_dir=... or hydra.run.dir=...), or the texts it was probed with")
         keys = ["step", *[c for c in (*ID_COLUMNS, "step_b", "run_b") if c in new.columns]]
         replaced = key_index(old, keys).isin(key_index(new, keys))
         old = old.loc[~replaced]

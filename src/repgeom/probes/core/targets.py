@@ -25,11 +25,13 @@ from repgeom.models.checkpoints import (
     run_dir_of,
     validation_windows_for,
 )
-from repgeom.probes.core import catalogue
+from repgeom.probes.core import catalogue, lm_loss
+from repgeom.probes.core.lm_loss import Masking
 from repgeom.probes.core.measure import ProbeOutput, ProbeSettings, measure
 from repgeom.probes.core.sampling import ProbeSet, WindowPool, draw, probe_set
 from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.core.texts import byte_windows, default_text, read_text
+from repgeom.probes.core.tokens import TokenStates
 
 T = TypeVar("T")
 
@@ -82,13 +84,17 @@ def probe_gpt(
     batch_size: int,
     settings: ProbeSettings,
     keep_states: bool = False,
+    masking: Masking | None = None,
 ) -> ProbeOutput:
     """`measure` our GPT on a probe set: eval mode, no gradients, the caller's RNG untouched.
 
     The states come from the sampled positions of every window (`GPT.capture_positions`: no
     attention materialised, causal windows cut after their last sampled position, the last
     block run at the sampled rows only); attention and Q/K from the first
-    `probes.attention_windows` windows, whole.
+    `probes.attention_windows` windows, whole. The ``lm_loss`` and ``bpc`` rows
+    (`repgeom.probes.core.lm_loss`): a decoder's from the head on the captured final states,
+    an encoder's from one more forward pass of the windows masked as `masking` says (none
+    without it).
     """
     was_training = model.training
     device = next(model.parameters()).device
@@ -102,15 +108,39 @@ def probe_gpt(
             started = time.perf_counter()
             states = [model.capture_positions(probes.windows, probes.positions,
                                               batch_size=batch_size)]
+            tokens = None
+            if model.config.causal:  # the head on the final states: no forward pass
+                tokens = lm_loss.gpt_state_loss(model, states[0], probes.windows,
+                                                probes.positions)
+            elif masking is not None:
+                tokens = lm_loss.gpt_masked_loss(model, probes.windows, masking,
+                                                 seed=settings.seed, batch_size=batch_size)
             clock.seconds += time.perf_counter() - started
             attention = clock.timed(gpt_captures(
                 model, whole, None, batch_size=batch_size, attention=settings.attention
             ))
             output = measure(states, attention, settings, keep_states=keep_states)
+            if tokens is not None:
+                output.rows += tokens.rows()
+                output.tokens = tokens
+            _finish_output(output, probes, settings)
             output.forward_seconds = clock.seconds
             return output
     finally:
         model.train(was_training)
+
+
+def _finish_output(output: ProbeOutput, probes: ProbeSet, settings: ProbeSettings) -> None:
+    """The probe set's texts (`ProbeOutput.texts`), and the per-token values
+    (`tokens.TokenStates`) where ``settings.per_token`` asks: the states' surprisals where the
+    loss was read at them (decoders), their local IDs."""
+    output.texts = probes.texts
+    if not settings.per_token:
+        return
+    loss = output.tokens
+    surprisal = loss.surprisal if loss is not None and loss.per_state else None
+    output.token_states = TokenStates.of(probes.positions, probes.windows, surprisal,
+                                         output.local_ids, output.layer_names)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,6 +167,15 @@ def checkpoint_probe_set(path: Path, ckpt: dict, vocab, block_size: int,
             f"({validation.vocab}); was the data changed?"
         )
     return probe_set(validation, spec)
+
+
+def checkpoint_masking(ckpt: dict, vocab) -> Masking | None:
+    """How an encoder checkpoint's validation masked its windows (None for a decoder)."""
+    hparams = ckpt["hyper_parameters"]
+    masking = hparams.get("masking") or {}
+    if masking.get("causal", True):
+        return None
+    return Masking.of(vocab, masking)
 
 
 @dataclass
@@ -201,6 +240,7 @@ class CheckpointTarget:
             batch_size=spec.batch_size,
             settings=settings,
             keep_states=bool(catalogue.select(settings).pairs),
+            masking=checkpoint_masking(ckpt, loaded.vocab),
         )
 
 
@@ -273,6 +313,8 @@ class HFTarget:
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
 
+        loss = lm_loss.HFLoss.of(loaded)
+
         def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
             for start in range(0, n_windows, spec.batch_size):
                 stop = min(start + spec.batch_size, n_windows)
@@ -285,6 +327,11 @@ class HFTarget:
                 )
                 if positions is not None:
                     capture.valid = capture.valid & positions[start:stop].to(capture.valid.device)
+                    if loss is not None:  # the head on this batch's final states
+                        loss.add(capture, probes.windows[start:stop],
+                                 probes.attention_mask[start:stop],
+                                 None if probes.characters is None
+                                 else probes.characters[start:stop])
                 yield capture
 
         clock = Stopwatch()
@@ -296,7 +343,21 @@ class HFTarget:
                 settings,
                 keep_states=bool(catalogue.select(settings).pairs),
             )
+        if loss is not None:
+            output.warnings += loss.warnings
+            tokens = loss.result()
+        else:  # an encoder with its masked-LM head: one more forward pass, masked windows
+            started = time.perf_counter()
+            tokens, why = lm_loss.hf_masked_loss(
+                loaded, probes.windows, probes.attention_mask, probes.characters,
+                seed=settings.seed, batch_size=spec.batch_size)
+            clock.seconds += time.perf_counter() - started
+            output.warnings += [why] if why else []
         output.forward_seconds = clock.seconds
+        if tokens is not None:
+            output.rows += tokens.rows()
+            output.tokens = tokens
+        _finish_output(output, probes, settings)
         return output
 
 
@@ -306,7 +367,7 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
     the model's positions): random positions among each window's tokens, special tokens left out
     unless `request.include_special`; the windows' attention mask comes with it."""
     from repgeom.models.hf import special_token_ids, tokenize_windows
-    from repgeom.models.hf.windows import DEFAULT_WINDOW, default_window
+    from repgeom.models.hf.windows import DEFAULT_WINDOW, default_window, window_characters
 
     text = read_text(request.text_file) if request.text_file else default_text(
         request.text_source)
@@ -315,11 +376,13 @@ def hf_probe_set(hf: Any, request: ProbeRequest, spec: ProbeSpec) -> ProbeSet:
         window = default_window(hf, PROTOCOL_HF_WINDOW.get(spec.protocol, DEFAULT_WINDOW))
     ids, mask = tokenize_windows(hf, text, window=int(window))
     candidates = mask.bool()
+    special = tuple(int(i) for i in special_token_ids(hf.tokenizer))
     if not request.include_special:
-        candidates &= ~torch.isin(ids, torch.tensor(special_token_ids(hf.tokenizer)))
+        candidates &= ~torch.isin(ids, torch.tensor(special, dtype=ids.dtype))
 
     def take(chosen: np.ndarray):
         index = torch.from_numpy(chosen)
         return ids[index], candidates[index], mask[index]
 
-    return draw(WindowPool(len(ids), int(candidates[0].sum()), take), spec)
+    characters = window_characters(hf, text, window=int(window))
+    return draw(WindowPool(len(ids), int(candidates[0].sum()), take, special, characters), spec)

@@ -23,6 +23,7 @@ from repgeom.probes.core.table import (
     NOTE,
     PAIR_COLUMNS,
     key_index,
+    model_rows,
     rows_to_frame,
 )
 
@@ -107,8 +108,9 @@ def layer_means(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.D
 
 
 def blocks(frame: pd.DataFrame, *, include_embedding: bool = False) -> pd.DataFrame:
-    """The rows of the transformer blocks (and the embedding if asked): no final-norm layer."""
-    keep = frame["layer_name"] != FINAL_NORM
+    """The rows of the transformer blocks (and the embedding if asked): no final-norm layer,
+    no rows of the whole model (the LM loss, `table.model_rows`)."""
+    keep = (frame["layer_name"] != FINAL_NORM) & ~model_rows(frame)
     if not include_embedding:
         keep &= frame["layer"] >= 1
     return frame.loc[keep]

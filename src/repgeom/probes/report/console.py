@@ -36,6 +36,8 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
 
     out_console = console()
     frame = aggregate.single_set(frame)
+    model_rows = frame.loc[table.model_rows(frame)]  # the LM loss: one line below
+    frame = table.layer_rows(frame)
     per_layer = aggregate.head_means(frame)
     last = subjects[-1]
     rows = per_layer.loc[per_layer["step"] == last.step]
@@ -50,6 +52,14 @@ def _print_model(frame: pd.DataFrame, subjects: list) -> None:
         label = "final norm" if names.get(layer) == table.FINAL_NORM else str(layer)
         out.add_row(label, *[_fmt(values.get(m)) for m in shown])
     out_console.print(out)
+    now = model_rows.loc[model_rows["step"] == last.step]
+    revision = getattr(last, "revision", None)
+    if revision and "revision" in now.columns:  # revisions without steps may share a step
+        now = now.loc[now["revision"] == revision]
+    loss = now.groupby("metric")["value"].last()  # one value per metric, whatever the table
+    if "lm_loss" in loss:
+        out_console.print(f"LM loss on the probe's windows: {_fmt(loss['lm_loss'])} nats per "
+                          f"token, {_fmt(loss.get('bpc'))} bits per character")
     if len(subjects) > 1:
         means = aggregate.layer_means(frame)
         wide = means.pivot_table(index="step", columns="metric", values="value")

@@ -151,7 +151,9 @@ def _as_tables(frame: pd.DataFrame | Sequence[pd.DataFrame]) -> list[pd.DataFram
     tables = [frame] if isinstance(frame, pd.DataFrame) else list(frame)
     if not tables:
         raise ValueError("frame: no table given")
-    return [_without_copies(aggregate.single_set(table.rows_to_frame(t))) for t in tables]
+    # the layers' rows only: the LM loss rows are no layer, nor the layer mean (MEAN_LAYER)
+    return [_without_copies(table.layer_rows(aggregate.single_set(table.rows_to_frame(t))))
+            for t in tables]
 
 
 def _without_copies(frame: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,8 @@ def wandb_scalars(frame: pd.DataFrame, *, prefix: str = "probe") -> dict[str, fl
     """The W&B keys of one probe step: ``probe/<metric>/layer_<ii>[/head_<hh>]`` and the layer
     means ``probe/<metric>/mean`` (`aggregate.layer_means`); pairwise metrics as
     ``probe/<metric>/layer_<ii>/layer_<jj>`` (two layers), ``probe/<metric>_vs_final/layer_<ii>``
-    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs).
+    (a step against the final one) and ``probe/<metric>_vs_<run_b>/layer_<ii>`` (two runs);
+    rows of the whole model (``lm_loss``, ``bpc``: `table.MODEL_METRICS`) as ``probe/<metric>``.
 
     `prefix` replaces ``probe``: ``probe/encoder`` and ``probe/decoder`` keep the two stacks of
     an encoder-decoder model, probed at the same step, apart.
@@ -35,6 +36,9 @@ def _scalars(frame: pd.DataFrame) -> dict[str, float]:
     scalars: dict[str, float] = {}
     pairs = aggregate.pair_rows(frame)
     for row in aggregate.single_set(frame).itertuples(index=False):
+        if row.metric in table.MODEL_METRICS:  # the model's own rows (the LM loss)
+            scalars[f"probe/{row.metric}"] = row.value
+            continue
         key = f"probe/{row.metric}/layer_{row.layer:02d}"
         if row.head >= 0:
             key += f"/head_{row.head:02d}"
@@ -47,13 +51,20 @@ def _scalars(frame: pd.DataFrame) -> dict[str, float]:
         else:
             key = f"probe/{row['metric']}/layer_{row['layer']:02d}/layer_{row['layer_b']:02d}"
         scalars[key] = row["value"]
-    for row in aggregate.layer_means(frame).itertuples(index=False):
+    for row in aggregate.layer_means(table.layer_rows(frame)).itertuples(index=False):
         scalars[f"probe/{row.metric}/mean"] = row.value
     return scalars
 
 
-def write_step(run_dir: str | os.PathLike, rows: list[dict]) -> pd.DataFrame:
-    """Add one probe step's rows to ``<run_dir>/probes/probes.{parquet,csv}``; the whole table."""
+def write_step(run_dir: str | os.PathLike, rows: list[dict], *, texts: str = "real"
+               ) -> pd.DataFrame:
+    """Add one probe step's rows to ``<run_dir>/probes/probes.{parquet,csv}``; the whole table.
+
+    `texts` (``real`` or ``shuffled``: the probe set's, `ProbeSet.texts`) goes into each row's
+    ``texts`` column where not ``real`` (`table.TEXTS_COLUMN`); a table of the other texts is
+    refused (`table.append_rows`)."""
+    if texts != "real":
+        rows = [{**row, table.TEXTS_COLUMN: texts} for row in rows]
     return table.append_rows(table.probe_dir(run_dir), rows)
 
 

@@ -90,8 +90,9 @@ def _kinds(folder: Path) -> dict[str, str]:
 
 
 def _relative_depth(rows: pd.DataFrame) -> pd.Series:
-    """layer / L, L the last block; NaN at the final norm's layer."""
-    blocks = rows["layer_name"] != table.FINAL_NORM
+    """layer / L, L the last block; NaN at the final norm's layer and the model's own rows
+    (the LM loss, `table.model_rows`)."""
+    blocks = (rows["layer_name"] != table.FINAL_NORM) & ~table.model_rows(rows)
     last = rows.loc[blocks, "layer"].max()
     if pd.isna(last) or last < 1:
         raise ValueError(f"model {rows['model'].iloc[0]!r}: no block layers in its table")

@@ -15,7 +15,8 @@ key                                    what
                                        ``wandb/confusion_matrix/v1``, read as rows = layer,
                                        columns = step, colour = value)
 ``probe_summary/<name>/layer_<ii>``    run summary: the step of each layer's intrinsic-dimension
-                                       peak and its value, the final anisotropy profile
+                                       peak and its value, the final anisotropy profile; the
+                                       final LM loss and bpc as ``.../model``
 =====================================  =========================================================
 
 Profiles are drawn for `PROFILE_METRICS`, layer x step maps for `LAYER_STEP_METRICS` (those
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from repgeom.probes.core import catalogue
-from repgeom.probes.core.table import rows_to_frame
+from repgeom.probes.core.table import MODEL_LAYER_NAME, MODEL_METRICS, rows_to_frame
 from repgeom.probes.report.aggregate import head_means
 
 # What each metric gets in W&B is a fact of its catalogue entry (`Output.wandb`).
@@ -71,9 +72,10 @@ def layer_values(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
     return out.astype({"step": "int64", "layer": "int64", "value": "float64"})
 
 
-def layer_key(layer: int) -> str:
-    """``layer_<ii>``: the name of a layer in the scalar keys (``probe/<metric>/layer_<ii>``)."""
-    return f"layer_{int(layer):02d}"
+def layer_key(layer: int, metric: str = "") -> str:
+    """``layer_<ii>``: the name of a layer in the scalar keys (``probe/<metric>/layer_<ii>``);
+    ``model`` for the rows of the whole model (the LM loss: `metric` in `MODEL_METRICS`)."""
+    return MODEL_LAYER_NAME if metric in MODEL_METRICS else f"layer_{int(layer):02d}"
 
 
 def profile_table(frame: pd.DataFrame, metric: str, *, values: pd.DataFrame | None = None):
@@ -184,15 +186,15 @@ def summary(frame: pd.DataFrame) -> dict[str, float | int]:
         values = layer_values(frame, metric)
         for layer, rows in values.dropna(subset=["value"]).groupby("layer"):  # NaN: guarded
             top = rows.loc[rows["value"].idxmax()]  # rows are sorted by step: the earliest max
-            out[f"probe_summary/{metric}_peak_step/{layer_key(layer)}"] = int(top["step"])
-            out[f"probe_summary/{metric}_peak/{layer_key(layer)}"] = float(top["value"])
+            out[f"probe_summary/{metric}_peak_step/{layer_key(layer, metric)}"] = int(top["step"])
+            out[f"probe_summary/{metric}_peak/{layer_key(layer, metric)}"] = float(top["value"])
     for metric in FINAL_METRICS:
         values = layer_values(frame, metric)
         if values.empty:
             continue
         last = values.loc[values["step"] == values["step"].max()]
         for row in last.itertuples(index=False):
-            out[f"probe_summary/final_{metric}/{layer_key(row.layer)}"] = float(row.value)
+            out[f"probe_summary/final_{metric}/{layer_key(row.layer, metric)}"] = float(row.value)
     return {k: v for k, v in out.items() if not (isinstance(v, float) and np.isnan(v))}
 
 

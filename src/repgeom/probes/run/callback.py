@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.lm_loss import Masking
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.core.targets import probe_gpt
@@ -227,21 +228,25 @@ class ProbeCallback(L.Callback):
             })
             self.seconds += time.perf_counter() - start
             return
-        output = self.run(pl_module.model)
+        masking = None if pl_module.model.config.causal else Masking.of(
+            pl_module.vocab, pl_module.hparams.masking)
+        output = self.run(pl_module.model, masking)
         for message in output.warnings:
             rank_zero_warn(message)
         self.recorder.record(step, output, self._wandb(trainer), n_done=len(self.done),
                              seconds=self.seconds)
         self.seconds += time.perf_counter() - start
 
-    def run(self, model: torch.nn.Module):
-        """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched."""
+    def run(self, model: torch.nn.Module, masking: Masking | None = None):
+        """Probe `model` on the fixed windows: eval mode, no gradients, RNG state untouched
+        (an encoder's loss rows need its validation `masking`)."""
         return probe_gpt(
             model,
             self.probes,
             batch_size=self.spec.batch_size,
             settings=self.settings,
             keep_states=bool(self.pairs),
+            masking=masking,
         )
 
     # -- logging ------------------------------------------------------------------------------

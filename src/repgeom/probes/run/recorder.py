@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from repgeom.probes.core import catalogue, similarity, table
+from repgeom.probes.core import catalogue, similarity, table, tokens
 from repgeom.probes.core.measure import ProbeOutput
 from repgeom.probes.core.spec import ProbeSpec
 from repgeom.probes.report import aggregate, phase_report, sink, wandb_charts
@@ -45,6 +45,7 @@ class ProbeRecorder:
                  plot_metrics: list[str] | None, n_probes: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.settings = spec.probe_settings()
+        self.texts = spec.texts  # the table's texts column (`sink.write_step`)
         self.pairs = catalogue.select(self.settings).pairs
         self.plot_every_n_probes = plot_every_n_probes
         self.plot_metrics = plot_metrics
@@ -59,8 +60,10 @@ class ProbeRecorder:
             similarity.save_states(
                 table.probe_dir(self.run_dir), step, output.states, output.layer_names
             )
+        if output.token_states is not None:  # settings.per_token: before the table says done
+            tokens.save_step(table.probe_dir(self.run_dir), step, output.token_states)
         rows = [{"step": step, **row} for row in output.rows]
-        frame = sink.write_step(self.run_dir, rows)
+        frame = sink.write_step(self.run_dir, rows, texts=output.texts)
         sink.log_scalars(runs, step, table.rows_to_frame(rows), {"probe/seconds_total": seconds})
         self.phase_watch.update(runs, frame, step)
         if self.plot_every_n_probes and n_done % self.plot_every_n_probes == 0:
@@ -101,10 +104,11 @@ class ProbeRecorder:
             self.pairs,
             batch_size=self.settings.state_batch_size,
             seed=self.settings.seed,
+            permutations=self.settings.null_permutations,
         )
         if not rows:
             return
-        sink.write_step(self.run_dir, rows)
+        sink.write_step(self.run_dir, rows, texts=self.texts)
         frame = table.rows_to_frame(rows)
         for step, part in frame.groupby("step"):
             sink.log_scalars(runs, int(step), part, {})

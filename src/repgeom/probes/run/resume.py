@@ -34,11 +34,19 @@ def step_key(subject) -> tuple[str, str]:
     return (subject.model, f"revision={revision}" if revision else f"step={int(subject.step)}")
 
 
-def done_steps(output_dir: Path) -> set[tuple[str, str]]:
-    """`step_key` of every step already in the table (`read_for_resume`)."""
+def done_steps(output_dir: Path, texts: str | None = None) -> set[tuple[str, str]]:
+    """`step_key` of every step already in the table (`read_for_resume`); a ValueError, before
+    any work, when the table holds other `texts` than those asked (``texts=``; None: as the
+    checkpoint's training probe, known once it is read: `table.append_rows` refuses then)."""
     frame = read_for_resume(output_dir)
     if frame.empty:
         return set()
+    held = table.texts_of(frame)
+    if texts is not None and held != {texts}:
+        raise ValueError(
+            f"{table.probe_dir(output_dir)} holds probes of {' and '.join(sorted(held))} text, "
+            f"and texts={texts} was asked: one table never mixes them; give another output "
+            "folder (output_dir=... or hydra.run.dir=...), or the texts it was probed with")
     index = frame.index
     models = frame["model"].fillna("") if "model" in frame.columns else pd.Series("", index)
     revisions = frame["revision"] if "revision" in frame.columns else pd.Series(None, index)

@@ -258,9 +258,11 @@ def targets(job: ProbeJob, *, reference_final: bool = False
 
 
 def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:
-    """{model: {layer index: layer name}} from the table (one entry "" for our checkpoints)."""
+    """{model: {layer index: layer name}} from the table (one entry "" for our checkpoints); the
+    rows of the whole model (the LM loss) are no layer (`table.layer_rows`)."""
     if frame is None or frame.empty:
         return {}
+    frame = table.layer_rows(frame)
     key = frame["model"] if "model" in frame.columns else pd.Series("", index=frame.index)
     names = frame.assign(_model=key.fillna("")).drop_duplicates(["_model", "layer"])
     return {
@@ -276,13 +278,19 @@ def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
         "mode": job.mode,
         # Which protocol made the numbers (conf/protocol/): repgeom or llm_microscope.
         "protocol": job.protocol,
+        # The shuffled-text control (texts=shuffled) or the text as it is (texts= unset: as the
+        # checkpoint's training probe, which the table's texts column says).
+        "texts": job.request.texts or min(
+            table.texts_of(result.frame) if result.frame is not None else set(), default="real"),
         "twonn_convention": "llm_microscope" if result.frame is not None and (
             result.frame["metric"] == "twonn_llm_microscope").any() else "facco",
         "compare": result.compare is not None,
         "layers": _layer_names(result.frame),
         "layer_convention": (
             "layer 0: embedding output; 1..L: the residual stream after each block, before any "
-            "final norm; L + 1 (final_norm): the final norm's output, for models that have one"
+            "final norm; L + 1 (final_norm): the final norm's output, for models that have one. "
+            "The LM loss rows (lm_loss, bpc) are the whole model's, no layer: layer -1, "
+            "layer_name model in the table, not listed in layers"
         ),
         "subjects": [
             {"label": s.label, "model": s.model, **{

@@ -60,7 +60,7 @@ from repgeom.models.hub.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.probes.core import catalogue, similarity, table
+from repgeom.probes.core import catalogue, similarity, table, tokens
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import sink
 from repgeom.probes.run import copies, costs, resume
@@ -147,7 +147,7 @@ class Trajectory:
         self._final, self._many_steps = steps[-1].step, len(steps) > 1
         if self.pairwise:  # the final step first: every other step is compared with it
             steps = [steps[-1], *steps[:-1]]
-        done = resume.done_steps(self.output_dir)
+        done = resume.done_steps(self.output_dir, getattr(self.request, "texts", None))
         self.skipped = resume.read_skipped(self.output_dir)
         todo = [s for s in steps if not self._complete(s, done)]
         frame = table.rows_to_frame([])
@@ -289,13 +289,16 @@ class Trajectory:
         if pairs and output.states and self._many_steps:
             vs_final = similarity.vs_final_step_rows(
                 output.states, folder, pairs, batch_size=output.settings.state_batch_size,
-                seed=output.settings.seed)
+                seed=output.settings.seed, permutations=output.settings.null_permutations)
         output.states = []
         if subject.reference:  # another shard writes its rows
             return table.rows_to_frame([])
+        if output.token_states is not None:  # settings.per_token
+            tokens.save_step(folder, subject.step, output.token_states, subject.id_columns())
         own = [{"step": subject.step, **row, **subject.id_columns()} for row in output.rows]
         vs_final = [{**row, "step": subject.step, **subject.id_columns()} for row in vs_final]
-        frame = sink.write_step(self.output_dir, own + vs_final)  # the whole step, atomically
+        frame = sink.write_step(self.output_dir, own + vs_final,  # the whole step, atomically
+                                texts=output.texts)
         sink.log_scalars(self.loggers, subject.step, table.rows_to_frame(own),
                          {"probe/seconds_total": time.perf_counter() - started},
                          prefix=self.prefix(subject.stack))

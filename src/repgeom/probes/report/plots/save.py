@@ -13,7 +13,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from repgeom.probes.core import catalogue
+from repgeom.probes.core.table import MODEL_METRICS
 from repgeom.probes.report.aggregate import is_pairwise
+from repgeom.probes.report.plots.loss import loss_beside_id
 from repgeom.probes.report.plots.pairwise import pair_jobs
 from repgeom.probes.report.plots.scales import SCALE_ROWS, has_scales, id_vs_scale, scale_heatmap
 from repgeom.probes.report.plots.single_run import (
@@ -45,6 +47,8 @@ def save_figures(
       standard and the user's state metrics);
     - ``vs_step_<metric>.png``: `metric_vs_step`, where the entry asks (twonn, anisotropy);
     - ``heatmap_<metric>.png``: `heatmap`, for every metric;
+    - ``loss_beside_id.png`` (`loss.loss_beside_id`): the mean intrinsic dimension and the
+      bits per character of the probe's windows against the step, where the table has both;
     - ``per_layer_<metric>.png``: `per_layer_vs_step`, where asked (attention entropies), and
       for revisions of one model (``hf_revisions``) also for every ``vs_step`` metric: one
       line per layer against the revision's step;
@@ -86,6 +90,10 @@ def save_figures(
         rows = by_metric[metric]
         if is_pairwise(rows):
             jobs += pair_jobs(rows, metric)
+            continue
+        if metric in MODEL_METRICS:  # the model's own rows (the LM loss): no layer profile
+            if several_steps and metric == "bpc":  # beside the ID, on one step axis
+                jobs.append(("loss_beside_id", partial(loss_beside_id, frame)))
             continue
         kinds = catalogue.figures(metric)
         # With one probe step (one checkpoint) the profile is the only figure: draw it for all.

@@ -56,7 +56,7 @@ from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint, val
 from repgeom.probes.core import table
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
-from repgeom.probes.core.targets import probe_gpt
+from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import quarantine, snapshots
 from repgeom.probes.run.offload.liveness import TrainingDiedError, training_alive
@@ -240,8 +240,9 @@ class Follower:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
-        """The model of the snapshot in `path` (its weights file read once), or None and the
-        file and error that stopped it. Errors of the run's own setup (`_prepare`) are raised."""
+        """The model of the snapshot in `path` and its masking (for the loss rows; its weights
+        file read once), or None and the file and error that stopped it. Errors of the run's own
+        setup (`_prepare`) are raised."""
         try:
             ckpt = read_checkpoint(path / snapshots.WEIGHTS)
         except MemoryError:
@@ -254,7 +255,8 @@ class Follower:
         if self.recorder is None:
             self._prepare(path, ckpt)
         try:
-            return gpt_from_checkpoint(ckpt, self.device).model, None
+            loaded = gpt_from_checkpoint(ckpt, self.device)
+            return (loaded.model, checkpoint_masking(ckpt, loaded.vocab)), None
         except MemoryError:
             raise
         except Exception as error:  # a checkpoint whose weights do not fit its model
@@ -267,7 +269,8 @@ class Follower:
         started = time.perf_counter()
         before = quarantine.generation(path)
         marker, unreadable = quarantine.read_marker(path)
-        model, failed = self._read(path) if unreadable is None else (None, None)
+        loaded, failed = self._read(path) if unreadable is None else (None, None)
+        model, masking = loaded if loaded is not None else (None, None)
         if quarantine.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
@@ -280,7 +283,8 @@ class Follower:
             self._quarantine(step, before, *failed)
             return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
-                           settings=self.recorder.settings, keep_states=bool(self.recorder.pairs))
+                           settings=self.recorder.settings, keep_states=bool(self.recorder.pairs),
+                           masking=masking)
         del model
         for message in dict.fromkeys(output.warnings):
             print(f"warning: {message}", flush=True)
