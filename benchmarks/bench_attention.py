@@ -25,7 +25,9 @@ import torch
 import repgeom.metrics as current
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ("src/repgeom/metrics/attention.py", "src/repgeom/metrics/qk.py")
+FILES = ("src/repgeom/metrics/attention.py", "src/repgeom/metrics/qk.py",
+         "src/repgeom/metrics/attention/entropy.py", "src/repgeom/metrics/attention/qk.py")
+"""Where the two halves have lived: one file, two files, then the attention/ folder."""
 
 
 def load_version(commit: str):
@@ -39,7 +41,7 @@ def load_version(commit: str):
     for file in FILES:
         shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{file}"],
                                capture_output=True, text=True)
-        if shown.returncode == 0:  # qk.py is absent before the split: attention.py had both
+        if shown.returncode == 0:  # each layout has its own files of these; the rest are absent
             exec(compile(shown.stdout, f"{commit}:{file}", "exec"), module.__dict__)
     return module
 

@@ -20,7 +20,7 @@ import torch
 from bench_probe_forward import build
 
 from repgeom import metrics
-from repgeom.probes.core import lm_loss
+from repgeom.probes.core.prediction import lm_loss
 from repgeom.probes.core.targets import probe_gpt
 
 

@@ -21,7 +21,8 @@ config name its group::
 The runs of one label must have been probed at the same steps.
 
 Representation similarity of two runs, layer by layer (linear CKA or mutual k-NN of the same
-layer of run A and run B on the same windows, `repgeom.probes.core.similarity`), from the states
+layer of run A and run B on the same windows, `repgeom.probes.core.pairwise.similarity`), from the
+states
 each
 probe saved (the training probe with a pairwise metric, ``probe.metrics=[all]``, or probe.py,
 whose default computes them)::
@@ -41,8 +42,9 @@ from pathlib import Path
 import yaml
 
 from repgeom.experiments.figures import profile_bands, profiles_side_by_side
-from repgeom.probes.core import catalogue, similarity
+from repgeom.probes.core import catalogue
 from repgeom.probes.core.measure import ProbeSettings
+from repgeom.probes.core.pairwise import similarity
 from repgeom.probes.core.table import PROBE_DIR, read_table, rows_to_frame
 from repgeom.probes.report.plots import DPI, layer_profile
 

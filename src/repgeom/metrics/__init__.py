@@ -23,13 +23,15 @@ Modules:
 - ``alignment``: similarity of two paired state sets, linear CKA (Kornblith et al.) and
   mutual-kNN alignment (Huh et al.), and CKA from the unbiased HSIC (Song et al.).
 - ``similarity``: pooled similarity of two texts, token cosine matrix.
-- ``attention``: attention entropy; ``qk``: QK alignment (per head and heads concatenated),
-  pre-softmax scores; ``distributions``: activation laws.
+- ``attention``: ``entropy``, attention entropy; ``qk``, QK alignment (per head and heads
+  concatenated), pre-softmax scores.
+- ``distributions``: activation laws.
 """
 
 from .alignment import linear_cka, linear_cka_unbiased, mutual_knn
 from .anisotropy import anisotropy
-from .attention import AttentionResult, attention_entropy
+from .attention.entropy import AttentionResult, attention_entropy
+from .attention.qk import QKAlignmentResult, attention_scores, qk_alignment, qk_cosine_concat
 from .cosine import (
     isotropic_cosine_baseline,
     isotropic_mean_cosine_chance,
@@ -54,7 +56,6 @@ from .isoscore import isoscore
 from .linearity import linearity
 from .neighbors import faiss_has_gpu, nearest_neighbors
 from .powerlaw import AlphaReQResult, alpha_req
-from .qk import QKAlignmentResult, attention_scores, qk_alignment, qk_cosine_concat
 from .rank import effective_rank, pca_dimension, rankme
 from .similarity import layer_pooled_similarity, pooled_similarity, token_cosine_matrix
 

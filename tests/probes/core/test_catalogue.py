@@ -286,7 +286,7 @@ def test_training_similarity_and_run_against_run(tmp_path) -> None:
     in the table, W&B and probes/plots; then causal against bidirectional, layer by layer,
     through compare_runs, equal to linear_cka on the two runs' saved states."""
     from repgeom.experiments import compare_runs
-    from repgeom.probes.core import similarity
+    from repgeom.probes.core.pairwise import similarity
 
     runs = {}
     for masking, logger in (("causal", "wandb"), ("bidirectional", "csv")):

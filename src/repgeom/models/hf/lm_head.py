@@ -3,13 +3,14 @@
 A decoder-only model is loaded through ``AutoModelForCausalLM``: its base model (what
 ``AutoModel`` would load, the same weights and forward) is what the probes capture, and its head
 turns the captured final states into the next token's probabilities
-(`repgeom.probes.core.lm_loss`). Where the weights hold no head (a folder written by
+(`repgeom.probes.core.prediction.lm_loss`). Where the weights hold no head (a folder written by
 ``save_pretrained`` of a base model whose head is not tied to its embedding) or the family has
 no causal-LM class, the base model alone is loaded, as before, and no loss is written.
 
 A bidirectional encoder is loaded through ``AutoModelForMaskedLM`` where its weights hold the
 masked-LM head (BERT, RoBERTa as published): its base model is probed, and the loss rows come
-from one more forward pass of masked windows (`repgeom.probes.core.lm_loss.hf_masked_loss`).
+from one more forward pass of masked windows
+(`repgeom.probes.core.prediction.lm_loss.hf_masked_loss`).
 An encoder saved without that head is loaded through ``AutoModel`` as before, silently: most
 encoders' base checkpoints have none, and their probe needs none.
 """

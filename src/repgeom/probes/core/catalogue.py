@@ -42,12 +42,12 @@ from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.metrics._validation import check_matrix
 from repgeom.metrics.linearity import linearity
-from repgeom.probes.core import null
 from repgeom.probes.core.id_entries import (  # noqa: F401 - ID_GUARDED is read from here too
     ID_GUARDED,
     _id_scales,
     _intrinsic_dimension,
 )
+from repgeom.probes.core.pairwise import null
 
 Reads = Literal["states", "attention", "qk", "pair"]
 FIGURES = ("profile", "vs_step", "per_layer", "per_head")
@@ -92,7 +92,7 @@ class Metric:
     ``fn`` then takes two prepared sets. None: ``fn(X, Y)`` on the states."""
     permute: Callable[..., Any] | None = None
     """Pairwise entries: a prepared set with its rows shuffled, ``permute(prepared, perm)``, for
-    the permutation null (`repgeom.probes.core.null`); None: the entry has no null."""
+    the permutation null (`repgeom.probes.core.pairwise.null`); None: the entry has no null."""
     switch: str | None = None
     """A boolean of `ProbeSettings` that also gates this entry (kept: checkpoints carry it)."""
     user: bool = False
@@ -161,7 +161,7 @@ def _knn_prepare(X):
 
 
 def _null(name: str) -> tuple[Output, Output]:
-    """The rows of a pair's permutation null (`repgeom.probes.core.null`)."""
+    """The rows of a pair's permutation null (`repgeom.probes.core.pairwise.null`)."""
     return (Output(f"{name}_chance", f"{name} under shuffled pairing (chance level)", ()),
             Output(f"{name}_p", f"{name}: permutation p-value", ()))
 
@@ -279,7 +279,7 @@ MODEL_OUTPUTS = (
            wandb=("final",)),
     Output("bpc", "Bits per character on the probe's windows", ("vs_step",), wandb=("final",)),
 )
-"""The rows of the whole model (`repgeom.probes.core.lm_loss`, `table.MODEL_METRICS`):
+"""The rows of the whole model (`repgeom.probes.core.prediction.lm_loss`, `table.MODEL_METRICS`):
 not catalogue entries (every probe of a model with a head writes them), but table metrics with
 the same facts."""
 

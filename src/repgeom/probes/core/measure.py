@@ -36,7 +36,7 @@ from repgeom.metrics._validation import check_fraction, check_int
 from repgeom.metrics.intrinsic_dimension.gride import check_max_order
 from repgeom.models.capture import FINAL_NORM, Capture, layer_names  # noqa: F401 - public here too
 from repgeom.probes.core import catalogue, id_entries
-from repgeom.probes.core.pairs import (  # noqa: F401 - pair_value and pair_rows are read from here
+from repgeom.probes.core.pairwise.pairs import (  # noqa: F401 - pair_value and pair_rows are read from here
     _mean_std,
     _skip_on_error,
     measure_layer_pairs,
@@ -78,7 +78,8 @@ class ProbeSettings:
     (``se``, ``se_df``: `repgeom.probes.core.id_noise`); 0 or 1: off."""
     per_token: bool = False
     """Keep each probed state's surprisal, local ID (the MLE on its 20 neighbours of the shared
-    search), position and token (`repgeom.probes.core.tokens`: ``probes/tokens/step_<n>.parquet``
+    search), position and token (`repgeom.probes.core.prediction.tokens`:
+    ``probes/tokens/step_<n>.parquet``
     and the Spearman table ``token_id_surprisal.csv``)."""
     max_copy_share: float = 0.5
     """Above this share of a layer's states that are copies or near-copies (exact duplicates
@@ -87,7 +88,8 @@ class ProbeSettings:
     is NaN, with the reason in the table's ``note`` column: the estimators read the jitter
     inside the clumps there (the char embedding at step 0 reads 192 under the authors' fit)."""
     null_permutations: int = 0
-    """Shuffles of the permutation null of the pairwise entries (`repgeom.probes.core.null`:
+    """Shuffles of the permutation null of the pairwise entries
+    (`repgeom.probes.core.pairwise.null`:
     rows ``<metric>_chance`` and ``<metric>_p`` beside linear CKA and mutual k-NN); 0: off.
     Each shuffle computes every pair's CKA again in full (mutual k-NN reuses its neighbour
     search): about ``null_permutations`` times the pairs' own cost (see `null`)."""
@@ -138,11 +140,13 @@ class ProbeOutput:
     with ``keep_states``), for similarity across steps and runs."""
     settings: ProbeSettings | None = None
     tokens: Any = None
-    """The step's per-token surprisals (`repgeom.probes.core.lm_loss.TokenLoss`), or None."""
+    """The step's per-token surprisals (`repgeom.probes.core.prediction.lm_loss.TokenLoss`), or
+    None."""
     local_ids: list = field(default_factory=list, repr=False)
     """Per layer, each state's local ID (or None), where ``settings.per_token`` asks."""
     token_states: Any = None
-    """`repgeom.probes.core.tokens.TokenStates` of the step, where ``settings.per_token`` asks."""
+    """`repgeom.probes.core.prediction.tokens.TokenStates` of the step, where
+    ``settings.per_token`` asks."""
     texts: str = "real"
     """The probe set's texts (``real``, ``shuffled``: `repgeom.probes.core.sampling.ProbeSet`),
     set by the targets; the table's ``texts`` column (`repgeom.probes.report.sink.write_step`)."""

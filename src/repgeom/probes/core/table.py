@@ -19,7 +19,7 @@ std        float64  its standard deviation (bootstrap, across windows, ...), NaN
 =========  =======  ===============================================================================
 
 Rows of the whole model rather than of one layer (the language-model loss on the probe's
-windows, ``lm_loss`` and ``bpc``: `repgeom.probes.core.lm_loss`) have ``layer`` -1
+windows, ``lm_loss`` and ``bpc``: `repgeom.probes.core.prediction.lm_loss`) have ``layer`` -1
 (`MODEL_LAYER`) and ``layer_name`` ``model`` (`MODEL_LAYER_NAME`); they are told apart by their
 metric (`MODEL_METRICS`, `model_rows`, `layer_rows`), not by that number.
 
@@ -119,7 +119,7 @@ MODEL_LAYER_NAME = "model"
 
 
 MODEL_METRICS: tuple[str, ...] = ("lm_loss", "bpc")
-"""The metrics of the whole model (`repgeom.probes.core.lm_loss`): no layer has them."""
+"""The metrics of the whole model (`repgeom.probes.core.prediction.lm_loss`): no layer has them."""
 
 
 def model_rows(frame: pd.DataFrame) -> pd.Series:

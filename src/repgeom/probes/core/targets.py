@@ -25,13 +25,14 @@ from repgeom.models.checkpoints import (
     run_dir_of,
     validation_windows_for,
 )
-from repgeom.probes.core import catalogue, lm_loss
-from repgeom.probes.core.lm_loss import Masking
+from repgeom.probes.core import catalogue
 from repgeom.probes.core.measure import ProbeOutput, ProbeSettings, measure
+from repgeom.probes.core.prediction import lm_loss
+from repgeom.probes.core.prediction.lm_loss import Masking
+from repgeom.probes.core.prediction.tokens import TokenStates
 from repgeom.probes.core.sampling import ProbeSet, WindowPool, draw, probe_set
 from repgeom.probes.core.spec import ProbeRequest, ProbeSpec, resolve, training_probe
 from repgeom.probes.core.texts import byte_windows, default_text, read_text
-from repgeom.probes.core.tokens import TokenStates
 
 T = TypeVar("T")
 
@@ -92,7 +93,8 @@ def probe_gpt(
     attention materialised, causal windows cut after their last sampled position, the last
     block run at the sampled rows only); attention and Q/K from the first
     `probes.attention_windows` windows, whole. The ``lm_loss`` and ``bpc`` rows
-    (`repgeom.probes.core.lm_loss`): a decoder's from the head on the captured final states,
+    (`repgeom.probes.core.prediction.lm_loss`): a decoder's from the head on the captured final
+    states,
     an encoder's from one more forward pass of the windows masked as `masking` says (none
     without it).
     """

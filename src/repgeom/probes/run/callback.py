@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from repgeom.probes.core import catalogue, table
-from repgeom.probes.core.lm_loss import Masking
+from repgeom.probes.core.prediction.lm_loss import Masking
 from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeCallbackConf, ProbeSpec
 from repgeom.probes.core.targets import probe_gpt
@@ -56,7 +56,7 @@ class ProbeCallback(L.Callback):
         The fields of `repgeom.probes.core.spec.ProbeSpec` (probe set, ``metrics``, ``settings``,
         ``seed``), whose defaults are the only ones. With a pairwise metric (``linear_cka``,
         ``mutual_knn``) each probe step's states are also saved, and at the end every step is
-        compared with the final one (`repgeom.probes.core.similarity`).
+        compared with the final one (`repgeom.probes.core.pairwise.similarity`).
     """
 
     def __init__(

@@ -16,8 +16,10 @@ from typing import Any
 
 import pandas as pd
 
-from repgeom.probes.core import catalogue, similarity, table, tokens
+from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.measure import ProbeOutput
+from repgeom.probes.core.pairwise import similarity
+from repgeom.probes.core.prediction import tokens
 from repgeom.probes.core.spec import ProbeSpec
 from repgeom.probes.report import aggregate, phase_report, sink, wandb_charts
 

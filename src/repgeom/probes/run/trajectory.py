@@ -60,7 +60,9 @@ from repgeom.models.hub.downloads import (
     fetch_revision,
     release,
 )
-from repgeom.probes.core import catalogue, similarity, table, tokens
+from repgeom.probes.core import catalogue, table
+from repgeom.probes.core.pairwise import similarity
+from repgeom.probes.core.prediction import tokens
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import sink
 from repgeom.probes.run import copies, costs, resume

@@ -13,7 +13,7 @@ and at the end
 
 Values are the mean and std over the same shuffled batches of ``state_batch_size`` rows as every
 other state metric (`repgeom.metrics.batch_indices`), with the permutation null's rows where
-``permutations`` (``ProbeSettings.null_permutations``) asks (`repgeom.probes.core.null`).
+``permutations`` (``ProbeSettings.null_permutations``) asks (`repgeom.probes.core.pairwise.null`).
 Float16 storage moves CKA by ~1e-4 (relative rounding 2^-11 of each state), far below the
 differences between layers it shows.
 """

@@ -13,7 +13,8 @@ from hydra_configs import compose_job, compose_train
 
 from repgeom.metrics.intrinsic_dimension.knn_batches import search_batches
 from repgeom.metrics.intrinsic_dimension.mle import local_mle
-from repgeom.probes.core import table, tokens
+from repgeom.probes.core import table
+from repgeom.probes.core.prediction import tokens
 from repgeom.probes.run.runner import probe
 from repgeom.train import train
 

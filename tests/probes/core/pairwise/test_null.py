@@ -14,7 +14,7 @@ from repgeom import metrics
 from repgeom.metrics import alignment
 from repgeom.models.capture import Capture
 from repgeom.probes.core.measure import ProbeSettings, measure
-from repgeom.probes.core.null import permute_neighbors
+from repgeom.probes.core.pairwise.null import permute_neighbors
 
 
 def _capture() -> tuple[Capture, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,7 +91,8 @@ def test_the_stated_cost_each_shuffle_calls_the_statistic_the_search_runs_once(m
     """What the module docstring says the null costs and saves: ``P x n_batches`` more calls of
     each pair's statistic (CKA in full, all three products), and mutual k-NN's neighbour search
     once per layer and batch whatever ``P``."""
-    from repgeom.probes.core import catalogue, null
+    from repgeom.probes.core import catalogue
+    from repgeom.probes.core.pairwise import null
 
     calls = {"cka": 0, "search": 0}
     cka, knn = catalogue.BUILTIN["linear_cka"], catalogue.BUILTIN["mutual_knn"]

@@ -1,5 +1,6 @@
 """Attention entropy: how spread one layer's attention rows are, per head (Godey et al. 2024,
-figs. 9, 10, 15). Query/key alignment and the pre-softmax scores are in `repgeom.metrics.qk`."""
+figs. 9, 10, 15). Query/key alignment and the pre-softmax scores are in
+`repgeom.metrics.attention.qk`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import as_tensor, check_finite, check_valid_mask
+from repgeom.metrics._validation import as_tensor, check_finite, check_valid_mask
 
 __all__ = ["AttentionResult", "attention_entropy"]
 

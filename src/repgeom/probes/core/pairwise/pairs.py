@@ -1,7 +1,7 @@
 """Pairwise entries of the catalogue (linear CKA, mutual k-NN, linearity) on the probe's
 batches: every two layers of one probe step (`measure_layer_pairs`), or two paired state sets
 (`pair_value`, `pair_rows`: across steps and runs), with the permutation null where asked
-(`repgeom.probes.core.null`); and the two helpers every measurement shares."""
+(`repgeom.probes.core.pairwise.null`); and the two helpers every measurement shares."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from repgeom.probes.core import catalogue, null
+from repgeom.probes.core import catalogue
+from repgeom.probes.core.pairwise import null
 
 
 @contextmanager

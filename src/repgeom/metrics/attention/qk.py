@@ -1,7 +1,7 @@
 """Query/key metrics of one layer: alignment of the mean query and mean key, per head and heads
 concatenated, the statistics of the pre-softmax scores, and the scores themselves (Godey et al.
 2024, figs. 7, 10, 13, 14, 23). The entropy of the attention rows is in
-`repgeom.metrics.attention`."""
+`repgeom.metrics.attention.entropy`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._validation import as_tensor, check_finite, check_valid_mask
+from repgeom.metrics._validation import as_tensor, check_finite, check_valid_mask
 
 __all__ = ["QKAlignmentResult", "attention_scores", "qk_alignment", "qk_cosine_concat"]
 

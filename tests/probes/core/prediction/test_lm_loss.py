@@ -196,7 +196,7 @@ def test_hf_characters_per_token_partition_the_text() -> None:
 
 
 def test_hf_targets_leave_out_special_tokens_and_read_the_characters() -> None:
-    from repgeom.probes.core.lm_loss import hf_targets
+    from repgeom.probes.core.prediction.lm_loss import hf_targets
 
     windows = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]])  # BOS .. EOS, pad
     mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
@@ -240,7 +240,7 @@ def test_probe_py_hf_encoder_lm_loss_equals_the_masked_lm_own_loss(text_file, tm
     from transformers import AutoModelForMaskedLM
 
     from repgeom.models.hf import load_hf_model, special_token_ids
-    from repgeom.probes.core.lm_loss import hf_mlm_mask
+    from repgeom.probes.core.prediction.lm_loss import hf_mlm_mask
     from repgeom.probes.core.spec import resolve
     from repgeom.probes.core.targets import hf_probe_set
 

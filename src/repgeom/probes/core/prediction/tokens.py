@@ -6,7 +6,8 @@ tracks its cross-entropy. With ``settings.per_token=true`` every probe step writ
 
 - ``probes/tokens/step_<n>.parquet``: one row per (state, layer): ``step``, ``layer``,
   ``layer_name``, ``state`` (the state's row in the probe set), ``window``, ``position``,
-  ``token`` (its id), ``surprisal`` (nats, `repgeom.probes.core.lm_loss`: the next token's
+  ``token`` (its id), ``surprisal`` (nats, `repgeom.probes.core.prediction.lm_loss`: the next
+  token's
   under a decoder; NaN without one, and for encoders, whose loss is not read at the probed
   states) and ``local_id`` (the Levina-Bickel MLE on the state's k = 20 nearest neighbours of
   the probe's own search, `repgeom.metrics.intrinsic_dimension.mle.local_mle`; NaN for a state
