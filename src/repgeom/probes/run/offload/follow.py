@@ -266,7 +266,7 @@ class Follower:
         cannot be read or loaded (quarantined: recorded, named, skipped)."""
         started = time.perf_counter()
         before = quarantine.generation(path)
-        marker, unreadable = quarantine.read_marker(path)
+        marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
         model, failed = self._read(path) if unreadable is None else (None, None)
         if quarantine.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
