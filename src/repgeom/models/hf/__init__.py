@@ -3,7 +3,9 @@
 One job per module: `loading` (`load_hf_model`, `HFModel`, tokenizers), `families` (one record
 per known family: decoder or not, where its queries and keys are; adding a family is one entry
 there), `windows` (text to token windows), `qk` (the query/key hooks), `residual` (block stack
-and final norm hooks), `stacks` (the two stacks of T5/ByT5), `capture` (`hf_capture`).
+and final norm hooks), `stacks` (the two stacks of T5/ByT5), `capture` (`hf_capture`). Hub
+access: `downloads` (a revision's files), `config_files` (a model's config and tokenizer files,
+through the same fetch path), `hub_calls`, `transfer`, `download_folders`, `hub_cache`.
 
 
 `hf_capture` fills the same `Capture` as our own `GPT.capture()`, so every probe reads one format:

@@ -11,8 +11,9 @@ different kinds with ``follow_lock=auto``, and a flock and a lease never exclude
   its own clock (no clock is compared across hosts), or at once when the holder's pid is gone on
   this same host (same hostname, boot and pid namespace; a container that shares the node's
   hostname is not the same host). Then it takes the lease over.
-- with kind ``flock`` (a local file system), an exclusive `fcntl.flock` on ``worker.lock`` is
-  taken first, as an extra: two workers of one node wait on it without reading the lease.
+- with kind ``flock`` (a local file system), an exclusive `fcntl.flock` on ``worker.lock``
+  (`repgeom.files.try_lock`; it holds the holder's pid) is taken first, as an extra: two
+  workers of one node wait on it without reading the lease.
 
 The token is the fencing token: `WorkerLock.check` raises `LockLostError` once the lease names
 another token, and the worker runs it (`repgeom.files.fenced`) just before each rename into
