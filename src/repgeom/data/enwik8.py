@@ -25,13 +25,15 @@ import gzip
 import hashlib
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from repgeom.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +169,9 @@ def download(
     """Download ``url`` to ``dest`` atomically and check its sha256 (and size, if given).
 
     The body is streamed to a temporary file in ``dest``'s folder, hashed on the way, and moved
-    into place with `os.replace` only once it is complete and verified. On any failure (HTTP or
-    network error, a body shorter than its Content-Length, a checksum mismatch, Ctrl-C) the
-    temporary file is removed and no file is left at ``dest``.
+    into place only once it is complete and verified (`repgeom.files.atomic_write`). On any
+    failure (HTTP or network error, a body shorter than its Content-Length, a checksum mismatch,
+    Ctrl-C) the temporary file is removed and no file is left at ``dest``.
 
     Raises
     ------
@@ -178,14 +180,14 @@ def download(
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
+    found: dict[str, Any] = {}
+
+    def fetch(tmp: Path) -> None:  # raises, and nothing is renamed, unless whole and verified
         h = hashlib.sha256()
         received = 0
         log.info("downloading %s to %s", url, dest)
         try:
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
                 length = resp.headers.get("Content-Length")
                 expected_len = int(length) if length is not None else None
                 while chunk := resp.read(_CHUNK):
@@ -203,12 +205,11 @@ def download(
                 f"downloading {url} to {dest}: the connection closed after {received:,} of "
                 f"{expected_len:,} bytes (truncated). Nothing was kept; run again."
             )
-        found = h.hexdigest()
         problems = []
         if size is not None and received != size:
             problems.append(f"size: expected {size:,} bytes, found {received:,}")
-        if sha256 is not None and found != sha256:
-            problems.append(f"sha256: expected {sha256}, found {found}")
+        if sha256 is not None and h.hexdigest() != sha256:
+            problems.append(f"sha256: expected {sha256}, found {h.hexdigest()}")
         if problems:
             raise DataError(
                 f"downloaded {url} does not match ({'; '.join(problems)}); nothing was kept at "
@@ -216,10 +217,12 @@ def download(
                 "download it yourself and pass data.path=... (with data.verify=false if it "
                 "knowingly differs)."
             )
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    log.info("downloaded %s (%s bytes, sha256 %s)", dest, f"{received:,}", found)
+        found.update(received=received, sha256=h.hexdigest())
+
+    # Not resumed: a body cut short is fetched again whole, so its temporary file goes with it.
+    atomic_write(dest, fetch)
+    log.info("downloaded %s (%s bytes, sha256 %s)", dest, f"{found['received']:,}",
+             found["sha256"])
     return dest
 
 

@@ -98,9 +98,9 @@ class Hand:
             self.outcome = ("done", self.follower.run())
         except Killed:  # kill -9: the kernel drops its flock; its lease file stays
             lock = self.follower.lock
-            if getattr(lock, "_fd", None) is not None:
-                os.close(lock._fd)
-                lock._fd = None
+            if getattr(lock, "_handle", None) is not None:
+                lock._handle.close()
+                lock._handle = None
             lock.held = False
             self.outcome = ("killed", None)
         except BaseException as error:  # noqa: BLE001 - the driver judges it
@@ -231,9 +231,9 @@ class World:
             self.held = False
             hand = _hand()
             if hand is not None and hand.kill:  # kill -9: the kernel drops the flock only
-                if getattr(self, "_fd", None) is not None:
-                    os.close(self._fd)
-                    self._fd = None
+                if getattr(self, "_handle", None) is not None:
+                    self._handle.close()
+                    self._handle = None
                 if getattr(self, "_beat", None) is not None:
                     self._stop.set()
                     self._beat.join()
@@ -344,8 +344,9 @@ class World:
             lock = hand.follower.lock
             if not hand.alive or not getattr(lock, "held", False):
                 continue
-            if lease.get("token") == lock.token or (
-                    getattr(lock, "_fd", None) is not None and getattr(lock, "_beat", 1) is None):
+            flock_only = getattr(lock, "_handle", None) is not None \
+                and getattr(lock, "_beat", 1) is None
+            if lease.get("token") == lock.token or flock_only:
                 held.append(f"{hand.name} ({hand.kind})")
         return held
 

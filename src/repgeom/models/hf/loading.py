@@ -108,12 +108,12 @@ def load_tokenizer_or_explain(
     naming the fix. `load_hf_model` (``probe.py hf=... tokenizer=...``) and the analyses'
     subjects (`repgeom.analyses.subjects`) load tokenizers through this one function.
 
-    Online, a hub name's tokenizer files are fetched like a config (`_read_config`): its file
-    list and each file with one bounded ``GET`` per try, inside one
-    `repgeom.models.hub.calls.Retrier` of `retry_budget_s`, each file checked by its proof
-    (the hub's sha256, else its git blob id: `repgeom.models.hub.transfer.download_file`), into a
-    temporary folder of repgeom's, then added to the Hugging Face cache at their commit
-    (`repgeom.models.hub.cache`; files the cache holds at that commit are not fetched again).
+    Online, a hub name's tokenizer files are fetched as a revision's files are
+    (`repgeom.models.hub.config_files.fetch_tokenizer_files`): its file list and each file with
+    one bounded ``GET`` per try, inside one `repgeom.models.hub.calls.Retrier` of
+    `retry_budget_s`, each file checked by its proof, into a temporary folder of repgeom's, then
+    added to the Hugging Face cache at their commit (files the cache holds at that commit are
+    not fetched again).
     Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub
     retries by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging
     Face cache's copy is read and nothing asks the network.
@@ -178,6 +178,8 @@ def _load_tokenizer(source: str, revision: str | None, retry_budget_s: float | N
     from huggingface_hub import is_offline_mode
     from transformers import AutoTokenizer
 
+    from repgeom.models.hub.config_files import fetch_tokenizer_files
+
     if os.path.exists(source) or is_offline_mode():
         return AutoTokenizer.from_pretrained(source, revision=revision)
     if looks_like_path(source):
@@ -187,82 +189,14 @@ def _load_tokenizer(source: str, revision: str | None, retry_budget_s: float | N
         )
     with tempfile.TemporaryDirectory(prefix="repgeom-tokenizer-") as folder:
         return AutoTokenizer.from_pretrained(
-            _fetch_tokenizer_files(source, revision, folder, retry_budget_s))
-
-
-def _fetch_tokenizer_files(name: str, revision: str | None, folder: str,
-                           retry_budget_s: float | None) -> str:
-    """The folder of the configs and tokenizer files of hub model `name` at `revision`: the
-    Hugging Face cache's snapshot of its commit, where the files are already there or were
-    fetched into `folder` (within one retry budget, see `load_tokenizer_or_explain`) and then
-    added to it (`repgeom.models.hub.cache`: an offline rerun finds them, as it found what
-    ``AutoTokenizer`` cached); `folder` itself when the cache cannot be written."""
-    import errno
-    from pathlib import Path
-
-    from huggingface_hub import HfApi, constants
-
-    from repgeom.models.hub.cache import add_to_cache, cached_commit
-    from repgeom.models.hub.calls import (
-        RetriesExhausted,
-        budget_retrier,
-        read_timeout_s,
-        status_of,
-    )
-    from repgeom.models.hub.downloads import as_download_error, config_or_tokenizer, hub_files
-    from repgeom.models.hub.transfer import Transfer, download_file, resolve_url
-
-    retry, what = budget_retrier(retry_budget_s), f"tokenizer={name!r}"
-    try:
-        info = retry.call(lambda: HfApi().model_info(
-            name, revision=revision or "main", files_metadata=True, timeout=read_timeout_s()),
-            f"{what}: reading its file list at revision {revision or 'main'}")
-        commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
-        wanted = [file for file in hub_files(info).values() if config_or_tokenizer(file.name)]
-        cached = cached_commit(name, info.sha, [f.name for f in wanted]) if info.sha else None
-        if cached is not None:
-            return str(cached)  # fetched by an earlier run or revision: nothing to download
-        transfer = Transfer()
-        for file in wanted:
-            download_file(resolve_url(name, commit, file.name), file, Path(folder), commit, retry,
-                          transfer, f"{what}: downloading {file.name}")
-    except RetriesExhausted as e:
-        raise _no_answer(e) from e
-    except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
-        if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
-            raise as_download_error(e, name, revision, None) from e
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the temporary folder's disk, not the hub
-            raise OSError(e.errno, f"{what}: the disk of {folder} is full or over its quota "
-                          f"({e.strerror or e}); free some space there, or set TMPDIR= to a "
-                          "folder on a larger disk") from e
-        raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
-                      f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
-    if not info.sha:
-        return folder
-    try:
-        return str(add_to_cache(name, revision or "main", info.sha, Path(folder),
-                                [f.name for f in wanted]))
-    except OSError as e:  # a read-only or full cache: this run goes on, an offline rerun cannot
-        retry.say(f"{what}: could not add its files to the Hugging Face cache "
-                  f"({constants.HF_HUB_CACHE}: {e}); an offline rerun (HF_HUB_OFFLINE=1) will "
-                  "not find them")
-        return folder
-
-
-def _no_answer(error: Exception) -> OSError:
-    """The error that ends a read of the hub whose retry budget is spent: what, the hub, and
-    what to do."""
-    from huggingface_hub import constants
-
-    return OSError(f"{error}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
-                   "same command later, or give it more time: retry_budget_s=")
+            fetch_tokenizer_files(source, revision, folder, retry_budget_s))
 
 
 def _read_config(name: str, revision: str | None, retry_budget_s: float | None = None) -> Any:
     """The model's ``AutoConfig``, after checking that a local name is a model folder.
 
     Online, a hub name's ``config.json`` is read with one bounded ``GET`` per try
-    (`repgeom.models.hub.transfer.get_text`: connect and read timeouts) through
+    (`repgeom.models.hub.config_files.fetch_config`: connect and read timeouts) through
     `repgeom.models.hub.calls.Retrier` with the run's `retry_budget_s` (None: the default, 15
     minutes). Not with ``hf_hub_download``: against a hub that stops answering, it tries its HEAD
     request again by itself, silently, with a 60 s timeout, minutes outside any budget.
@@ -294,25 +228,16 @@ def _read_config(name: str, revision: str | None, retry_budget_s: float | None =
 
 
 def _hub_config(name: str, revision: str | None, retry_budget_s: float | None) -> Any:
-    """The ``AutoConfig`` of hub model `name` at `revision`, read within `retry_budget_s` (see
-    `_read_config`)."""
+    """The ``AutoConfig`` of hub model `name` at `revision`, read within `retry_budget_s`
+    (`repgeom.models.hub.config_files.fetch_config`)."""
     import tempfile
 
     from transformers import AutoConfig
 
-    from repgeom.models.hub.calls import RetriesExhausted, budget_retrier
-    from repgeom.models.hub.transfer import get_text, resolve_url
+    from repgeom.models.hub.config_files import fetch_config
 
-    try:
-        text = get_text(resolve_url(name, revision or "main", "config.json"),
-                        budget_retrier(retry_budget_s),
-                        f"hf={name!r}: its config at revision {revision or 'main'}")
-    except RetriesExhausted as e:
-        raise _no_answer(e) from e
     with tempfile.TemporaryDirectory(prefix="repgeom-config-") as folder:
-        with open(os.path.join(folder, "config.json"), "w") as handle:
-            handle.write(text)
-        return AutoConfig.from_pretrained(folder)
+        return AutoConfig.from_pretrained(fetch_config(name, revision, folder, retry_budget_s))
 
 
 def _expand(name: str | os.PathLike) -> str:

@@ -2,7 +2,7 @@
 rerun finds them there.
 
 A hub tokenizer's files are fetched with repgeom's own bounded, proved GETs
-(`repgeom.models.hf.loading.load_tokenizer_or_explain`), not with ``hf_hub_download``, whose HEAD
+(`repgeom.models.hub.config_files.fetch_tokenizer_files`), not with ``hf_hub_download``, whose HEAD
 requests huggingface_hub retries by itself, silently, outside any budget. Before that,
 ``AutoTokenizer.from_pretrained(<hub name>)`` left them in the cache, and a rerun with
 ``HF_HUB_OFFLINE=1`` read them from there; so the proved files are added to the cache in the

@@ -95,6 +95,17 @@ class Aborted(RuntimeError):
     """The caller set the abort flag (Ctrl-C in the main thread): stop between two chunks."""
 
 
+def no_answer(error: BaseException, *, kept: str = "", rerun: str = "later") -> str:
+    """The message that ends a hub call whose retry budget is spent (`RetriesExhausted`): what
+    was asked, what was `kept`, the hub, and what to do (rerun the same command `rerun`, or give
+    it more retry_budget_s=). The one wording of every such end: a revision's files, its listing,
+    a model's config or tokenizer."""
+    from huggingface_hub import constants
+
+    return (f"{error}{kept}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
+            f"same command {rerun}, or give the hub more time: retry_budget_s=")
+
+
 def describe(error: BaseException) -> str:
     """``TypeName: first line of the message`` (`repgeom.console.first_line`)."""
     return f"{type(error).__name__}: {first_line(error, 200)}" if str(error).strip() \
@@ -354,6 +365,10 @@ class Retrier:
             raise Aborted("stopped: the run was interrupted")
 
 
-def budget_retrier(retry_budget_s: float | None) -> Retrier:
-    """A `Retrier` of the run's ``retry_budget_s=`` (None: `RETRY_BUDGET_S`)."""
+def budget_retrier(retry_budget_s: float | None = None, *,
+                   retry: Retrier | None = None) -> Retrier:
+    """`retry` itself when one is given (the run's, whose budget a caller shares); else a
+    `Retrier` of the run's ``retry_budget_s=`` (None: `RETRY_BUDGET_S`)."""
+    if retry is not None:
+        return retry
     return Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)

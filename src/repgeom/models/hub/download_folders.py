@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from repgeom.files import atomic_write_text, try_lock
+from repgeom.files import atomic_write_text, read_json, try_lock
 from repgeom.models.hub.calls import DownloadError
 
 DOWNLOADS = "repgeom-downloads"
@@ -95,15 +95,6 @@ def download_dir(work_dir: str | os.PathLike, owner: str | os.PathLike, repo: st
             / _safe(revision or "main"))  # absolute: the same folder if the cwd changes
 
 
-def read_marker(folder: Path) -> dict[str, Any] | None:
-    """The marker of `folder`, or None when it has none that reads."""
-    try:
-        record = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
     """Make `dest` (marker and lock) and lock it for this process.
 
@@ -129,7 +120,7 @@ def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
                 "hydra.run.dir")
     else:  # pragma: no cover - a folder deleted under us five times
         raise DownloadError(f"{dest} kept disappearing while it was being made")
-    old = read_marker(dest)
+    old = read_json(dest / MARKER)
     if old is not None and old.get("commit") and old.get("commit") != record.get("commit"):
         say(f"revision {record.get('revision')} of {record.get('repo')} moved on the hub from "
             f"commit {str(old['commit'])[:12]} to {str(record.get('commit'))[:12]} since its "
@@ -143,19 +134,10 @@ def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
     return handle
 
 
-def read_proofs(folder: Path) -> dict[str, str]:
-    """File name -> the proof it was accepted with (`record_proof`)."""
-    try:
-        proofs = json.loads((folder / PROOFS).read_text())
-    except (OSError, ValueError):
-        return {}
-    return proofs if isinstance(proofs, dict) else {}
-
-
 def record_proof(folder: Path, name: str, proof: str) -> None:
     """Record that `name` in `folder` was checked against `proof` before it took its name."""
-    atomic_write_text(folder / PROOFS, json.dumps({**read_proofs(folder), name: proof},
-                                                  indent=1))
+    proofs = read_json(folder / PROOFS) or {}  # file name -> the proof it was accepted with
+    atomic_write_text(folder / PROOFS, json.dumps({**proofs, name: proof}, indent=1))
 
 
 def delete_partials(folder: Path) -> list[Path]:
@@ -192,7 +174,7 @@ def clear_leftovers(work_dir: str | os.PathLike, owner: str | os.PathLike,
     deleted = []
     for marker in sorted(mine.glob(f"*/*/{MARKER}")) if mine.is_dir() else []:
         folder = marker.parent
-        record = read_marker(folder)
+        record = read_json(folder / MARKER)
         if record is None or record.get("run") != mine.name or folder.is_symlink():
             continue  # not a marker we wrote: leave the folder alone
         if record.get("keep_weights"):
@@ -216,7 +198,7 @@ def release(files: RevisionFiles, *, keep: bool = False) -> None:
     cache or a local folder), unless `keep` or its marker records ``keep_weights``; then unlock
     its folder."""
     try:
-        record = read_marker(files.path) if files.owned else None
+        record = read_json(files.path / MARKER) if files.owned else None
         if record is not None and not keep and not record.get("keep_weights"):
             shutil.rmtree(files.path, ignore_errors=True)
             marked = [p for p in files.path.parents if p.name == DOWNLOADS]

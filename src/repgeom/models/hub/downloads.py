@@ -70,6 +70,7 @@ from repgeom.models.hub.calls import (  # noqa: F401 - re-exported: the errors c
     RetriesExhausted,
     RevisionUnavailable,
     describe,
+    no_answer,
     read_timeout_s,
     status_of,
 )
@@ -117,12 +118,6 @@ def config_or_tokenizer(name: str) -> bool:
 
 # Caches and local folders ------------------------------------------------------------------
 
-def _hub() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
 def local_hashes(folder: Path, weights: Weights) -> dict[str, str]:
     """Name -> sha256 of every file of every complete format in `folder`. In the Hugging Face
     cache an LFS file links to a blob named by its sha256 (the hub's ETag), so that name is
@@ -163,6 +158,24 @@ def hub_files(info: Any) -> dict[str, HubFile]:
                                  getattr(s.lfs, "sha256", None) if s.lfs else None,
                                  getattr(s, "blob_id", None))
             for s in info.siblings or [] if "/" not in s.rfilename}
+
+
+def file_list(repo: str, revision: str | None, retrier: Retrier, what: str) -> Any:
+    """``model_info(files_metadata=True)`` of `repo` at `revision` (None: ``main``): one bounded
+    call per try, through `retrier`; `what` names it in the console and errors."""
+    from huggingface_hub import HfApi
+
+    return retrier.call(lambda: HfApi().model_info(
+        repo, revision=revision, files_metadata=True, timeout=read_timeout_s()), what)
+
+
+def download_files(repo: str, commit: str, files: list[HubFile], dest: Path, retrier: Retrier,
+                   transfer: Transfer, name: str) -> None:
+    """Each of `files` of `repo` at `commit` into `dest`, proved, in order
+    (`repgeom.models.hub.transfer.download_file`); `name` says whose they are."""
+    for file in files:
+        download_file(resolve_url(repo, commit, file.name), file, dest, commit, retrier,
+                      transfer, f"{name}: downloading {file.name}")
 
 
 def hub_weights(repo: str, info: Any, retrier: Retrier, read_index=None) -> Weights:
@@ -211,9 +224,8 @@ def as_download_error(error: BaseException, repo: str, revision: str | None, des
             if dest is not None and dest.is_dir() else "")
     status = status_of(error)
     if isinstance(error, RetriesExhausted):
-        return DownloadError(f"{error}{kept}. The hub ({_hub()}) did not answer in time: rerun "
-                             "the same command (the revisions already probed are kept), or give "
-                             "the hub more time: retry_budget_s=")
+        return DownloadError(no_answer(error, kept=kept,
+                                       rerun="(the revisions already probed are kept)"))
     if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
         if "work_dir=" in str(error):  # `_check_space`'s, which says it all
             return error
@@ -281,7 +293,7 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
     local = Path(repo).expanduser()
     if local.is_dir():  # a local folder: nothing to fetch
         return RevisionFiles(local, owned=False, weights=local_hashes(local, folder_weights(local)))
-    from huggingface_hub import HfApi, is_offline_mode
+    from huggingface_hub import is_offline_mode
 
     retrier = Retrier(budget_s=retry_budget_s, first_wait_s=first_wait_s, abort=abort,
                       **({"say": say} if say is not None else {}))
@@ -296,9 +308,7 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
     dest: Path | None = None
     lock: IO | None = None
     try:
-        info = retrier.call(lambda: HfApi().model_info(
-            repo, revision=revision, files_metadata=True, timeout=read_timeout_s()),
-            f"{name}: reading its file list")
+        info = file_list(repo, revision, retrier, f"{name}: reading its file list")
         commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
         cached = cached_snapshot(repo, info.sha) if info.sha else None
         if cached is not None:
@@ -316,14 +326,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "keep_weights": keep_weights}, retrier.say)
         transfer = Transfer()
-
-        def fetch(file: HubFile) -> None:
-            download_file(resolve_url(repo, commit, file.name), file, dest, commit, retrier,
-                          transfer, f"{name}: downloading {file.name}")
-
         indexes = [f for n, f in files.items() if n.endswith(INDEX)]
-        for file in indexes:  # what the rule reads first (small)
-            fetch(file)
+        download_files(repo, commit, indexes, dest, retrier, transfer, name)  # read first (small)
         weights = hub_weights(repo, info, retrier, lambda n: (dest / n).read_text())
         if not weights.files:
             missing = next(iter(weights.missing.values()), ())
@@ -338,8 +342,7 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                    for f in wanted if (dest / (f.name + PARTIAL)).is_file())
         _check_space(dest, sum(f.size or 0 for f in wanted if not (dest / f.name).is_file())
                      - have, revision)
-        for file in wanted:  # configs and tokenizer, then the weights
-            fetch(file)
+        download_files(repo, commit, wanted, dest, retrier, transfer, name)  # configs, then weights
         hashes = weights_lfs_sha256(info, weights)
         hashes.update({n: files[n].sha256 or sha256_of(dest / n) for n in weights.files})
         return RevisionFiles(dest, owned=True, bytes=transfer.received,

@@ -110,11 +110,11 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     """
     from huggingface_hub import HfApi, is_offline_mode
 
-    from repgeom.models.hub.calls import Retrier
+    from repgeom.models.hub.calls import budget_retrier
 
     if is_offline_mode():
         return _cached_refs(repo_id)
-    retry = Retrier() if retry is None else retry
+    retry = budget_retrier(retry=retry)
     with _hub_errors(repo_id, "listing its revisions"):
         refs = retry.call(lambda: HfApi().list_repo_refs(repo_id),
                           f"hf={repo_id!r}: listing its revisions")
@@ -129,7 +129,7 @@ def _hub_errors(repo_id: str, doing: str):
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    from repgeom.models.hub.calls import DownloadError, RetriesExhausted
+    from repgeom.models.hub.calls import DownloadError, RetriesExhausted, no_answer
 
     try:
         yield
@@ -140,8 +140,7 @@ def _hub_errors(repo_id: str, doing: str):
             f"https://huggingface.co/{repo_id}: {e}"
         ) from e
     except RetriesExhausted as e:
-        raise OSError(f"{e}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
-                      "same command later, or give it more time: retry_budget_s=") from e
+        raise OSError(no_answer(e)) from e
     except (HfHubHTTPError, DownloadError) as e:
         raise OSError(f"hf={repo_id!r}: {doing} on the hub ({constants.ENDPOINT}) failed: "
                       f"{e}") from e
@@ -209,9 +208,9 @@ def step_revisions(repo_id: str, refs: Refs | None = None, *,
     OSError
         A hub call failed (`list_refs`).
     """
-    from repgeom.models.hub.calls import Retrier
+    from repgeom.models.hub.calls import budget_retrier
 
-    retry = Retrier() if retry is None else retry
+    retry = budget_retrier(retry=retry)
     refs = list_refs(repo_id, retry=retry) if refs is None else refs
     ignored: dict[str, list[str]] = {}
     stepped = [(name, step_of(name)) for name in refs.names]
@@ -282,20 +281,19 @@ def weights_sha256(repo_id: str, revision: str | None, *,
     OSError
         A hub call failed; the message names the hub and what to do.
     """
-    from huggingface_hub import HfApi, is_offline_mode
+    from huggingface_hub import is_offline_mode
 
     from repgeom.models.hub import downloads
-    from repgeom.models.hub.calls import Retrier, read_timeout_s
+    from repgeom.models.hub.calls import budget_retrier
     from repgeom.models.hub.weights_rule import folder_weights
 
     if is_offline_mode():
         cached = downloads.cached_snapshot(repo_id, revision)
         return {} if cached is None else downloads.local_hashes(cached, folder_weights(cached))
-    retry = Retrier() if retry is None else retry
+    retry = budget_retrier(retry=retry)
     what = f"hf={repo_id!r}: the file list of {revision}"
     with _hub_errors(repo_id, f"reading the file list of {revision}"):
-        info = retry.call(lambda: HfApi().model_info(
-            repo_id, revision=revision, files_metadata=True, timeout=read_timeout_s()), what)
+        info = downloads.file_list(repo_id, revision, retry, what)
         return downloads.weights_lfs_sha256(info, downloads.hub_weights(repo_id, info, retry))
 
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repgeom.files import fsync_file
+from repgeom.files import fsync_dir, fsync_file, read_json
 from repgeom.models.hub.calls import Aborted, Retrier, timeout
-from repgeom.models.hub.download_folders import PARTIAL, read_proofs, record_proof
+from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
 """Bytes read at a time from a file being hashed."""
@@ -118,7 +118,7 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
 
     final, part = dest / file.name, dest / (file.name + PARTIAL)
     proof = file.proof(commit)
-    if (final.is_file() and read_proofs(dest).get(file.name) == proof
+    if (final.is_file() and (read_json(dest / PROOFS) or {}).get(file.name) == proof
             and file.size in (None, final.stat().st_size)):
         return  # finished and proved by an earlier try or run (and not cut short by a crash)
     final.unlink(missing_ok=True)  # unproved (or of another commit): in our folder, fetched anew
@@ -181,8 +181,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                                       "not the hub's; downloading it again")
             fsync_file(part)  # its bytes on the disk before a proof names them
             record_proof(dest, file.name, proof)  # first: a kill between the two loses nothing
-            os.replace(part, final)
-            fsync_file(dest)
+            os.replace(part, final)  # not atomic_write: a partial file is resumed (Range)
+            fsync_dir(dest)
             return
         except Aborted:
             raise

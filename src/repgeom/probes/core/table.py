@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.files import atomic_write_text, fsync_file, replace  # noqa: F401 - callers use table's
+from repgeom.files import (  # noqa: F401 - callers use table's
+    atomic_write_many,
+    atomic_write_text,
+    fsync_file,
+    replace,
+)
 from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
 
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
@@ -330,26 +334,14 @@ def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     frame = rows_to_frame(frame)
-    writers: list[tuple[Path, Callable[[str], None]]] = []
+    writers: list[tuple[Path, Callable[[Path], None]]] = []
     if _has_parquet():
         writers.append(
             (folder / f"{TABLE_STEM}.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
         )
     writers.append((folder / f"{TABLE_STEM}.csv", lambda tmp: frame.to_csv(tmp, index=False)))
-    temps: list[str] = []
-    try:
-        for path, write in writers:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-            os.close(fd)
-            temps.append(tmp)
-            write(tmp)
-            fsync_file(tmp)
-        for (path, _), tmp in zip(writers, temps, strict=True):
-            replace(tmp, path)  # fenced: a probe worker that lost its run raises here
-        fsync_file(folder)  # the renames themselves
-    finally:
-        for tmp in temps:
-            Path(tmp).unlink(missing_ok=True)
+    # fenced: a probe worker that lost its run raises before the first rename
+    atomic_write_many(writers)
     return [path for path, _ in writers]
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from repgeom import metrics
-from repgeom.probes.core import catalogue, table
+from repgeom.files import atomic_write
+from repgeom.probes.core import catalogue
 from repgeom.probes.core.measure import ProbeSettings, pair_rows
 
 STATES_DIR = "states"
@@ -44,14 +45,9 @@ def save_states(probe_folder: str | os.PathLike, step: int, states: Sequence[tor
     folder = states_dir(probe_folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{int(step)}.pt"
-    partial = path.with_suffix(".pt.partial")  # a kill mid-write leaves no file that looks whole
-    torch.save(
-        {"states": [s.detach().half().cpu() for s in states], "layer_names": list(layer_names)},
-        partial,
-    )
-    table.fsync_file(partial)  # on the disk before the name says it is whole
-    os.replace(partial, path)
-    table.fsync_file(folder)
+    saved = {"states": [s.detach().half().cpu() for s in states], "layer_names": list(layer_names)}
+    # whole or not at all: a kill mid-write leaves no file that looks whole
+    atomic_write(path, lambda tmp: torch.save(saved, tmp))
     return path
 
 

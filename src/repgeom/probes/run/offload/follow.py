@@ -268,7 +268,7 @@ class Follower:
         cannot be read or loaded (quarantined: recorded, named, skipped)."""
         started = time.perf_counter()
         before = quarantine.generation(path)
-        marker, unreadable = quarantine.read_marker(path)
+        marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
         loaded, failed = self._read(path) if unreadable is None else (None, None)
         model, masking = loaded if loaded is not None else (None, None)
         if quarantine.generation(path) != before or (marker is None and unreadable is None):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from repgeom import files
-from repgeom.files import atomic_write_text
+from repgeom.files import atomic_write_text, read_json  # noqa: F401 - read_json: the layout's
 from repgeom.probes.core import table
 
 SNAPSHOT_DIR = "snapshots"
@@ -83,29 +83,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`: a temporary file
     of its own, fsync, rename, fsync the folder); a full disk leaves no temporary file."""
     atomic_write_text(path, json.dumps(data, indent=1))
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object at `path`, or None when missing, unreadable (caught mid-replace
-    elsewhere) or not an object (every file of the folder holds one: anything else is broken)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _fsync_dir(folder: Path) -> None:  # noqa: D401 - fsync of a folder's entries
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems refuse fsync on a directory
-        pass
-    finally:
-        os.close(fd)
 
 
 def snapshot_time(path: Path) -> float | None:

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from repgeom.files import read_json
 from repgeom.probes.run.offload.host import pid_of, same_host
-from repgeom.probes.run.offload.layout import TRAINING, read_json
+from repgeom.probes.run.offload.layout import TRAINING
 from repgeom.probes.run.offload.lock import process_alive
 
 

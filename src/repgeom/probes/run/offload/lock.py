@@ -11,8 +11,9 @@ different kinds with ``follow_lock=auto``, and a flock and a lease never exclude
   its own clock (no clock is compared across hosts), or at once when the holder's pid is gone on
   this same host (same hostname, boot and pid namespace; a container that shares the node's
   hostname is not the same host). Then it takes the lease over.
-- with kind ``flock`` (a local file system), an exclusive `fcntl.flock` on ``worker.lock`` is
-  taken first, as an extra: two workers of one node wait on it without reading the lease.
+- with kind ``flock`` (a local file system), an exclusive `fcntl.flock` on ``worker.lock``
+  (`repgeom.files.try_lock`; it holds the holder's pid) is taken first, as an extra: two
+  workers of one node wait on it without reading the lease.
 
 The token is the fencing token: `WorkerLock.check` raises `LockLostError` once the lease names
 another token, and the worker runs it (`repgeom.files.fenced`) just before each rename into
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
@@ -43,9 +43,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
+from repgeom.files import read_json, try_lock
 from repgeom.probes.run.offload.host import host_identity, pid_of, same_host
-from repgeom.probes.run.offload.layout import read_json
 
 LOCK_KINDS = ("auto", "flock", "file")
 """``follow_lock``'s values: pick by file system, or force one kind."""
@@ -69,8 +70,6 @@ SHARED_FILE_SYSTEMS = frozenset({
 """File systems that several nodes mount: flock there is refused or may be node-local."""
 # flock's "the file system cannot do this" (NFS without lockd, FUSE): fall back to the lease.
 _UNSUPPORTED = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
-# flock's "someone holds it" (EWOULDBLOCK == EAGAIN on Linux; EACCES on some systems).
-_CONTENTION = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})
 
 
 class LockLostError(RuntimeError):
@@ -136,7 +135,7 @@ class WorkerLock:
         self.stale_s = float(stale_s)
         self.heartbeat_s = float(heartbeat_s)
         self.token = uuid.uuid4().hex
-        self._fd: int | None = None
+        self._handle: IO | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self.lost = False
@@ -156,7 +155,7 @@ class WorkerLock:
         watch: dict[str, float] = {}
         try:
             while True:
-                other = self._try_flock() if self.kind == "flock" and self._fd is None else None
+                other = self._try_flock() if self.kind == "flock" and self._handle is None else None
                 if other is None:
                     other = self._try_lease(watch)
                 if other is None:
@@ -180,14 +179,9 @@ class WorkerLock:
     def _try_flock(self) -> str | None:
         """None once held; else who holds it. Falls back to the lease where flock is refused."""
         path = self.folder / FLOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            if error.errno in _CONTENTION:
-                return f"pid {holder}"
+            handle = try_lock(path, create_mode=0o644)
+        except OSError as error:  # not another worker holding it (`repgeom.files.LOCK_HELD`)
             if error.errno in _UNSUPPORTED:
                 print(f"flock on {path} is not supported here ({errno.errorcode.get(error.errno)}"
                       f": {error.strerror}); using a lease file with a heartbeat instead "
@@ -198,16 +192,21 @@ class WorkerLock:
                           f"{error.strerror} ({errno.errorcode.get(error.errno, error.errno)}); "
                           "this is not another worker holding it. Check the folder's file "
                           "system, or pass follow_lock=file to use a lease file") from error
-        except BaseException:
-            os.close(fd)
-            raise
+        if handle is None:  # held by another worker, which wrote its pid into the file
+            try:
+                holder = path.read_bytes()[:256].decode(errors="replace").strip()
+            except FileNotFoundError:
+                if not self.folder.is_dir():
+                    raise  # the run's folder is gone: nobody to wait for
+                holder = ""  # deleted this instant: the next try makes it again
+            return f"pid {holder or '?'}"
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            handle.truncate(0)
+            handle.write(str(os.getpid()).encode())
         except BaseException:
-            os.close(fd)
+            handle.close()
             raise
-        self._fd = fd
+        self._handle = handle
         return None
 
     def _try_lease(self, watch: dict[str, float]) -> str | None:
@@ -333,7 +332,7 @@ class WorkerLock:
             holder = read_json(self.lease)
             if holder is not None and holder.get("token") == self.token:
                 self.lease.unlink(missing_ok=True)
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # drops the flock
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.close()  # drops the flock
 

@@ -45,20 +45,6 @@ def generation(path: Path) -> str:
     return "|".join(parts)
 
 
-def read_marker(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """The ``complete.json`` of the snapshot in `path`, or None and why it cannot be read (None
-    when it is missing: the snapshot vanished)."""
-    try:
-        marker = json.loads((path / COMPLETE).read_text())
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as error:
-        return None, f"{type(error).__name__}: {error}"
-    if not isinstance(marker, dict):
-        return None, f"not a JSON object: {str(marker)[:80]}"
-    return marker, None
-
-
 def write_skipped(run_dir: Path, steps: dict[int, dict[str, Any]]) -> None:
     """``probes/skipped.json``: step -> why it has no probe rows (empty: no such step)."""
     folder = table.probe_dir(run_dir)

@@ -66,6 +66,7 @@ from typing import Any
 
 import torch
 
+from repgeom.files import fsync_dir
 from repgeom.probes.run.offload.host import host_identity
 from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
     COMPLETE,
@@ -78,7 +79,6 @@ from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's nam
     WEIGHTS,
     WORKER,
     WRITING,
-    _fsync_dir,
     leftovers,
     marker_time,
     read_json,
@@ -412,4 +412,4 @@ class SnapshotWriter:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
             return
-        _fsync_dir(self.folder)
+        fsync_dir(self.folder)

@@ -2,7 +2,7 @@
 `repgeom.probes.run.offload.follow`, and ``snapshots/done.json``, written by
 `repgeom.probes.run.offload.snapshots`), field by field.
 
-A file that is not a JSON object reads as missing (`repgeom.probes.run.offload.layout.read_json`),
+A file that is not a JSON object reads as missing (`repgeom.files.read_json`),
 and a field of the wrong type (a file edited by hand, cut, or written by another version) reads as
 empty, with one warning naming the file and the field: a worker never crashes on it, and at worst
 probes again what such a field recorded as probed.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repgeom.probes.run.offload.layout import read_json
+from repgeom.files import read_json
 
 
 def _warn(path: Path, name: str, value: Any, wanted: str) -> None:
