@@ -94,7 +94,7 @@ def test_a_table_never_mixes_real_and_shuffled_rows(tmp_path) -> None:
     """The ``texts`` column marks shuffled rows; appending rows of the other texts (a resumed
     probe with texts= changed) is refused, and so is a resumed trajectory before any work."""
     from repgeom.probes.report import sink
-    from repgeom.probes.run.trajectory import _done
+    from repgeom.probes.run.resume import done_steps
 
     rows = [dict(step=0, layer=1, metric="anisotropy", value=0.5, model="m")]
     frame = sink.write_step(tmp_path, rows, texts="shuffled")
@@ -105,8 +105,8 @@ def test_a_table_never_mixes_real_and_shuffled_rows(tmp_path) -> None:
         sink.write_step(tmp_path, [{**rows[0], "step": 10}], texts="real")
     assert sorted(table.read_table(tmp_path)["step"]) == [0, 5]  # left as it was
     with pytest.raises(ValueError, match="texts=real was asked"):
-        _done(tmp_path, "real")
-    assert _done(tmp_path, "shuffled") == {("m", "step=0"), ("m", "step=5")}
+        done_steps(tmp_path, "real")
+    assert done_steps(tmp_path, "shuffled") == {("m", "step=0"), ("m", "step=5")}
     real = tmp_path / "real"
     assert table.TEXTS_COLUMN not in sink.write_step(real, rows).columns  # real: as before
     with pytest.raises(ValueError, match="one table never mixes them"):
