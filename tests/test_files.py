@@ -49,17 +49,37 @@ def test_a_failing_callback_renames_nothing_and_leaves_no_temporary_file(tmp_pat
     assert _names(tmp_path) == ["a", "b"]
 
 
-def test_several_files_are_renamed_in_order_after_the_fence(tmp_path) -> None:
-    order = []
+def test_several_files_are_renamed_after_one_fence_check_or_none_is(tmp_path) -> None:
+    # The fence is checked once, before the first rename: a lease lost at that check renames
+    # none of them. Before, it was checked before each rename, and a lease lost between two
+    # renames left a new probes.parquet beside the old probes.csv.
+    seen = []
 
     def check() -> None:
-        order.append(sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")))
+        seen.append(sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")))
 
     with files.fenced(check):
         files.atomic_write_many([(tmp_path / "first", lambda tmp: tmp.write_text("1")),
                                  (tmp_path / "second", lambda tmp: tmp.write_text("2"))])
-    assert order == [[], ["first"]]  # the fence runs before each rename, first one first
-    assert (tmp_path / "second").read_text() == "2"
+    assert seen == [[]]  # once, before any rename
+    assert (tmp_path / "first").read_text() == "1" and (tmp_path / "second").read_text() == "2"
+
+    def lost() -> None:
+        raise RuntimeError("lease taken over")
+
+    with files.fenced(lost), pytest.raises(RuntimeError, match="taken over"):
+        files.atomic_write_many([(tmp_path / "first", lambda tmp: tmp.write_text("new")),
+                                 (tmp_path / "second", lambda tmp: tmp.write_text("new"))])
+    assert [(tmp_path / n).read_text() for n in ("first", "second")] == ["1", "2"]
+    assert _names(tmp_path) == ["first", "second"]  # no temporary file left
+
+
+def test_a_killed_writes_temporaries_are_found_for_that_file_only(tmp_path) -> None:
+    for name in (".step_10.pt.0a1b2c3d.tmp", ".step_10.pt.ffff0000.tmp", ".step_1.pt.1234.tmp",
+                 "step_10.pt", ".step_10.ptx.aaaa.tmp"):
+        (tmp_path / name).write_text("x")
+    found = [p.name for p in files.stale_temporaries(tmp_path / "step_10.pt")]
+    assert found == [".step_10.pt.0a1b2c3d.tmp", ".step_10.pt.ffff0000.tmp"]
 
 
 def test_a_lost_fence_renames_nothing(tmp_path) -> None:
@@ -127,6 +147,17 @@ def test_try_lock_says_none_while_another_process_holds_it(tmp_path) -> None:
 
 def test_try_lock_is_none_for_a_folder_that_is_gone(tmp_path) -> None:
     assert files.try_lock(tmp_path / "gone" / "lock") is None
+
+
+def test_a_refused_flock_is_raised_not_taken_for_another_holder(tmp_path, monkeypatch) -> None:
+    # EACCES from flock(2) is a refusal (a security module, an NFSv4 server), never contention
+    # on Linux; "another process holds it, wait for it" would send the user after no process.
+    def refused(fd, operation):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    with pytest.raises(PermissionError):
+        files.try_lock(tmp_path / "lock")
 
 
 def test_try_lock_raises_other_errors_and_closes_the_file(tmp_path, monkeypatch) -> None:

@@ -4,7 +4,7 @@ above uses (tables, snapshots, skipped steps, download markers and proofs, downl
 probe worker's lock and lease).
 
 `atomic_write` writes through fsynced temporary files (in the same folder, or in a `tmp_dir` on
-the same file system) and renames them into place (`replace`, ``os.replace``, atomic on POSIX):
+the same file system) and renames them into place (``os.replace``, atomic on POSIX):
 a kill or a crash leaves the old file or the new one, never a part. What goes into a file is
 written by a callback given its temporary path (a table's ``to_parquet``, a download's stream),
 or is text or bytes (`atomic_write_text`, `atomic_write_bytes`); several files are renamed only
@@ -15,9 +15,10 @@ gives (``0666`` less the umask, and a folder's default ACL), never mkstemp's 060
 `try_lock` takes an ``flock`` on a lock file and says None, never waits for ever, when another
 process holds it. `read_json` reads a JSON object, or says None (`read_json_why`: and why).
 
-`fenced`: while a check is set (the probe worker's `WorkerLock.check`), every `replace` runs it
-just before its rename, so a process that lost the right to write (its lease taken over while it
-was paused) raises instead of renaming its file over the new holder's.
+`fenced`: while a check is set (the probe worker's `WorkerLock.check`), every atomic write runs it
+once just before its renames (`check_fence`, which deletions of shared state run too), so a
+process that lost the right to write (its lease taken over while it was paused) raises instead of
+renaming its files over the new holder's, and renames none of them rather than some.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import contextlib
 import contextvars
 import errno
 import fcntl
+import glob
 import json
 import os
 import secrets
@@ -39,8 +41,8 @@ _FENCE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextV
 
 @contextlib.contextmanager
 def fenced(check: Callable[[], None]) -> Iterator[None]:
-    """Run `check` before each `replace` of this thread (context) while inside the block; it
-    raises when this process may no longer write."""
+    """Run `check` before each atomic write's renames in this thread (context) while inside the
+    block; it raises when this process may no longer write."""
     token = _FENCE.set(check)
     try:
         yield
@@ -53,12 +55,6 @@ def check_fence() -> None:
     check = _FENCE.get()
     if check is not None:
         check()
-
-
-def replace(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """``os.replace(source, target)``, after the `fenced` check of this context."""
-    check_fence()
-    os.replace(source, target)
 
 
 def fsync_file(path: str | os.PathLike) -> None:
@@ -136,13 +132,22 @@ def atomic_write_many(writes: Sequence[tuple[str | os.PathLike, Write]], *,
                 os.close(fd)
             write(tmp)
             fsync_file(tmp)
-        for tmp, target in temps:
-            replace(tmp, target)  # fenced: a process that lost the right to write raises here
+        check_fence()  # once, before the first rename: a process that lost the right to write
+        for tmp, target in temps:  # renames none of them, never the first ones only
+            os.replace(tmp, target)
         for folder in dict.fromkeys(target.parent for _, target in temps):
             fsync_dir(folder)  # the renames themselves
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
+
+
+def stale_temporaries(path: str | os.PathLike) -> list[Path]:
+    """The temporary files `atomic_write` made for `path` and a kill left behind (hidden, named
+    ``.<name>.<random>.tmp`` beside it). Only for a file one process writes at a time: another
+    writer's temporary of the same file would be among them."""
+    target = Path(path)
+    return sorted(target.parent.glob(f".{glob.escape(target.name)}.*.tmp"))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None,
@@ -157,9 +162,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
     atomic_write(path, lambda tmp: tmp.write_bytes(data), mode=mode, tmp_dir=tmp_dir)
 
 
-LOCK_HELD = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})
-"""``flock``'s errnos for "another process holds it" (EWOULDBLOCK == EAGAIN on Linux; EACCES
-on some systems); any other error is not contention, and `try_lock` raises it."""
+LOCK_HELD = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
+"""``flock``'s errnos for "another process holds it" (EWOULDBLOCK == EAGAIN on Linux). Any other
+error is not contention, and `try_lock` raises it: EACCES from ``flock`` is a refusal (a security
+module, an NFSv4 server), which "wait for the other process" would misname."""
 
 
 def try_lock(path: str | os.PathLike, *, blocking: bool = False,

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
+from repgeom import files
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import phases
@@ -102,6 +103,6 @@ def test_table_files_are_fsynced_before_they_are_renamed(tmp_path, monkeypatch) 
     table.write_table(table.rows_to_frame(_rows(0, "r", 1.0)), tmp_path)
     assert any(p.endswith(".tmp") and ".probes.csv." in p for p in synced)
     assert str(tmp_path) in synced  # the folder, after the renames
-    table.atomic_write_text(tmp_path / "x.json", "{}")
+    files.atomic_write_text(tmp_path / "x.json", "{}")
     assert (tmp_path / "x.json").read_text() == "{}"
     assert any(".x.json." in p for p in synced)

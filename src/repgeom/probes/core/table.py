@@ -76,12 +76,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.files import (  # noqa: F401 - callers use table's
-    atomic_write_many,
-    atomic_write_text,
-    fsync_file,
-    replace,
-)
+from repgeom.files import atomic_write_many
 from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
 
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from repgeom.console import first_line
+from repgeom.files import atomic_write_text
 from repgeom.probes.core import table
 
 SKIPPED = "skipped.json"
@@ -94,4 +95,4 @@ def write_skipped(output_dir: Path, skipped: dict[str, dict]) -> None:
     """Write ``skipped.json`` in one atomic replace."""
     folder = table.probe_dir(output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    table.atomic_write_text(folder / SKIPPED, json.dumps(skipped, indent=2))
+    atomic_write_text(folder / SKIPPED, json.dumps(skipped, indent=2))

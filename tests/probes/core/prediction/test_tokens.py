@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra_configs import compose_job, compose_train
 
+from repgeom import files
 from repgeom.metrics.intrinsic_dimension.knn_batches import search_batches
 from repgeom.metrics.intrinsic_dimension.mle import local_mle
 from repgeom.probes.core import table
@@ -122,3 +123,20 @@ def test_per_token_local_ids_go_through_the_copies_guard() -> None:
         assert np.isnan(local).all() == guarded
         if not guarded:  # the distinct states have their own local IDs
             assert np.isfinite(local[1:200]).mean() > 0.9
+
+
+def test_the_per_token_files_are_fenced_like_every_worker_write(tmp_path) -> None:
+    # The offload worker records a step under files.fenced(lock.check): a worker that lost its
+    # run writes nothing more, the per-token parquet and the correlation table included (before,
+    # they were renamed with a bare os.replace, outside the fence).
+    states = tokens.TokenStates(np.array([0, 0, 1]), np.array([0, 1, 0]), np.array([5, 6, 7]),
+                                np.array([1.0, 2.0, 3.0]), [np.array([4.0, 5.0, 6.0])],
+                                ["embedding"])
+
+    def lost() -> None:
+        raise RuntimeError("the lease names another worker")
+
+    with files.fenced(lost), pytest.raises(RuntimeError, match="another worker"):
+        tokens.save_step(tmp_path, 10, states)
+    assert not (tmp_path / tokens.CSV_NAME).exists()
+    assert not list((tmp_path / tokens.TOKENS_DIR).iterdir())  # no file, no temporary

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from repgeom import metrics
-from repgeom.files import atomic_write
+from repgeom.files import atomic_write, stale_temporaries
 from repgeom.probes.core import catalogue
 from repgeom.probes.core.measure import ProbeSettings, pair_rows
 
@@ -46,7 +46,10 @@ def save_states(probe_folder: str | os.PathLike, step: int, states: Sequence[tor
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{int(step)}.pt"
     saved = {"states": [s.detach().half().cpu() for s in states], "layer_names": list(layer_names)}
-    # whole or not at all: a kill mid-write leaves no file that looks whole
+    # whole or not at all: a kill mid-write leaves no file that looks whole, and its temporary
+    # (a step's states: up to GBs) is removed by the next write of that step
+    for stale in stale_temporaries(path):
+        stale.unlink(missing_ok=True)
     atomic_write(path, lambda tmp: torch.save(saved, tmp))
     return path
 

@@ -23,7 +23,6 @@ default (`ProbeSettings.per_token`).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from repgeom.files import fsync_file
+from repgeom.files import atomic_write
 
 TOKENS_DIR = "tokens"
 CSV_NAME = "token_id_surprisal.csv"
@@ -101,19 +100,6 @@ def correlation(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*keys, "n", "rho", "p"])
 
 
-def _replace(path: Path, write) -> None:
-    """Write `path` through a temporary file in its folder and ``os.replace``: a kill leaves the
-    old file or the new one, never a part."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        fsync_file(tmp)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
 def save_step(probe_folder: str | os.PathLike, step: int, tokens: TokenStates,
               id_columns: Mapping[str, Any] | None = None) -> Path:
     """Write one step's ``tokens/step_<n>.parquet`` and its rows of ``token_id_surprisal.csv``
@@ -123,7 +109,7 @@ def save_step(probe_folder: str | os.PathLike, step: int, tokens: TokenStates,
     frame = tokens.frame(step, id_columns)
     suffix = "".join(f"_{str(v).replace('/', '_')}" for v in (id_columns or {}).values() if v)
     path = folder / TOKENS_DIR / f"step_{int(step)}{suffix}.parquet"
-    _replace(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))  # fenced, fsynced
     table = correlation(frame)
     csv = folder / CSV_NAME
     if csv.is_file():
@@ -134,5 +120,5 @@ def save_step(probe_folder: str | os.PathLike, step: int, tokens: TokenStates,
                 same = same & (old[key].fillna("").astype(str) == ("" if value is None
                                                                    else str(value)))
         table = pd.concat([old.loc[~same], table], ignore_index=True)
-    _replace(csv, lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write(csv, lambda tmp: table.to_csv(tmp, index=False))
     return path
