@@ -57,7 +57,8 @@ def test_run_logs_profile_and_layer_step_tables(run: tuple[Path, Path]) -> None:
         assert sorted(profile["step"].unique()) == steps
         assert profile["value"].to_numpy() == pytest.approx(expected["value"].to_numpy())
         layer_step = _table(wandb_run, f"probe/tables/layer_step_{metric}")
-        assert len(layer_step) == len(steps) * probes["layer"].nunique()
+        # the layers' rows only: the loss rows (lm_loss, bpc) are the whole model's, no layer
+        assert len(layer_step) == len(steps) * table.layer_rows(probes)["layer"].nunique()
     # the chart's own table: one line per probe step, x = layer
     lines = _table(wandb_run, "probe/charts/profile_anisotropy_table")
     assert sorted(lines["lineKey"].unique()) == sorted(f"step {s}" for s in steps)

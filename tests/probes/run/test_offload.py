@@ -1061,8 +1061,8 @@ def test_a_run_killed_after_its_last_checkpoint_is_rerun_to_the_whole_table(
         raise _Killed
 
     def nothing_more(self, trainer, pl_module, exception):  # a killed process writes nothing
-        self.writer._stop.set()  # (its heartbeat thread dies with it)
-        self.writer._heartbeat.join()
+        self.offloading.writer._stop.set()  # (its heartbeat thread dies with it)
+        self.offloading.writer._heartbeat.join()
 
     with pytest.MonkeyPatch.context() as patch, pytest.raises(_Killed):
         patch.setattr(ProbeCallback, "on_train_end", killed)
