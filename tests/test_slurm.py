@@ -88,7 +88,7 @@ def test_sbatch_runs_a_two_process_job_to_the_end(slurm: LocalSlurm, tmp_path: P
         slurm, ["--ntasks-per-node=2"], "slurm/train.sbatch",
         [*tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={steps}"], run_dir, log,
     )
-    record = slurm.wait(job, timeout=240)
+    record = slurm.wait(job, timeout=420)
     assert record["JobState"] == "COMPLETED", job_output(log)
     assert_complete_run(run_dir, max_steps=steps)
     out = job_output(log)
@@ -104,17 +104,19 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     # when the next check would be too late (measured here: USR1@10 of a 1-minute job arrives
     # 20-50 s after the start, whatever the number says), so it comes after Python's start-up
     # and Lightning's handler (~12 s in), never before it (SIGUSR1 would kill the job). Training
-    # is bounded by trainer.max_time, 90 s of training time that Lightning's Timer keeps in the
-    # checkpoint, so the first run is always interrupted and the rest takes 90 s at any speed.
-    # The first start may use up to ~60 s of it: up to ~40 s until the signal and ~20 s more
-    # until SLURM kills it (Lightning ignores the requeue's SIGTERM), saving last.ckpt on the
-    # way; 90 s leaves the resumed start enough time for more checkpoints.
+    # is bounded by trainer.max_time, 150 s of training time that Lightning's Timer keeps in the
+    # checkpoint, so the first run is always interrupted and the rest takes 150 s at any speed.
+    # The first start is killed by the clock: the limit (60 s) plus SLURM's 30 s check interval
+    # plus KillWait (5 s) after the job's start, start-up included (Lightning ignores the
+    # requeue's SIGTERM), so it uses at most ~95 s of the budget, saving last.ckpt on the way;
+    # 150 s leaves the resumed start 55 s or more (at 90 s, a run beside two CPU-bound
+    # processes left the resumed start no step).
     run_dir, log = tmp_path / "run", tmp_path / "job.out"
     max_steps, every = 10_000, 250
     overrides = [
         *tiny_overrides(trainer="ddp"), *CPU_TRAINER, f"trainer.max_steps={max_steps}",
         "trainer.val_check_interval=50", "trainer.log_every_n_steps=5",
-        '+trainer.max_time="00:00:01:30"', f"probe.every_n_steps={every}",
+        '+trainer.max_time="00:00:02:30"', f"probe.every_n_steps={every}",
         f"probe.log_spaced_until={every}", "probe.n_log_spaced=8",
     ]
     job = sbatch(
@@ -125,7 +127,7 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     requeued = slurm.wait(job, timeout=150, until=lambda r: int(r.get("Restarts", 0)) >= 1)
     assert int(requeued.get("Restarts", 0)) >= 1, (requeued, job_output(log))
     slurm.run(["scontrol", "update", f"JobId={job}", "TimeLimit=10"])
-    record = slurm.wait(job, timeout=240)
+    record = slurm.wait(job, timeout=420)
     out = job_output(log)
     assert record["JobState"] == "COMPLETED", out
     assert int(record["Restarts"]) == 1, out
