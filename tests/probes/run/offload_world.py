@@ -307,11 +307,12 @@ class World:
         self.writer._stop.set()
         if self.writer._heartbeat is not None:
             self.writer._heartbeat.join()
-        self.writer = None
+        self.writer._release()  # the kernel lets go of a dead process's start lock
+        number, self.writer = self.writer.number, None
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         snapshots.write_json(self.folder / snapshots.TRAINING, {**beat, "pid": self.dead})
         if mid_write and self.next_i < len(self.steps):
-            cut = self.folder / f".step_{self.steps[self.next_i]:09d}.{self.dead}.tmp"
+            cut = self.folder / f".step_{self.steps[self.next_i]:09d}.{number}-{self.dead}.tmp"
             cut.mkdir(parents=True, exist_ok=True)
             (cut / snapshots.WEIGHTS).write_bytes(b"PK\x03\x04 half a zip")
 

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -233,6 +234,68 @@ def test_a_replayed_steps_snapshot_replaces_an_unprobed_one_of_the_abandoned_sta
     resumed.close(final_step=10)
     assert snapshots.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE) == new
     assert [p.name for p in folder.iterdir() if p.name.startswith(".step")] == []
+
+
+
+def test_an_older_start_still_alive_never_replaces_the_newer_starts_snapshot(tmp_path) -> None:
+    # A requeue while the old start still runs on a hung node: the newer start writes step 10 of
+    # its replay, then the older one writes its own step 10. The older one's weights are the
+    # abandoned trajectory's; the worker must get the newer start's (review of issue 40).
+    folder = snapshots.snapshot_dir(tmp_path)
+    older = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    older.start({"wandb": None})
+    newer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    newer.start({"wandb": None})
+    assert newer.number > older.number
+    theirs, ours = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    try:
+        newer.snapshot(10, ours, {"hyper_parameters": {}})
+        newer.wait()
+        older.snapshot(10, theirs, {"hyper_parameters": {}})
+        older.wait()
+    finally:
+        older.close(final_step=None, stopped=True)
+        newer.close(final_step=None, stopped=True)
+    marker = files.read_json(snapshots.step_dir(folder, 10) / snapshots.COMPLETE)
+    assert marker["start"] == newer.start_id and marker["number"] == newer.number
+    written = torch.load(snapshots.step_dir(folder, 10) / snapshots.WEIGHTS, weights_only=True)
+    torch.testing.assert_close(written["state_dict"]["model.weight"], ours.weight.detach())
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".step")] == []
+
+
+def test_a_start_sweeps_the_writes_of_ended_starts_only(tmp_path, monkeypatch) -> None:
+    # A new start removes a half-written snapshot of a start that has ended (killed mid-write),
+    # never the write in progress of an older start still alive (review of issue 40: it did, and
+    # that start's training then failed with FileNotFoundError).
+    folder = snapshots.snapshot_dir(tmp_path)
+    alive, killed = (snapshots.SnapshotWriter(tmp_path, heartbeat_s=60) for _ in range(2))
+    alive.start({"wandb": None})
+    killed.start({"wandb": None})
+    cut = folder / f".step_{20:09d}.{killed.number}-0123456789abcdef{snapshots.WRITING}"
+    cut.mkdir()
+    killed.close(final_step=None)  # its lock let go, as the kernel does for a killed process
+    writing, go_on = threading.Event(), threading.Event()
+    real_save = torch.save
+
+    def slow_save(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        writing.set()
+        assert go_on.wait(60)
+
+    monkeypatch.setattr(torch, "save", slow_save)
+    alive.snapshot(10, torch.nn.Linear(3, 2), {"hyper_parameters": {}})
+    assert writing.wait(60)
+    new = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    new.start({"wandb": None})
+    assert not cut.exists()
+    assert [step for step, _ in snapshots.snapshots(folder)[1]] == [10]  # the live write
+    go_on.set()
+    try:
+        alive.wait()
+    finally:
+        alive.close(final_step=None, stopped=True)
+        new.close(final_step=None, stopped=True)
+    assert [step for step, _ in snapshots.snapshots(folder)[0]] == [10]
 
 
 def test_a_worker_deleting_a_probed_snapshot_puts_back_a_newer_one_found_in_its_place(

@@ -38,7 +38,8 @@ def step_dir(folder: Path, step: int) -> Path:
 
 
 WRITING = ".tmp"
-"""The suffix of a hidden snapshot folder being written (``.step_<N>.<random id>.tmp``)."""
+"""The suffix of a hidden snapshot folder being written (``.step_<N>.<start number>-<random
+id>.tmp``, `writer_of`)."""
 REMOVED = ".removed"
 """The suffix of a hidden snapshot folder being deleted (``.step_<N>.<random id>.removed``: not
 the pid, which processes in other containers share)."""
@@ -53,6 +54,16 @@ def step_of(path: Path) -> int | None:
     if not name.startswith("step_") or not name[5:].isdigit():
         return None
     return int(name[5:])
+
+
+def writer_of(path: Path) -> int | None:
+    """The number of the start that writes (or wrote) the hidden snapshot folder `path`
+    (``.step_<N>.<number>-<id>.tmp``); None for any other name (an older version's temporary, an
+    incomplete ``step_<N>``)."""
+    if not path.name.startswith(".") or not path.name.endswith(WRITING):
+        return None
+    number = path.name[1:].split(".", 1)[-1].split("-", 1)[0]
+    return int(number) if number.isdigit() else None
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:

@@ -14,11 +14,14 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   this snapshot. Both are written in a hidden folder ``.step_<N>.<id>.tmp`` that is renamed to
   ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
 - a complete ``step_<N>`` is never rewritten by the training start that wrote it (its marker
-  names that start). A requeued or resumed start that replays step N replaces a snapshot of an
-  earlier, abandoned start: the replay's weights are the run's weights at N now, and the old
-  ones, if not probed yet, would put the abandoned trajectory into the table. The new snapshot
-  carries a new time, so the worker probes it (again); a worker reading the old one meanwhile
-  sees its marker change and records nothing from it. A worker deletes a snapshot by renaming it
+  names that start and its number, `repgeom.probes.run.offload.starts`). A requeued or resumed
+  start that replays step N replaces a snapshot of an earlier, abandoned start: the replay's
+  weights are the run's weights at N now, and the old ones, if not probed yet, would put the
+  abandoned trajectory into the table. It never replaces a newer start's (an older start still
+  alive, on a hung node, writes the abandoned trajectory). The new snapshot carries a new time,
+  so the worker probes it (again); a worker reading the old one meanwhile sees its marker change
+  and records nothing from it. A start removes a half-written ``.step_<N>.<number>-<id>.tmp``
+  only of an older start that has ended (`starts.gone`), never a live start's write. A worker deletes a snapshot by renaming it
   to ``.step_<N>.<id>.removed`` first (it vanishes at once, never half-deleted under a training
   process's eyes), and puts back one that turns out to be a newer snapshot than the one it
   probed;
@@ -67,6 +70,7 @@ from typing import Any
 import torch
 
 from repgeom.files import fsync_dir
+from repgeom.probes.run.offload import starts
 from repgeom.probes.run.offload.host import host_identity
 from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
     COMPLETE,
@@ -89,6 +93,7 @@ from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's nam
     step_dir,
     step_of,
     write_json,
+    writer_of,
 )
 
 log = logging.getLogger(__name__)
@@ -180,19 +185,25 @@ class SnapshotWriter:
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
+        self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
+        self._start_lock: Any = None  # held while this start lives (`starts.gone` asks it)
 
     # -- the run's files ------------------------------------------------------------------------
 
     def start(self, run_info: dict[str, Any]) -> None:
-        """Prepare the folder (incomplete snapshots of a killed start and an old done marker
-        removed), write ``run.json`` and start the heartbeat."""
+        """Claim this start's number, prepare the folder (incomplete snapshots of ended starts
+        and an old done marker removed), write ``run.json`` and start the heartbeat."""
         self.folder.mkdir(parents=True, exist_ok=True)
         marker = self.folder / MARKER
         if not marker.is_file():
             marker.write_text("Made by repgeom (probe.offload): snapshots of the weights for a "
                               "probe worker; deleted once probed.\n")
+        self._release()
+        self.number, self._start_lock = starts.claim(self.folder)
         for _, path in snapshots(self.folder)[1]:
-            remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes again
+            writer = writer_of(path)
+            if writer is None or (writer < self.number and starts.gone(self.folder, writer)):
+                remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
         for path in leftovers(self.folder):
             remove_snapshot(path)  # probed, and its worker killed while deleting it
         (self.folder / DONE).unlink(missing_ok=True)
@@ -245,10 +256,16 @@ class SnapshotWriter:
                 self._heartbeat = None
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+            self._release()  # nothing of this start is being written any more
             if final_step is None or failed:
                 self._try_beat("stopped" if stopped and not failed else "failed")
             else:
                 self.finish(final_step, skipped)
+
+    def _release(self) -> None:
+        if self._start_lock is not None:
+            self._start_lock.close()
+            self._start_lock = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
         """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
@@ -352,7 +369,7 @@ class SnapshotWriter:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
         folder = step_dir(self.folder, step)
-        if self._own(folder):  # immutable: this start never rewrites its own snapshot
+        if self._keeps(read_json(folder / COMPLETE)):  # ours (immutable), or a newer start's
             return
         needed = sum(t.nbytes for t in weights.values())
         free = _free_bytes(self.folder)
@@ -362,7 +379,7 @@ class SnapshotWriter:
             return
         # a random id, not the pid: two starts of one run (a requeue on another node, two
         # containers) may share a pid, and one must never write into or remove the other's
-        tmp = self.folder / f".{folder.name}.{uuid.uuid4().hex[:16]}{WRITING}"
+        tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{WRITING}"
         try:
             self._write_files(folder, tmp, step, weights, meta)
         except Exception as error:
@@ -372,10 +389,15 @@ class SnapshotWriter:
                 raise
             self._skip(step, f"{full.strerror or full} while writing")
 
-    def _own(self, folder: Path) -> bool:
-        """Whether `folder` holds a complete snapshot written by this training start."""
-        return (folder / COMPLETE).is_file() and (
-            read_json(folder / COMPLETE) or {}).get("start") == self.start_id
+    def _keeps(self, marker: dict[str, Any] | None) -> bool:
+        """Whether the complete snapshot with `marker` stays as it is: this start wrote it (never
+        rewritten: a worker may read it), or a newer start did (ours would be the abandoned
+        trajectory's). An unreadable marker, or an older start's, is replaced."""
+        if marker is None:
+            return False
+        number = marker.get("number")
+        newer = isinstance(number, int) and not isinstance(number, bool) and number > self.number
+        return marker.get("start") == self.start_id or newer
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
@@ -400,16 +422,26 @@ class SnapshotWriter:
             os.fsync(handle.fileno())
         write_json(tmp / COMPLETE, {"step": int(step), "time": time.time(),
                                     "rank": int(self.rank), "pid": os.getpid(),
-                                    "start": self.start_id, "bytes": path.stat().st_size})
-        if folder.exists() and not self._own(folder):
-            # an incomplete one of the old layout, or an abandoned start's: the replay's weights
-            # are the run's now (a worker reading the old one sees its marker change)
-            remove_snapshot(folder)
-        try:
-            os.rename(tmp, folder)  # the whole snapshot appears at once
-        except OSError:  # ENOTEMPTY/EEXIST: a complete one is there; it stays as it is
-            if not (folder / COMPLETE).is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        fsync_dir(self.folder)
+                                    "start": self.start_id, "number": self.number,
+                                    "bytes": path.stat().st_size})
+        for _ in range(3):
+            try:
+                os.rename(tmp, folder)  # the whole snapshot appears at once
+            except OSError as error:  # ENOTEMPTY/EEXIST: a snapshot is there
+                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            else:
+                fsync_dir(self.folder)
+                return
+            marker = read_json(folder / COMPLETE)
+            if self._keeps(marker):
+                break
+            # an incomplete one, or an older (abandoned) start's: the replay's weights are the
+            # run's now (a worker reading the old one sees its marker change). Only that one is
+            # removed: a newer start's put there meanwhile is put back, and kept the next round.
+            remove_snapshot(folder, written=marker_time(marker) if marker else None)
+        else:
+            log.warning("the snapshot of step %d is not written: %s kept changing under it "
+                        "(other training starts of this run write it too)", step, folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+
