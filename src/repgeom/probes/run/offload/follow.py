@@ -172,7 +172,8 @@ class Follower:
         while True:
             finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
-            for path in snapshots.leftovers(self.folder):  # probed; deleting it was cut
+            # probed; deleting it was cut (settled: not one on its way back)
+            for path in snapshots.leftovers(self.folder, min_age_s=snapshots.SETTLED_S):
                 snapshots.remove_snapshot(path)
             todo = []
             for step, path in complete:

@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def step_of(path: Path) -> int | None:
     name = path.name
     if name.startswith(".") and name.endswith((WRITING, REMOVED)):
         name = name[1:].split(".", 1)[0]
-    if not name.startswith("step_") or not name[5:].isdigit():
+    if not name.startswith("step_") or not (name[5:].isascii() and name[5:].isdigit()):
         return None
     return int(name[5:])
 
@@ -63,7 +64,7 @@ def writer_of(path: Path) -> int | None:
     if not path.name.startswith(".") or not path.name.endswith(WRITING):
         return None
     number = path.name[1:].split(".", 1)[-1].split("-", 1)[0]
-    return int(number) if number.isdigit() else None
+    return int(number) if number.isascii() and number.isdigit() else None
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
@@ -83,11 +84,27 @@ def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Pat
     return complete, incomplete
 
 
-def leftovers(folder: Path) -> list[Path]:
-    """Snapshots a worker renamed to delete them and was killed before it could."""
+SETTLED_S = 60.0
+"""Seconds since it was moved aside after which a ``.removed`` folder is a leftover: a younger one
+may be on its way back (`remove_snapshot` puts back a snapshot it was not meant to delete)."""
+
+
+def leftovers(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
+    """Snapshots renamed to be deleted whose deletion a kill cut (moved aside at least
+    `min_age_s` seconds ago: sweepers pass `SETTLED_S`)."""
     if not folder.is_dir():
         return []
-    return [p for p in folder.iterdir() if p.name.endswith(REMOVED) and step_of(p) is not None]
+    now = time.time()
+    found = []
+    for path in folder.iterdir():
+        if not path.name.endswith(REMOVED) or step_of(path) is None:
+            continue
+        try:
+            if now - path.stat().st_ctime >= min_age_s:  # a rename sets the ctime
+                found.append(path)
+        except OSError:
+            pass  # gone meanwhile
+    return found
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -112,7 +129,8 @@ def marker_time(marker: Any) -> float | None:
         return None
 
 
-def remove_snapshot(path: Path, *, written: float | None = None) -> None:
+def remove_snapshot(path: Path, *, written: float | None = None,
+                    incomplete: bool = False) -> None:
     """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
     one of its hidden forms): renamed to ``.step_<N>.<random id>.removed`` first, so
     ``step_<N>`` is gone at once and a training start never finds it half-deleted; a folder
@@ -120,7 +138,9 @@ def remove_snapshot(path: Path, *, written: float | None = None) -> None:
 
     With `written` (the ``time`` of the snapshot probed), only that snapshot is deleted: one
     found in its place once moved aside (a resumed training start replaced it with its replay
-    meanwhile) is put back. The `repgeom.files.fenced` check runs first, before any rename or
+    meanwhile) is put back. With `incomplete`, only a snapshot without a readable
+    ``complete.json`` is deleted: a complete one found in its place is put back. The
+    `repgeom.files.fenced` check runs first, before any rename or
     deletion (a leftover's too): a worker that lost the run deletes nothing.
     """
     if step_of(path) is None or not (path.parent / MARKER).is_file():
@@ -131,13 +151,36 @@ def remove_snapshot(path: Path, *, written: float | None = None) -> None:
         gone = _move_aside(path)
         if gone is None:  # deleted meanwhile (another look at the same folder)
             return
-        if written is not None and snapshot_time(gone) != written:
-            try:  # not the one probed: back where it was (unless a newer one is there)
-                os.rename(gone, path)
+        found = snapshot_time(gone)
+        if (written is not None and found != written) or (incomplete and found is not None):
+            gone = _put_back(gone, path)  # not the one meant: back where it was
+            if gone is None:
                 return
-            except OSError:
-                pass
     shutil.rmtree(gone, ignore_errors=True)
+
+
+def start_number(marker: dict[str, Any] | None) -> int:
+    """The number of the training start that wrote a snapshot, from its ``complete.json``
+    (`marker`, read); -1 when it names none (an older version's, unreadable)."""
+    number = (marker or {}).get("number")
+    return number if isinstance(number, int) and not isinstance(number, bool) else -1
+
+
+def _put_back(aside: Path, path: Path) -> Path | None:
+    """Rename `aside` back to `path`; None when done. Where another snapshot took `path`
+    meanwhile, the newer start's of the two stays there: the other is returned, to delete."""
+    for _ in range(2):
+        try:
+            os.rename(aside, path)
+            return None
+        except OSError:
+            pass
+        if start_number(read_json(path / COMPLETE)) >= start_number(read_json(aside / COMPLETE)):
+            return aside
+        there = _move_aside(path)  # an older start's took the place: ours goes back instead
+        if there is not None:
+            shutil.rmtree(there, ignore_errors=True)
+    return aside
 
 
 def _move_aside(path: Path, tries: int = 3) -> Path | None:

@@ -21,10 +21,10 @@ creates and marks with `MARKER`; nothing else in the run folder is touched):
   alive, on a hung node, writes the abandoned trajectory). The new snapshot carries a new time,
   so the worker probes it (again); a worker reading the old one meanwhile sees its marker change
   and records nothing from it. A start removes a half-written ``.step_<N>.<number>-<id>.tmp``
-  only of an older start that has ended (`starts.gone`), never a live start's write. A worker deletes a snapshot by renaming it
-  to ``.step_<N>.<id>.removed`` first (it vanishes at once, never half-deleted under a training
-  process's eyes), and puts back one that turns out to be a newer snapshot than the one it
-  probed;
+  only of an older start that has ended (`starts.gone`), never a live start's write. A worker
+  deletes a snapshot by renaming it to ``.step_<N>.<id>.removed`` first (it vanishes at once,
+  never half-deleted under a training process's eyes), and puts back one that turns out to be a
+  newer snapshot than the one it probed;
 - ``training.json``: the training process (pid, host, boot and pid namespace
   (`repgeom.probes.run.offload.host`), step, the time that step was reached,
   time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
@@ -69,7 +69,6 @@ from typing import Any
 
 import torch
 
-from repgeom.files import fsync_dir
 from repgeom.probes.run.offload import starts
 from repgeom.probes.run.offload.host import host_identity
 from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
@@ -78,6 +77,7 @@ from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's nam
     MARKER,
     REMOVED,
     RUN,
+    SETTLED_S,
     SNAPSHOT_DIR,
     TRAINING,
     WEIGHTS,
@@ -187,6 +187,7 @@ class SnapshotWriter:
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
         self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
         self._start_lock: Any = None  # held while this start lives (`starts.gone` asks it)
+        self._said_superseded = False
 
     # -- the run's files ------------------------------------------------------------------------
 
@@ -202,9 +203,9 @@ class SnapshotWriter:
         self.number, self._start_lock = starts.claim(self.folder)
         for _, path in snapshots(self.folder)[1]:
             writer = writer_of(path)
-            if writer is None or (writer < self.number and starts.gone(self.folder, writer)):
+            if writer is None or (writer < self.number and starts.gone(self.folder, writer, path)):
                 remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
-        for path in leftovers(self.folder):
+        for path in leftovers(self.folder, min_age_s=SETTLED_S):
             remove_snapshot(path)  # probed, and its worker killed while deleting it
         (self.folder / DONE).unlink(missing_ok=True)
         write_json(self.folder / RUN, run_info)
@@ -369,8 +370,9 @@ class SnapshotWriter:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
         folder = step_dir(self.folder, step)
-        if self._keeps(read_json(folder / COMPLETE)):  # ours (immutable), or a newer start's
-            return
+        if self._superseded(step) or starts.keeps(read_json(folder / COMPLETE), self.number,
+                                                  self.start_id):
+            return  # a newer start writes the run's snapshots; ours stays immutable
         needed = sum(t.nbytes for t in weights.values())
         free = _free_bytes(self.folder)
         if free is not None and needed + self.min_free_bytes > free:
@@ -389,15 +391,17 @@ class SnapshotWriter:
                 raise
             self._skip(step, f"{full.strerror or full} while writing")
 
-    def _keeps(self, marker: dict[str, Any] | None) -> bool:
-        """Whether the complete snapshot with `marker` stays as it is: this start wrote it (never
-        rewritten: a worker may read it), or a newer start did (ours would be the abandoned
-        trajectory's). An unreadable marker, or an older start's, is replaced."""
-        if marker is None:
+    def _superseded(self, step: int) -> bool:
+        """Whether a newer training start of this run has begun: this one (still alive, on a
+        hung node, say) then writes no more snapshots: its weights are an abandoned
+        trajectory's (`starts`). Said once."""
+        if starts.newest(self.folder) <= self.number:
             return False
-        number = marker.get("number")
-        newer = isinstance(number, int) and not isinstance(number, bool) and number > self.number
-        return marker.get("start") == self.start_id or newer
+        if not self._said_superseded:
+            self._said_superseded = True
+            log.warning("a newer training start of this run has begun (start %d here): this "
+                        "start writes no more snapshots, from step %d on", self.number, step)
+        return True
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
@@ -424,24 +428,6 @@ class SnapshotWriter:
                                     "rank": int(self.rank), "pid": os.getpid(),
                                     "start": self.start_id, "number": self.number,
                                     "bytes": path.stat().st_size})
-        for _ in range(3):
-            try:
-                os.rename(tmp, folder)  # the whole snapshot appears at once
-            except OSError as error:  # ENOTEMPTY/EEXIST: a snapshot is there
-                if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-            else:
-                fsync_dir(self.folder)
-                return
-            marker = read_json(folder / COMPLETE)
-            if self._keeps(marker):
-                break
-            # an incomplete one, or an older (abandoned) start's: the replay's weights are the
-            # run's now (a worker reading the old one sees its marker change). Only that one is
-            # removed: a newer start's put there meanwhile is put back, and kept the next round.
-            remove_snapshot(folder, written=marker_time(marker) if marker else None)
-        else:
-            log.warning("the snapshot of step %d is not written: %s kept changing under it "
-                        "(other training starts of this run write it too)", step, folder)
-        shutil.rmtree(tmp, ignore_errors=True)
-
+        if not starts.install(tmp, folder, number=self.number, start_id=self.start_id,
+                              superseded=lambda: self._superseded(step)):
+            shutil.rmtree(tmp, ignore_errors=True)  # kept: ours, or a newer start's, is there

@@ -12,33 +12,65 @@ The rules the snapshot writer (`repgeom.probes.run.offload.snapshots`) keeps wit
 - **newest wins:** a complete snapshot names its start's number; a start never replaces a
   snapshot of a newer start (its own weights belong to an abandoned trajectory), and replaces an
   older start's (the replay's weights are the run's now);
+- **a superseded start writes no more:** once a newer start has claimed its number, an older
+  start still alive writes no snapshot (checked before each write and before its rename): a step
+  the newer start has not written yet, or whose snapshot a worker probed and deleted, must not
+  get the abandoned trajectory's weights;
 - **only the dead's temporaries are swept:** a start removes a half-written snapshot of an older
-  start only when it can take that start's lock (the start is gone). Where the lock cannot be
-  asked (a file system without ``flock``) or is held, the temporary stays: a live start is still
-  writing it.
+  start only when it can take that start's lock (the start is gone). Where the lock is held, the
+  temporary stays: a live start is still writing it. Where the lock cannot be asked (Lustre
+  without ``-o flock``, NFS mounted ``nolock``), a temporary untouched for `STALE_S` counts as
+  its start's leftover (no snapshot takes that long to write).
 
 The lock files stay (a few bytes a start): deleting a lock file races with a process that opens
-it to lock it. A limitation: on the NFS server itself, a local ``flock`` and the NFS clients'
-locks do not see each other, so a start on the file server may take a client start for gone and
-remove its write in progress; that client's snapshot then fails and its training stops with the
-error (never a wrong snapshot).
+it to lock it. Limitations: on the NFS server itself, and on clients mounted with
+``local_lock=flock`` or ``local_lock=all``, ``flock`` does not see other nodes' locks, so a start
+may take another node's live start for gone and remove its write in progress; that start's
+snapshot then fails and its training stops with the error (never a wrong snapshot). The order is
+the order the starts claimed their numbers (in ``on_train_start``), which is the order they
+resumed unless a start hangs between restoring its checkpoint and claiming.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from repgeom.files import try_lock
+from repgeom.files import fsync_dir, try_lock
+from repgeom.probes.run.offload.layout import (
+    COMPLETE,
+    marker_time,
+    read_json,
+    remove_snapshot,
+    start_number,
+)
+
+log = logging.getLogger(__name__)
 
 STARTS = "starts"
 SUFFIX = ".lock"
+STALE_S = 3600.0
+"""Seconds without a change after which a temporary of a start whose lock cannot be asked is
+taken for a killed start's leftover."""
 
 
 def _number(path: Path) -> int | None:
     stem = path.name[: -len(SUFFIX)] if path.name.endswith(SUFFIX) else ""
-    return int(stem) if stem.isdigit() else None
+    return int(stem) if stem.isascii() and stem.isdigit() else None
+
+
+def newest(folder: Path) -> int:
+    """The largest start number claimed in `folder` (-1 when none)."""
+    try:
+        names = list((folder / STARTS).iterdir())
+    except OSError:
+        return -1
+    return max((n for n in map(_number, names) if n is not None), default=-1)
 
 
 def claim(folder: Path) -> tuple[int, IO | None]:
@@ -47,7 +79,7 @@ def claim(folder: Path) -> tuple[int, IO | None]:
     used there (then other starts take this one for alive: they never sweep its writes)."""
     starts = folder / STARTS
     starts.mkdir(parents=True, exist_ok=True)
-    number = 1 + max((n for n in map(_number, starts.iterdir()) if n is not None), default=-1)
+    number = 1 + newest(folder)
     while True:
         path = starts / f"{number:09d}{SUFFIX}"
         try:
@@ -61,17 +93,66 @@ def claim(folder: Path) -> tuple[int, IO | None]:
             return number, None
 
 
-def gone(folder: Path, number: int) -> bool:
-    """Whether start `number` of `folder` has ended for sure: its lock can be taken (and is let go
-    at once). False where it is held, or cannot be asked."""
+def gone(folder: Path, number: int, written: Path) -> bool:
+    """Whether start `number` of `folder`, which wrote `written`, has ended: its lock can be
+    taken (and is let go at once). Where the lock cannot be asked, whether `written` has not
+    changed for `STALE_S`. False where the lock is held."""
     path = folder / STARTS / f"{number:09d}{SUFFIX}"
     if not path.is_file():
-        return False  # never claimed this way (an older version's start): not known to be gone
+        return False  # never claimed this way: not known to be gone
     try:
         handle = try_lock(path)
-    except OSError:
-        return False
+    except OSError:  # no flock here: judged by the age of what it wrote
+        return time.time() - _last_change(written) > STALE_S
     if handle is None:
         return False
     handle.close()
     return True
+
+
+def _last_change(path: Path) -> float:
+    """The latest modification time of `path` and the files in it (now, if none can be read)."""
+    try:
+        return max(p.stat().st_mtime for p in [path, *path.iterdir()])
+    except OSError:
+        return time.time()
+
+
+def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
+    """Whether the complete snapshot whose ``complete.json`` reads `marker` stays as it is for
+    start `number` (`start_id`): that start wrote it (never rewritten: a worker may read it), or
+    a newer start did (the older start's would be the abandoned trajectory's). None there, an
+    unreadable one, or an older start's: False (it is replaced)."""
+    if marker is None:
+        return False
+    return marker.get("start") == start_id or start_number(marker) > number
+
+
+def install(tmp: Path, folder: Path, *, number: int, start_id: str,
+            superseded: Callable[[], bool]) -> bool:
+    """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start
+    winning (`keeps`); whether it went there (False: `tmp` is the caller's to delete).
+
+    An incomplete snapshot there, or an older start's, is removed first: the replay's weights
+    are the run's now (a worker reading the old one sees its marker change). Only that one is
+    removed: a newer start's put there meanwhile is put back, and kept the next round. Nothing
+    is renamed once `superseded()` says a newer start has begun."""
+    for _ in range(3):
+        if superseded():
+            return False
+        try:
+            os.rename(tmp, folder)  # the whole snapshot appears at once
+        except OSError as error:  # ENOTEMPTY/EEXIST: a snapshot is there
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        else:
+            fsync_dir(folder.parent)
+            return True
+        marker = read_json(folder / COMPLETE)  # read once: it decides, and names what is removed
+        if keeps(marker, number, start_id):
+            return False
+        remove_snapshot(folder, written=marker_time(marker) if marker else None,
+                        incomplete=marker is None)
+    log.warning("the snapshot in %s is not written: it kept changing under it (other training "
+                "starts of this run write it too)", folder)
+    return False
