@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,13 @@ def test_read_json_reads_an_object(tmp_path) -> None:
     (tmp_path / "x.json").write_text('{"step": 10}')
     assert files.read_json(tmp_path / "x.json") == {"step": 10}
     assert files.read_json_why(tmp_path / "x.json") == ({"step": 10}, None)
+
+
+def test_only_temporaries_older_than_any_write_count_as_stale_for_a_shared_file(tmp_path) -> None:
+    old, fresh = tmp_path / ".probes.csv.0a1b2c3d.tmp", tmp_path / ".probes.csv.ffff0000.tmp"
+    for path in (old, fresh):
+        path.write_text("x")
+    then = time.time() - 3600
+    os.utime(old, (then, then))
+    assert files.stale_temporaries(tmp_path / "probes.csv", min_age_s=600) == [old]
+    assert files.stale_temporaries(tmp_path / "probes.csv") == [old, fresh]

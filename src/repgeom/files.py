@@ -31,6 +31,7 @@ import glob
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -121,7 +122,7 @@ def atomic_write_many(writes: Sequence[tuple[str | os.PathLike, Write]], *,
         for target, write in writes:
             target = Path(target)
             folder = Path(tmp_dir) if tmp_dir is not None else target.parent
-            tmp = folder / f".{target.name}.{secrets.token_hex(4)}.tmp"
+            tmp = folder / _temporary_name(target.name, secrets.token_hex(4))
             # 0o666: the kernel applies the umask (and a default ACL), as for any open()
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             temps.append((tmp, target))
@@ -142,12 +143,25 @@ def atomic_write_many(writes: Sequence[tuple[str | os.PathLike, Write]], *,
             tmp.unlink(missing_ok=True)
 
 
-def stale_temporaries(path: str | os.PathLike) -> list[Path]:
-    """The temporary files `atomic_write` made for `path` and a kill left behind (hidden, named
-    ``.<name>.<random>.tmp`` beside it). Only for a file one process writes at a time: another
-    writer's temporary of the same file would be among them."""
+def _temporary_name(name: str, random: str) -> str:
+    """The name of `atomic_write_many`'s temporary file for a target called `name`."""
+    return f".{name}.{random}.tmp"
+
+
+def stale_temporaries(path: str | os.PathLike, *, min_age_s: float = 0.0) -> list[Path]:
+    """The temporary files `atomic_write` made for `path` (hidden, `_temporary_name`, beside it)
+    unchanged for `min_age_s` seconds or more: a kill's leftovers. With no age, only for a file
+    one process writes at a time (another writer's temporary would be among them); with an age
+    longer than any write takes, for any file."""
     target = Path(path)
-    return sorted(target.parent.glob(f".{glob.escape(target.name)}.*.tmp"))
+    now, found = time.time(), []
+    for tmp in sorted(target.parent.glob(_temporary_name(glob.escape(target.name), "*"))):
+        try:
+            if now - tmp.stat().st_mtime >= min_age_s:
+                found.append(tmp)
+        except OSError:
+            pass  # renamed or removed meanwhile: its writer finished
+    return found
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,22 @@ def test_append_then_reprobe_a_step_replaces_it(tmp_path):
     assert (back.loc[back["step"] == 0, "value"] != -1.0).all()
     assert not back.duplicated(["step", "layer", "head", "metric"]).any()
 
+
+
+def test_a_killed_writes_temporaries_go_at_the_next_write_and_a_live_ones_stay(tmp_path):
+    # A kill between a temporary's write and its rename leaves `.probes.parquet.<id>.tmp`; the
+    # next write removes it once it is older than any write takes, never a younger one (another
+    # process may be writing it now).
+    folder = probe_dir(tmp_path)
+    append_rows(folder, known_rows(steps=(0,)))
+    killed, live = folder / ".probes.parquet.0a1b2c3d.tmp", folder / ".probes.csv.ffff0000.tmp"
+    for path in (killed, live):
+        path.write_bytes(b"half a table")
+    then = time.time() - table.STALE_WRITE_S - 60
+    os.utime(killed, (then, then))
+    append_rows(folder, known_rows(steps=(10,)))
+    assert not killed.exists() and live.exists()
+    assert sorted(read_table(tmp_path)["step"].unique()) == [0, 10]
 
 def test_reprobe_replaces_only_the_same_model(tmp_path):
     """probe.py: the same step of two models (or revisions) are different rows."""

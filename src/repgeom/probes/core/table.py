@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from repgeom.files import atomic_write_many
+from repgeom.files import atomic_write_many, stale_temporaries
 from repgeom.models.capture import FINAL_NORM  # noqa: F401 - the table names the final norm so
 
 COLUMNS: tuple[str, ...] = ("step", "layer", "layer_name", "head", "metric", "value", "std")
@@ -318,13 +318,19 @@ def key_index(frame: pd.DataFrame, keys: Sequence[str]) -> pd.Index:
     return pd.MultiIndex.from_arrays(cols) if len(cols) > 1 else pd.Index(cols[0])
 
 
+STALE_WRITE_S = 600.0
+"""Seconds unchanged after which a temporary file of the table is a killed write's leftover."""
+
+
 def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
     """Write `frame` as ``probes.parquet`` (when pyarrow is installed) and ``probes.csv``.
 
     Both are written to temporary files in `folder` first and only then moved over the old ones
     with ``os.replace`` (atomic on POSIX): if either writer fails, both old files stay as they
     were. Parquet is moved first, so a process killed between the two moves leaves the file
-    `read_table` prefers as the newer one. Returns the paths written.
+    `read_table` prefers as the newer one. Temporaries of a killed write, unchanged for
+    `STALE_WRITE_S`, are removed first (a younger one may be another writer's). Returns the
+    paths written.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -335,6 +341,9 @@ def write_table(frame: pd.DataFrame, folder: str | os.PathLike) -> list[Path]:
             (folder / f"{TABLE_STEM}.parquet", lambda tmp: frame.to_parquet(tmp, index=False))
         )
     writers.append((folder / f"{TABLE_STEM}.csv", lambda tmp: frame.to_csv(tmp, index=False)))
+    for path, _ in writers:  # a killed write's temporaries (a table is written in seconds)
+        for stale in stale_temporaries(path, min_age_s=STALE_WRITE_S):
+            stale.unlink(missing_ok=True)
     # fenced: a probe worker that lost its run raises before the first rename
     atomic_write_many(writers)
     return [path for path, _ in writers]
