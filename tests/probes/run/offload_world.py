@@ -188,6 +188,7 @@ class World:
         self.start_no, self.writer = 0, None
         self.next_i = self.ckpt_i = 0
         self.finished = False
+        self.hung: tuple[snapshots.SnapshotWriter, int, int] | None = None  # (writer, i, start)
         self.trained: dict[int, int] = {}  # step -> the start whose weights are the run's now
         self.no_space: set[int] = set()  # steps whose latest training skipped its snapshot
         self.latest: dict[int, float] = {}  # step -> the marker time of its newest snapshot
@@ -299,6 +300,41 @@ class World:
         self.next_i += 1
         if self.next_i % 2 == 0:
             self.ckpt_i = self.next_i
+
+    def hang_and_requeue(self) -> None:
+        """The training start hangs (a node that stops answering) and SLURM requeues the job:
+        a new start begins while the old one still lives and may train on later
+        (`hung_step`). Its weights are an abandoned trajectory's."""
+        if self.writer is None or self.finished or self.hung is not None:
+            return
+        self.hung = (self.writer, self.next_i, self.start_no)
+        self.writer = None
+        self.requeue()
+
+    def hung_step(self) -> None:
+        """The hung start wakes and writes its next probe step, with its own weights."""
+        if self.hung is None:
+            return
+        writer, i, start_no = self.hung
+        if i >= len(self.steps):
+            return
+        model = torch.nn.Module()
+        model.w = torch.nn.Parameter(torch.full((3,), self.steps[i] + 0.25 * start_no))
+        writer.snapshot(self.steps[i], model, {"hyper_parameters": {
+            "model": {}, "vocab": {}, "masking": {}}, "gen": -1})
+        writer.wait()
+        self.hung = (writer, i + 1, start_no)
+
+    def end_hung(self) -> None:
+        """The hung start dies at last (the kernel lets go of its start lock)."""
+        if self.hung is None:
+            return
+        writer = self.hung[0]
+        writer._stop.set()
+        if writer._heartbeat is not None:
+            writer._heartbeat.join()
+        writer._release()
+        self.hung = None
 
     def kill_trainer(self, mid_write: bool) -> None:
         """kill -9 of training: its heartbeat names a pid that is gone; maybe a cut write."""

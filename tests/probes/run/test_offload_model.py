@@ -6,7 +6,9 @@ Rules (each example draws 24 of them):
 
 - the trainer writes its next probe step (a checkpoint every other step); is killed (kill -9,
   sometimes in the middle of a snapshot write); is requeued and replays from its last
-  checkpoint, with other weights (a new start); or finishes;
+  checkpoint, with other weights (a new start); hangs and is requeued while it still lives (a
+  node that stops answering), and later wakes and writes its own next steps, or dies; or
+  finishes;
 - a worker starts, with either lock kind (flock or the lease file) and either
   ``keep_snapshots``, as many as three at once (a second worker with the other kind is the
   file server and its NFS client); a worker runs until it sleeps or ends, or a few steps
@@ -28,7 +30,8 @@ Invariants, after every rule:
 
 At the end, after every worker is stopped, training is finished and one last worker is run to
 its end, the table holds, for each step, the value of the weights of the training start that
-trained it last (the in-process table; rtol 1e-6), except the steps whose newest snapshot was
+trained it last (the in-process table; rtol 1e-6): never a hung start's, whatever it writes after
+a newer start began, except the steps whose newest snapshot was
 corrupted before it was probed, which ``probes/skipped.json`` names, and the steps skipped for
 space.
 
@@ -59,7 +62,8 @@ EXAMPLES = 200
 RULES = 24
 STEPS = (0, 1, 2, 3, 4, 5)
 DRAWN = ["train", "train", "train", "kill_trainer", "requeue", "finish", "corrupt", "disk", "time",
-         "start", "start", "run", "run", "run", "run", "kill", "pause", "unpause"]
+         "start", "start", "run", "run", "run", "run", "kill", "pause", "unpause", "hang",
+         "hung_train", "hung_train", "hung_dies"]
 """The rules an event is drawn from (a rule twice: twice as likely)."""
 LOCK_KINDS = ["flock", "file"]
 
@@ -111,6 +115,12 @@ def _event(world: World, rng: random.Random, n: int) -> str:
         world.kill_trainer(mid_write=rng.random() < 0.5)
     elif rule == "requeue":
         world.requeue()
+    elif rule == "hang":
+        world.hang_and_requeue()
+    elif rule == "hung_train":
+        world.hung_step()
+    elif rule == "hung_dies":
+        world.end_hung()
     elif rule == "finish" and rng.random() < 0.3:
         world.finish_training()
     elif rule == "corrupt":
@@ -156,7 +166,9 @@ def _finish(world: World, rng: random.Random) -> None:
     for hand in _live(world):
         hand.kill = True
         hand.resume()
+    world.hung_step()  # a hung start's last word, after the newer one began
     world.finish_training()
+    world.end_hung()
     world.clock += STALE_S + 1  # the leases of the killed workers are stale now
     last = Hand(world, "last", rng.choice(["flock", "file"]), keep=False)
     world.hands.append(last)
@@ -216,6 +228,7 @@ def play(root: Path, seed: int) -> tuple[list[str], str | None]:
             hand.resume()
         if world.writer is not None:
             world.writer._stop.set()
+        world.end_hung()
         shutil.rmtree(run_dir, ignore_errors=True)
     return rules, None
 
