@@ -24,6 +24,9 @@ class ReportConfig:
     distributions_command: str = "python probe.py ckpt=<causal run>/checkpoints/last.ckpt"
     common_bias: str | None = None
     """Folder with <model>/summary.json of experiment 4."""
+    shuffled_control: str | None = None
+    """Folder with <masking>-seed<k>/{real,shuffled}/ probe runs of last checkpoints: the ID
+    peak over layers on real against shuffled text (`repgeom.experiments.report_shuffled`)."""
     analyses: str | None = None
     """A hand-written markdown file (its own '## ' headings, links relative to out) placed after
     the generated sections: the analyses of docs/results/analyses."""

@@ -32,6 +32,7 @@ import shlex
 from pathlib import Path
 from types import SimpleNamespace
 
+from repgeom.experiments import report_shuffled
 from repgeom.experiments.report_findings import Finding
 from repgeom.experiments.report_runs import MASKINGS, Run, find_runs, vocab_size
 from repgeom.experiments.report_sections import (
@@ -135,10 +136,15 @@ def render(args: SimpleNamespace) -> Path:
             "",
         ]
         lines += [f"![{Path(i).name}]({rel(i)})" for i in images] + [""]
+    if args.shuffled_control:
+        lines += ["## 6. The intrinsic-dimension peak on real and shuffled text "
+                  "(Cheng et al. 2025, §4.1)", ""]
+        lines += report_shuffled.lines(Path(args.shuffled_control)) + [""]
     if args.analyses:
         lines += [included_markdown(Path(args.analyses), out), ""]
     if args.notes:
         lines += ["## Scale and what it would take", "", Path(args.notes).read_text().strip(), ""]
     path = out / "results.md"
+    out.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
