@@ -266,11 +266,12 @@ def test_an_older_start_still_alive_never_replaces_the_newer_starts_snapshot(tmp
 def test_a_start_sweeps_the_writes_of_ended_starts_only(tmp_path, monkeypatch) -> None:
     # A new start removes a half-written snapshot of a start that has ended (killed mid-write),
     # never the write in progress of an older start still alive (review of issue 40: it did, and
-    # that start's training then failed with FileNotFoundError).
+    # that start's training then failed with FileNotFoundError). The older start, superseded,
+    # then renames nothing (`starts`: its weights are the abandoned trajectory's).
     folder = snapshots.snapshot_dir(tmp_path)
-    alive, killed = (snapshots.SnapshotWriter(tmp_path, heartbeat_s=60) for _ in range(2))
-    alive.start({"wandb": None})
+    killed, alive = (snapshots.SnapshotWriter(tmp_path, heartbeat_s=60) for _ in range(2))
     killed.start({"wandb": None})
+    alive.start({"wandb": None})
     cut = folder / f".step_{20:09d}.{killed.number}-0123456789abcdef{snapshots.WRITING}"
     cut.mkdir()
     killed.close(final_step=None)  # its lock let go, as the kernel does for a killed process
@@ -291,11 +292,11 @@ def test_a_start_sweeps_the_writes_of_ended_starts_only(tmp_path, monkeypatch) -
     assert [step for step, _ in snapshots.snapshots(folder)[1]] == [10]  # the live write
     go_on.set()
     try:
-        alive.wait()
+        alive.wait()  # no FileNotFoundError: its write was left alone
     finally:
         alive.close(final_step=None, stopped=True)
         new.close(final_step=None, stopped=True)
-    assert [step for step, _ in snapshots.snapshots(folder)[0]] == [10]
+    assert snapshots.snapshots(folder) == ([], [])  # superseded: its write renamed nowhere
 
 
 def test_a_worker_deleting_a_probed_snapshot_puts_back_a_newer_one_found_in_its_place(
