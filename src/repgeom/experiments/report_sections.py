@@ -243,8 +243,9 @@ def statistics_lines(tested: int | None = None) -> list[str]:
         "in every seed makes it **not measured**: the end is never moved to a later step. The "
         "tests, all one-sided:",
         "",
-        "- *one difference:* Student's t test over seeds (one sample, n − 1 degrees of freedom); "
-        "causal against bidirectional, Welch's t test over the two groups of seeds (Welch 1947); "
+        "- *one difference:* Student's t test over seeds (Student 1908, *Biometrika* 6:1; one "
+        "sample, n − 1 degrees of freedom); causal against bidirectional, Welch's t test over the "
+        "two groups of seeds (Welch 1947, *Biometrika* 34:28); "
         "a share that sits on its bound (the near-duplicate check), the exact sign test (Dixon "
         "and Mood 1946, *JASA* 41:557), whose smallest p with n runs is 2^−n;",
         "- *a claim made of several parts* (every block grows; first block aligned and last "
