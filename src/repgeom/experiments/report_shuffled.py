@@ -77,7 +77,11 @@ def peaks(folder: Path) -> pd.DataFrame:
 
 def findings(folder: Path) -> list[Finding]:
     """The control's checks, one per masking present, Holm-adjusted together."""
-    table_ = peaks(folder)
+    return _findings(peaks(folder))
+
+
+def _findings(table_: pd.DataFrame) -> list[Finding]:
+    """`findings` of the `peaks` already read."""
     out = []
     for masking, group in table_.groupby("masking", sort=False):
         diff = (group["real_peak"] - group["shuffled_peak"]).to_numpy(dtype=float)
@@ -108,7 +112,8 @@ def findings(folder: Path) -> list[Finding]:
 
 def lines(folder: Path) -> list[str]:
     """The report's section: the command, the per-run peaks and the verdicts."""
-    shown = peaks(folder).set_index(["masking", "seed"])[
+    read = peaks(folder)  # every probe table read once, for the table and the checks
+    shown = read.set_index(["masking", "seed"])[
         ["real_peak", "real_block", "shuffled_peak", "shuffled_block"]]
     shown.index = [f"{m}-seed{s}" for m, s in shown.index]
     shown.index.name = "run"
@@ -118,5 +123,5 @@ def lines(folder: Path) -> list[str]:
         "",
         markdown_table(shown),
         "",
-        *[f.markdown() for f in findings(folder)],
+        *[f.markdown() for f in _findings(read)],
     ]
