@@ -512,6 +512,8 @@ def test_ctrl_c_during_a_download_exits_without_waiting_for_it(repo, tmp_path) -
     for the next run."""
     out = tmp_path / "out"
     code = textwrap.dedent(f"""
+        import faulthandler, signal
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, if it hangs
         from types import SimpleNamespace
         from pathlib import Path
         from repgeom.probes.run.trajectory import Trajectory
@@ -534,8 +536,10 @@ def test_ctrl_c_during_a_download_exits_without_waiting_for_it(repo, tmp_path) -
         try:
             _, stderr = process.communicate(timeout=30)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(2)
             process.kill()
-            raise
+            pytest.fail("no exit 30 s after SIGINT; its threads:\n" + process.communicate()[1])
         took = time.monotonic() - sent
     # 5 s on a quiet machine; 20 s leaves room for a loaded CI machine and still fails a process
     # that waits for the download (150 s) or its thread pool's join.
