@@ -50,7 +50,7 @@ def test_every_group_option_instantiates(tmp_path: Path, group: str) -> None:
         cfg = compose_train(tmp_path, [f"{group}={option}"])
         OmegaConf.to_container(cfg, resolve=True)
         callbacks = build_callbacks(cfg)
-        loggers = build_loggers(cfg, tmp_path)
+        loggers = build_loggers(cfg)
         assert all(hasattr(cb, "on_train_start") for cb in callbacks)
         if group == "logger" and option == "none":
             assert loggers == []

@@ -22,7 +22,7 @@ def test_probe_py_w_and_b_runs_start_without_lightning(tmp_path: Path) -> None:
         from omegaconf import OmegaConf
         from repgeom.loggers import wandb_runs
         cfg = OmegaConf.load({str(tmp_path / 'cfg.yaml')!r})
-        run, = wandb_runs(cfg, Path({str(tmp_path)!r}))
+        run, = wandb_runs(cfg)  # in cfg.output_dir, tmp_path
         print(json.dumps({{"lightning": [m for m in sys.modules if m.startswith("lightning.")],
                           "name": run.name, "id": run.id, "offline": run.settings.mode,
                           "dir": run.dir}}))

@@ -68,7 +68,13 @@ def _is_wandb(conf: Any) -> bool:
     return str(conf.get("_target_", "")).endswith("WandbLogger")
 
 
-def _wandb_conf(cfg: DictConfig, conf: DictConfig, output_dir: Path) -> DictConfig:
+def run_folder(cfg: DictConfig) -> Path:
+    """The run folder, ``cfg.output_dir`` (Hydra's run or job folder), absolute: where a W&B
+    run keeps its id and, unless its ``save_dir`` says otherwise, its files."""
+    return Path(str(cfg.output_dir)).expanduser().resolve()
+
+
+def _wandb_conf(cfg: DictConfig, conf: DictConfig) -> DictConfig:
     """A W&B logger entry with what the run decides: offline unless logged in (or as
     ``WANDB_MODE`` says), the run id kept in the run folder, the sweep's (or offload's) group,
     and resume allowed."""
@@ -78,20 +84,20 @@ def _wandb_conf(cfg: DictConfig, conf: DictConfig, output_dir: Path) -> DictConf
             mode = os.environ.get("WANDB_MODE")
             conf.offline = mode in ("offline", "dryrun") if mode else not wandb_logged_in()
         if conf.get("id") is None:
-            conf.id = run_id(output_dir)
+            conf.id = run_id(run_folder(cfg))
         if conf.get("group") is None:
             conf.group = sweep_group() or _offload_group(cfg, conf.id)
         conf.resume = "allow"
     return conf
 
 
-def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
+def build_loggers(cfg: DictConfig) -> list[Logger]:
     """Instantiate every `_target_` entry of `cfg.logger` (Lightning loggers, for training); W&B
-    offline unless logged in."""
+    offline unless logged in, its id kept in the run folder (`run_folder`)."""
     loggers = []
     for name, conf in (cfg.get("logger") or {}).items():
         if _is_wandb(conf):
-            conf = _wandb_conf(cfg, conf, output_dir)
+            conf = _wandb_conf(cfg, conf)
         log.debug("logger %s: %s", name, conf.get("_target_"))
         loggers.append(drop_unset_wandb_anonymous(instantiate(conf)))
     return loggers
@@ -102,22 +108,23 @@ LIGHTNING_ONLY = ("_target_", "offline", "save_dir", "log_model", "prefix", "che
 """WandbLogger arguments that are Lightning's, not ``wandb.init``'s."""
 
 
-def wandb_runs(cfg: DictConfig, output_dir: Path) -> list:
+def wandb_runs(cfg: DictConfig) -> list:
     """A ``wandb.init`` run for every W&B entry of `cfg.logger`, as Lightning's `WandbLogger`
-    would start it (``dir`` its ``save_dir``, ``mode`` from ``offline``, the rest as given):
-    for ``probe.py``, which logs to W&B without importing Lightning."""
+    would start it (``dir`` its ``save_dir``, else the run folder `run_folder`; ``mode`` from
+    ``offline``; the rest as given): for ``probe.py``, which logs to W&B without importing
+    Lightning."""
     runs = []
     for conf in (cfg.get("logger") or {}).values():
         if not _is_wandb(conf):
             continue
         import wandb
 
-        conf = _wandb_conf(cfg, conf, output_dir)
+        conf = _wandb_conf(cfg, conf)
         settings = instantiate(conf.settings) if conf.get("settings") is not None else None
         given = OmegaConf.to_container(conf, resolve=True)
         kwargs = {k: v for k, v in given.items()
                   if k not in (*LIGHTNING_ONLY, "settings") and v is not None}
-        runs.append(wandb.init(**kwargs, dir=str(given.get("save_dir") or output_dir),
+        runs.append(wandb.init(**kwargs, dir=str(given.get("save_dir") or run_folder(cfg)),
                                mode="offline" if conf.offline else "online",
                                settings=settings))
     return runs

@@ -18,6 +18,7 @@ import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's 
 from repgeom.console import quiet_console
 from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     build_loggers,
+    run_folder,
     sweep_group,
     wandb_logged_in,
 )
@@ -105,7 +106,7 @@ def train(cfg: DictConfig) -> TrainResult:
     quiet_console()
     _probe_conf(cfg.get("probe"))  # a probe that is not a callback fails now, not after setup
     check_options(cfg)  # before the data is downloaded or tokenized
-    output_dir = Path(cfg.output_dir).resolve()
+    output_dir = run_folder(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     L.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed is in the config
 
@@ -128,7 +129,7 @@ def train(cfg: DictConfig) -> TrainResult:
         **{name: recipe[name] for name in _MODULE_SWITCHES if name in recipe},
     )
 
-    loggers = build_loggers(cfg, output_dir)
+    loggers = build_loggers(cfg)
     trainer_cfg = cfg.trainer.copy()
     with open_dict(trainer_cfg):
         trainer_cfg.precision = resolve_precision(str(trainer_cfg.precision))

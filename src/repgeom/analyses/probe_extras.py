@@ -20,8 +20,8 @@ import pandas as pd
 
 from repgeom.probes.core.measure import ProbeSettings
 from repgeom.probes.report import console
-from repgeom.probes.run.job import ProbeJob
-from repgeom.probes.run.runner import ProbeRunResult
+from repgeom.probes.run.job import FOLLOW, ProbeJob
+from repgeom.probes.run.runner import ProbeRunResult, follow_job
 from repgeom.probes.run.runner import probe as run_probes
 
 
@@ -59,5 +59,8 @@ EXTRAS = (qk_projection_figures, label_group_fits)
 
 
 def probe(job: ProbeJob) -> ProbeRunResult:
-    """``probe.py``: the probe pipeline, then the analyses `job` asks for (`EXTRAS`)."""
+    """``probe.py``: the probe pipeline, then the analyses `job` asks for (`EXTRAS`); or, for
+    ``follow=``, the probe worker of an offloaded training run (`follow_job`)."""
+    if job.mode == FOLLOW:
+        return follow_job(job)
     return run_probes(job, extras=EXTRAS)

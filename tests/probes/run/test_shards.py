@@ -13,7 +13,7 @@ from cli_runs import run_probe_py
 from hub_server import FakeHub
 
 from repgeom.probes.core import table
-from repgeom.probes.run import schedule
+from repgeom.probes.run import schedule, sources
 from repgeom.probes.run.shards import KEYS, merge_shards, shard_groups
 
 STEPS = (100, 200, 300, 400, 500)
@@ -21,10 +21,10 @@ STEPS = (100, 200, 300, 400, 500)
 
 def test_shard_of_spreads_every_revision_once() -> None:
     items = [f"step{s}" for s in range(11)]
-    shares = [schedule.shard_of(items, k, 4) for k in range(4)]
+    shares = [sources.shard_of(items, k, 4) for k in range(4)]
     assert shares[1] == ["step1", "step5", "step9"]
     assert sorted(sum(shares, [])) == sorted(items)
-    assert schedule.shard_of(items, None, None) == items
+    assert sources.shard_of(items, None, None) == items
 
 
 @pytest.mark.parametrize(("shard", "shards", "mode", "message"), [

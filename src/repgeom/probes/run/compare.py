@@ -1,9 +1,14 @@
 """probe.py's compare mode: per-layer pooled cosine of two texts (every probed layer, the final
 norm included where the model has one) and the last block's token x token cosine map, for one
-target (`repgeom.probes.core.targets`), its texts read by `repgeom.models.text_states`."""
+target (`repgeom.probes.core.targets`), its texts read by `repgeom.models.text_states`.
+
+`Comparison` runs it over a job's targets, as `repgeom.probes.run.trajectory.Trajectory` runs
+the probes: ``loop.run(subjects)`` gives the table, and ``loop.figures`` the figures."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +18,7 @@ import torch
 from repgeom import metrics
 from repgeom.models.capture import FINAL_NORM
 from repgeom.models.text_states import read_text_states
-from repgeom.probes.report import plots
+from repgeom.probes.report import console, plots
 from repgeom.probes.run.job import CompareTexts
 
 
@@ -61,3 +66,30 @@ def compare(
     return frame, [path]
 
 
+
+
+@dataclass
+class Comparison:
+    """Compare mode over a job's targets: each is loaded, reads both texts (`compare`), is
+    printed and let go before the next loads."""
+
+    texts: CompareTexts
+    device: torch.device
+    output_dir: Path
+    include_special: bool = False
+    figures: list[Path] = field(default_factory=list)
+
+    def run(self, subjects: Sequence) -> pd.DataFrame:
+        """The per-layer pooled cosines of every subject, one table (also in
+        ``compare/pooled_cosine*.csv``); the figures go to `figures`."""
+        frames = []
+        for subject in subjects:
+            loaded = subject.load(self.device)
+            pooled, paths = compare(self.texts, subject, loaded, self.output_dir,
+                                    include_special=self.include_special,
+                                    several=len(subjects) > 1)
+            frames.append(pooled)
+            self.figures += paths
+            console.print_compare(subject, pooled)
+            del loaded
+        return pd.concat(frames, ignore_index=True)

@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from repgeom.models.checkpoints import resolve_device
 from repgeom.models.hub.calls import RETRY_BUDGET_S
-from repgeom.probes.core.spec import ProbeRequest
+from repgeom.probes.core import catalogue
+from repgeom.probes.core.spec import ProbeRequest, resolve
 from repgeom.probes.run import schedule
 
 MODES = ("run", "ckpt", "hf")
@@ -62,7 +63,7 @@ class ProbeJob:
     run, ckpt, hf : what is probed (the one named by `mode`; the others None)
     request : the probe options (`ProbeRequest`: probe set, metrics, settings, texts)
     hf_revisions : ``"all"``, a tuple of revision names, or None (the default revision)
-    max_revisions, shard, shards : `schedule.thin_steps` and `schedule.shard_of`
+    max_revisions, shard, shards : `schedule.thin_steps` and `sources.shard_of`
     tokenizer, dtype, model_name : an HF model's tokenizer, weights dtype; the table's ``model``
     work_dir, keep_weights, retry_skipped, retry_budget_s : the trajectory's downloads,
         skipped steps and hub retry budget (seconds per revision)
@@ -113,6 +114,13 @@ class ProbeJob:
     def protocol(self) -> str:
         """The protocol that makes the numbers (``conf/protocol/``): repgeom or llm_microscope."""
         return self.request.protocol or "repgeom"
+
+    @property
+    def pairwise(self) -> bool:
+        """A metric of the job compares each step with the final one (linear CKA, mutual
+        k-NN, linearity: `catalogue.PAIR_NAMES`): the final step is probed first, and every
+        shard probes it as a reference."""
+        return bool(catalogue.select(resolve(self.request).probe_settings()).pairs)
 
 
 def probe_request(cfg: Any) -> ProbeRequest:

@@ -52,15 +52,15 @@ from repgeom.models.checkpoints import (  # noqa: F401 - the public names of pro
     read_checkpoint,
     resolve_device,
 )
-from repgeom.models.hf import STACKS, model_stacks
-from repgeom.probes.core import catalogue, table
+from repgeom.models.hf import STACKS
+from repgeom.probes.core import table
 from repgeom.probes.core.spec import ProbeRequest, resolve, training_probe  # noqa: F401
 from repgeom.probes.core.targets import CheckpointTarget, HFTarget
 from repgeom.probes.core.texts import default_text  # noqa: F401
 from repgeom.probes.report import aggregate, console, phase_report, plots, sink
 from repgeom.probes.report.drift_cosine import save_drift_cosine
-from repgeom.probes.run import schedule
-from repgeom.probes.run.compare import compare
+from repgeom.probes.run import sources
+from repgeom.probes.run.compare import Comparison
 from repgeom.probes.run.copies import weights_by_revision
 from repgeom.probes.run.job import FOLLOW, ProbeJob
 from repgeom.probes.run.offload.follow import follow
@@ -115,58 +115,38 @@ def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
     own figures: the analyses a run asks for (``repgeom.analyses.probe_extras``, which
     ``probe.py`` passes; the pipeline does not import the analyses).
     """
-    quiet_console()
     if job.mode == FOLLOW:
-        return _follow(job)
-    request, output_dir, device = job.request, job.output_dir, job.device
+        raise ValueError("a follow= job is a run's probe worker: run it with `follow_job`")
+    quiet_console()
+    output_dir = job.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
-    pairwise = bool(catalogue.select(resolve(request).probe_settings()).pairs)
-    subjects = targets(job, reference_final=pairwise)
-    comparing = job.compare is not None
-
-    loggers = _wandb_runs(job, output_dir, subjects)
-    frame = table.rows_to_frame([])
-    compare_frames: list[pd.DataFrame] = []
-    figures: list[Path] = []
-    all_warnings: list[str] = []
-    skipped: list[dict] = []
-    copied: dict[str, str] = {}
-    if comparing:
-        for subject in subjects:
-            loaded = subject.load(device)
-            pooled, paths = compare(job.compare, subject, loaded, output_dir,
-                                    include_special=request.include_special,
-                                    several=len(subjects) > 1)
-            compare_frames.append(pooled)
-            figures += paths
-            console.print_compare(subject, pooled)
-            del loaded
+    subjects = sources.subjects(job, reference_final=job.pairwise)
+    loggers = _wandb_runs(job, subjects)
+    if job.compare is not None:
+        comparison = Comparison(job.compare, job.device, output_dir,
+                                include_special=job.request.include_special)
+        pooled = comparison.run(subjects)
+        result = ProbeRunResult(output_dir, table.rows_to_frame([]), subjects,
+                                comparison.figures, pooled)
     else:  # streamed: bounded disk and memory, resumable (`trajectory`)
-        loop = Trajectory(request, device, output_dir, loggers, work_dir=job.work_dir,
-                          keep_weights=job.keep_weights, pairwise=pairwise,
+        loop = Trajectory(job.request, job.device, output_dir, loggers, work_dir=job.work_dir,
+                          keep_weights=job.keep_weights, pairwise=job.pairwise,
                           stack_dir=_stack_dir, prefix=_wandb_prefix,
                           retry_skipped=job.retry_skipped, retry_budget_s=job.retry_budget_s)
         frame = loop.run(subjects)
-        all_warnings = loop.warnings
-        skipped, copied = list(loop.skipped.values()), dict(loop.copies)
-    stacks = {s.stack: s.model for s in subjects}
-
-    if comparing:
-        result = ProbeRunResult(
-            output_dir, frame, subjects, figures, pd.concat(compare_frames, ignore_index=True)
-        )
-    else:
         wanted = job.plot_metrics
-        figures = save_figures(frame, stacks, output_dir, None if wanted is None else list(wanted))
+        figures = save_figures(frame, {s.stack: s.model for s in subjects}, output_dir,
+                               None if wanted is None else list(wanted))
         for extra in extras:  # the analyses asked for (repgeom.analyses.probe_extras)
             figures += extra(job)
         console.print_tables(frame, subjects)
         correlation = summarise(frame, output_dir, loggers)
-        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=all_warnings,
-                                drift_cosine=correlation, skipped=skipped, copies=copied)
+        result = ProbeRunResult(output_dir, frame, subjects, figures, warnings=loop.warnings,
+                                drift_cosine=correlation, skipped=list(loop.skipped.values()),
+                                copies=dict(loop.copies))
     _write_info(result, job)
     for run in loggers:
-        _log_figures(run, figures, max(s.step for s in subjects))
+        _log_figures(run, result.plots, max(s.step for s in subjects))
         run.summary["probe/kind"] = ", ".join(sorted({s.kind for s in subjects}))
         result.wandb_dir = Path(run.dir).parent
         run.finish()
@@ -174,10 +154,11 @@ def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
     return result
 
 
-def _follow(job: ProbeJob) -> ProbeRunResult:
+def follow_job(job: ProbeJob) -> ProbeRunResult:
     """``follow=<run folder>``: the worker of a run trained with ``probe.offload``
     (`repgeom.probes.run.offload.follow`); the table, phases and figures go into that run folder,
     with the training probe's spec (probe.py's own probe options do not apply)."""
+    quiet_console()
     result = follow(job.follow, device=job.device, timeout_s=job.follow_timeout_s,
                     keep_snapshots=job.keep_snapshots, lock=job.follow_lock)
     return ProbeRunResult(result.run_dir, result.frame, [], result.plots)
@@ -216,45 +197,6 @@ def _stack_dir(folder: Path, stack: str | None) -> Path:
     """Where one stack of an encoder-decoder model keeps its states and figures
     (``probes/encoder/``, ``probes/report/plots/decoder/``); `folder` itself for other models."""
     return folder if stack is None else folder / stack
-
-
-def targets(job: ProbeJob, *, reference_final: bool = False
-            ) -> list[CheckpointTarget | HFTarget]:
-    """What `job` names: one `HFTarget` per revision (and stack), or one `CheckpointTarget` per
-    checkpoint; with ``shard``/``shards``, this job's share (`schedule.shard_of`), plus the final
-    revision as a `reference` when `reference_final` (pairwise metrics compare with it) and
-    another shard owns it."""
-    revisions = job.hf_revisions
-    if job.mode == "hf":
-        found = schedule.hub_revisions(
-            job.hf, list(revisions) if isinstance(revisions, tuple) else revisions,
-            max_revisions=job.max_revisions, retry_budget_s=job.retry_budget_s)
-    elif job.mode == "ckpt":
-        path = Path(job.ckpt).expanduser()
-        ckpt = read_checkpoint(path)  # fails early on a missing or foreign file
-        found = [(int(ckpt["global_step"]), path)]
-    else:
-        found = schedule.run_checkpoints(find_checkpoints(job.run), job.max_revisions)
-    chosen = [(step, where, False) for step, where in
-              schedule.shard_of(found, job.shard, job.shards)]
-    if not chosen:
-        raise ValueError(
-            f"shard={job.shard} of shards={job.shards} gets none of the {len(found)} "
-            f"revisions or checkpoints; use at most shards={len(found)}"
-        )
-    if reference_final and found[-1] not in [(step, where) for step, where, _ in chosen]:
-        chosen.append((*found[-1], True))
-    if job.mode != "hf":
-        return [CheckpointTarget(path, step, model=job.model_name or "",
-                                 reference=reference) for step, path, reference in chosen]
-    budget = job.retry_budget_s
-    stacks = model_stacks(job.hf, revision=found[0][1], retry_budget_s=budget)
-    return [
-        HFTarget(job.hf, revision, step, dtype=job.dtype, tokenizer=job.tokenizer, stack=stack,
-                 alias=job.model_name or "", reference=reference, retry_budget_s=budget)
-        for step, revision, reference in chosen
-        for stack in stacks
-    ]
 
 
 def _layer_names(frame: pd.DataFrame | None) -> dict[str, dict[str, str]]:
@@ -305,16 +247,18 @@ def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
     (result.output_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
 
 
-def _wandb_runs(job: ProbeJob, output_dir: Path, subjects: list) -> list:
+def _wandb_runs(job: ProbeJob, subjects: list) -> list:
     """The W&B runs of `job.logger` (offline unless logged in), with the probe's step axis;
-    started by `repgeom.loggers.wandb_runs`, without Lightning. The logger entries are read
-    against the job's config, with the run name ``probe-<model>`` unless ``run_name`` gives one."""
+    started by `repgeom.loggers.wandb_runs`, without Lightning, in the job's folder. The logger
+    entries are read against the job's config, with the run name ``probe-<model>`` unless
+    ``run_name`` gives one."""
     from repgeom.loggers import wandb_runs
 
     name = job.run_name or (
         f"probe-{subjects[0].model.replace('/', '-')}" if subjects else "probe")
-    conf = OmegaConf.create({**job.config, "logger": job.logger, "run_name": name})
-    runs = wandb_runs(conf, output_dir)
+    conf = OmegaConf.create({**job.config, "logger": job.logger, "run_name": name,
+                             "output_dir": str(job.output_dir)})
+    runs = wandb_runs(conf)
     for run in runs:
         sink.prepare_wandb_run(run, {"probe_run": job.config, "mode": job.mode})
     return runs

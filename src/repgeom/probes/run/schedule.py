@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from repgeom.models.hub import revisions as hub
 from repgeom.models.hub.calls import budget_retrier
-
-T = TypeVar("T")
 
 ALL = "all"
 """``hf_revisions=all``: every step-named revision of the repository."""
@@ -151,18 +149,6 @@ def check_shard(shard: Any, shards: Any, mode: str) -> None:
     if mode == "ckpt":
         raise ValueError("shards split a trajectory: give run=<train run folder> or hf=<name> "
                          "with hf_revisions, not ckpt=")
-
-
-def shard_of(items: Sequence[T], shard: int | None, shards: int | None) -> list[T]:
-    """Every `shards`-th item from index `shard` (all of them without shards): revisions spread
-    evenly, early and late, over the jobs of ``probe.py -m shard=0,1,2,3 shards=4``.
-
-    >>> shard_of(["s0", "s1", "s2", "s3", "s4"], 1, 2)
-    ['s1', 's3']
-    """
-    if shards is None:
-        return list(items)
-    return list(items[shard::shards])
 
 
 def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = None,

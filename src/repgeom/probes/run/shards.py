@@ -114,7 +114,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
 
 def _wandb_runs(job: ProbeJob, frame: pd.DataFrame, stacks: dict) -> list:
     """The merged table in one W&B run (when the jobs logged to W&B), step by step."""
-    runs = runner._wandb_runs(job, job.output_dir, [])
+    runs = runner._wandb_runs(job, [])
     stack_of = {model: stack for stack, model in stacks.items()}
     for (model, step), part in frame.groupby(["model", "step"], dropna=False):
         sink.log_scalars(runs, int(step), part, {},
