@@ -14,10 +14,12 @@ The engine behind ``probe.py`` (config ``conf/probe.yaml``)::
 Every number comes from `repgeom.probes.core.measure.measure`, the function the training probe
 (`ProbeCallback`) uses, and lands in the same tidy table (`repgeom.probes.core.table`) through the
 same sink (`repgeom.probes.report.sink`). This file only orchestrates: the job (`job.ProbeJob`:
-the config read and checked once, by `job.probe_job`), the targets (`targets`:
-`CheckpointTarget`, `HFTarget`, one interface), checkpoint reading (`checkpoints`), text
-(`texts`), compare mode (`compare`), the console (`console`) and similarity across checkpoints
-(`similarity`) live in files of their own; nothing here imports the Lightning callback.
+the config read and checked once, by `job.probe_job`), what it names (`sources`: a hub model's
+revisions or our checkpoints, as `CheckpointTarget`s or `HFTarget`s, one interface), checkpoint
+reading (`checkpoints`), text (`texts`), compare mode (`compare.Comparison`), the probe loop
+(`trajectory.Trajectory`), the console (`console`) and similarity across checkpoints
+(`similarity`) live in files of their own; nothing here imports the Lightning callback. A
+``follow=`` job is the probe worker of a training run (`follow_job`).
 
 Our checkpoints are probed exactly as the training probe did: the probe set is rebuilt with
 `sampling.probe_set` from the checkpoint's data (``source``, ``clean`` saved by the datamodule)

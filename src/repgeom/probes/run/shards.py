@@ -1,14 +1,15 @@
 """A trajectory spread over jobs: merge the shards' tables into one, as a single job writes it.
 
 ``python probe.py -m hf=EleutherAI/pythia-160m hf_revisions=all shard=0,1,2,3 shards=4
-hydra/launcher=slurm`` runs every fourth revision per job (`schedule.shard_of`), each in its own
-folder of the sweep. A shard whose pairwise metrics compare with the final revision, when another
-shard owns it, probes that revision for its states only (`targets` ``reference``), so every
-shard's "against the final checkpoint" rows are the single job's. When the sweep ends,
-`ShardMergeCallback` (``conf/probe.yaml``, ``hydra.callbacks``) merges the jobs that differ only
-in ``shard`` into ``<sweep dir>/merged/`` (one group) or ``merged-<k>/`` (several, e.g.
-``hf=a,b``): the table (``probes/probes.csv``), its figures, ``phases.csv``,
-``drift_cosine.csv``, ``probe_info.json`` and, with a W&B logger, one W&B run. By hand::
+hydra/launcher=slurm`` runs every fourth revision per job (`sources.shard_of`), each in its own
+folder of the sweep. A shard whose pairwise metrics compare with the final revision, when
+another shard owns it, probes that revision for its states only (`sources.subjects`,
+``reference``), so every shard's "against the final checkpoint" rows are the single job's.
+When the sweep ends, `ShardMergeCallback` (``conf/probe.yaml``, ``hydra.callbacks``) merges
+the jobs that differ only in ``shard`` into ``<sweep dir>/merged/`` (one group) or
+``merged-<k>/`` (several, e.g. ``hf=a,b``): the table (``probes/probes.csv``), its figures,
+``phases.csv``, ``drift_cosine.csv``, ``probe_info.json`` and, with a W&B logger, one W&B run.
+By hand::
 
     repgeom-shards <sweep dir> [--out DIR]
 """
