@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from cli_runs import subprocess_env
 from hydra_configs import compose_probe
 
@@ -36,3 +37,14 @@ def test_probe_py_w_and_b_runs_start_without_lightning(tmp_path: Path) -> None:
     assert seen["name"] == "my-probe" and seen["offline"] == "offline"
     assert seen["id"] == (tmp_path / "wandb_run_id.txt").read_text().strip()  # resumable
     assert seen["dir"].startswith(str(tmp_path))
+
+
+def test_a_run_without_a_folder_is_refused(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from repgeom.loggers import run_folder
+
+    with pytest.raises(ValueError, match="output_dir is not set"):
+        run_folder(OmegaConf.create({"output_dir": None}))
+    assert run_folder(OmegaConf.create({"output_dir": str(tmp_path / "a" / ".." / "b")})) == \
+        (tmp_path / "b").resolve()

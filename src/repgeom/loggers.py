@@ -71,7 +71,11 @@ def _is_wandb(conf: Any) -> bool:
 def run_folder(cfg: DictConfig) -> Path:
     """The run folder, ``cfg.output_dir`` (Hydra's run or job folder), absolute: where a W&B
     run keeps its id and, unless its ``save_dir`` says otherwise, its files."""
-    return Path(str(cfg.output_dir)).expanduser().resolve()
+    if cfg.get("output_dir") is None:
+        raise ValueError("output_dir is not set: leave it to Hydra (conf/train.yaml and "
+                         "conf/probe.yaml set ${hydra:runtime.output_dir}) or give "
+                         "output_dir=<folder>")
+    return Path(str(cfg.output_dir)).resolve()
 
 
 def _wandb_conf(cfg: DictConfig, conf: DictConfig) -> DictConfig:

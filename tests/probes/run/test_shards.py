@@ -121,9 +121,10 @@ def test_a_missing_shard_is_named(tmp_path) -> None:
 
 
 
-def _w_and_b_shards(sweep: Path) -> list[Path]:
+def _w_and_b_shards(sweep: Path, recorded: bool) -> list[Path]:
     """Two shard folders as ``probe.py -m ... logger=wandb shard=0,1 shards=2`` leaves them:
-    a one-row table each and ``probe_info.json`` with the job's config as recorded (resolved)."""
+    a one-row table each and ``probe_info.json`` with the job's config as recorded (resolved),
+    and its logger group as written when `recorded` (a record from before holds none)."""
     folders = []
     for shard in (0, 1):
         folder = sweep / str(shard)
@@ -134,17 +135,18 @@ def _w_and_b_shards(sweep: Path) -> list[Path]:
                  "metric": "anisotropy", "value": 0.5, "std": None, "model": "org/sharded"}]
         table.write_table(table.rows_to_frame(rows), table.probe_dir(folder))
         (folder / "probe_info.json").write_text(json.dumps(
-            {"config": job.config, "mode": "hf",
+            {"config": job.config, "mode": "hf", **({"logger": job.logger} if recorded else {}),
              "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
             default=str))
         folders.append(folder)
     return folders
 
 
-@pytest.mark.xfail(strict=True, reason="shard_groups keys on the resolved config, whose "
-                   "logger save_dir is each shard's own folder: every shard is a group of one")
-def test_shards_that_log_to_w_and_b_are_one_group(tmp_path) -> None:
-    folders = _w_and_b_shards(tmp_path / "sweep")
+@pytest.mark.parametrize("recorded", [True, False])
+def test_shards_that_log_to_w_and_b_are_one_group(recorded, tmp_path) -> None:
+    # Resolved, each shard's logger save_dir is its own folder: keyed on it, every shard was a
+    # group of one, and the merge failed for the "missing" shards.
+    folders = _w_and_b_shards(tmp_path / "sweep", recorded)
     assert shard_groups(tmp_path / "sweep") == [folders]
 
 
@@ -152,15 +154,15 @@ class _Started(Exception):
     """Raised by the stand-in `wandb.init`: the arguments a W&B run would have started with."""
 
 
-@pytest.mark.xfail(strict=True, reason="merge_shards reads the first shard's logger as resolved "
-                   "in its probe_info.json: the merged run's W&B files go to shard 0's folder")
-def test_the_merged_w_and_b_run_lives_in_the_merged_folder(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("recorded", [True, False])
+def test_the_merged_w_and_b_run_lives_in_the_merged_folder(recorded, tmp_path,
+                                                          monkeypatch) -> None:
     # Each shard job records its config resolved (probe_info.json); the merged job is rebuilt
     # from the first one's with output_dir set to the merged folder. Its W&B run keeps its id
     # there (`loggers.run_folder`), and its files should be there too, not in shard 0's folder.
     import wandb
 
-    folders = _w_and_b_shards(tmp_path / "sweep")
+    folders = _w_and_b_shards(tmp_path / "sweep", recorded)
     merged = tmp_path / "sweep" / "merged"
 
     def started(**kwargs):
@@ -171,4 +173,5 @@ def test_the_merged_w_and_b_run_lives_in_the_merged_folder(tmp_path, monkeypatch
     with pytest.raises(_Started) as run:
         merge_shards(folders, merged)
     assert (merged / "wandb_run_id.txt").exists()  # the id: in the merged folder
-    assert run.value.args[0]["dir"] == str(merged.resolve())  # the files: shard 0's folder
+    assert run.value.args[0]["dir"] == str(merged.resolve())  # the files: not shard 0's folder
+    assert run.value.args[0]["name"] == "probe-org-sharded-merged"

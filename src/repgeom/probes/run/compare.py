@@ -66,8 +66,6 @@ def compare(
     return frame, [path]
 
 
-
-
 @dataclass
 class Comparison:
     """Compare mode over a job's targets: each is loaded, reads both texts (`compare`), is

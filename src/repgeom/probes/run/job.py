@@ -4,10 +4,11 @@
 or any mapping with its keys): it checks every one of them, naming the option and the fix, and
 returns a frozen `ProbeJob` whose fields carry the config keys' names. `runner.probe` and
 everything below it (the targets, compare mode, the trajectory, W&B, ``probe_info.json``, the
-analyses' extras) take the job, or the parts of it they need, never the config::
+analyses' extras) take the job, or the parts of it they need, never the config; so does
+`runner.follow_job`, the probe worker of a ``follow=`` job::
 
     job = probe_job(cfg)      # every option checked here, before any work
-    runner.probe(job)
+    runner.follow_job(job) if job.mode == FOLLOW else runner.probe(job)
 
 The probe options proper (the probe set, metrics, estimator settings, texts) are the job's
 `ProbeRequest` (`repgeom.probes.core.spec`); ``None`` in it is "as the checkpoint's training

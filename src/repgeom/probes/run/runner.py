@@ -116,6 +116,12 @@ def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
     `extras` are functions ``(job) -> figure paths`` run after the probe's
     own figures: the analyses a run asks for (``repgeom.analyses.probe_extras``, which
     ``probe.py`` passes; the pipeline does not import the analyses).
+
+    Raises
+    ------
+    ValueError
+        A ``follow=`` job (the probe worker of a training run: `follow_job` runs it); a shard
+        that gets no revision or checkpoint.
     """
     if job.mode == FOLLOW:
         raise ValueError("a follow= job is a run's probe worker: run it with `follow_job`")
@@ -245,6 +251,9 @@ def _write_info(result: ProbeRunResult, job: ProbeJob) -> None:
         "weights": weights_by_revision(result.output_dir),
         "weights_copies": result.copies,
         "config": job.config,
+        # The logger group as written: its ${output_dir} and ${run_name} unresolved, so that a
+        # merge of shards (`shards.merge_shards`) logs into the merged folder, not a shard's.
+        "logger": job.logger,
     }
     (result.output_dir / "probe_info.json").write_text(json.dumps(info, indent=2, default=str))
 

@@ -46,14 +46,18 @@ def _info(folder: Path) -> dict[str, Any]:
 
 def shard_groups(sweep: str | Path) -> list[list[Path]]:
     """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
-    in their config but ``shard`` and ``output_dir``, in shard order."""
+    in their config but ``shard`` and ``output_dir``, in shard order. The loggers count as
+    written (``probe_info.json``'s ``logger``): resolved, each one's ``save_dir`` is its own
+    job's folder (a record without it, from before, leaves the loggers out of the grouping)."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
-        config = dict(_info(info_file.parent).get("config") or {})
+        info = _info(info_file.parent)
+        config = dict(info.get("config") or {})
         if config.get("shards") is None:
             continue
         shard = int(config.pop("shard"))
         config.pop("output_dir", None)
+        config["logger"] = info.get("logger")
         key = json.dumps(config, sort_keys=True, default=str)
         groups.setdefault(key, []).append((shard, info_file.parent))
     return [[folder for _, folder in sorted(members)] for members in groups.values()]
@@ -94,8 +98,9 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     # The shards' job, as one job would have run it: this folder, no shard, and a run name.
     config = infos[0]["config"]
     name = config.get("run_name") or f"probe-{subjects[0]['model']}-merged".replace("/", "-")
-    job = probe_job(OmegaConf.create(
-        {**config, "output_dir": str(out), "shard": None, "shards": None, "run_name": name}))
+    job = probe_job(OmegaConf.create({**config, "logger": _unresolved_logger(infos[0], name),
+                                      "output_dir": str(out), "shard": None, "shards": None,
+                                      "run_name": name}))
     wanted = job.plot_metrics
     figures = runner.save_figures(frame, stacks, out, None if wanted is None else list(wanted))
     loggers = _wandb_runs(job, frame, stacks)
@@ -111,6 +116,20 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     print(f"Merged {shards} shards ({len(frame)} rows, {frame['step'].nunique()} steps) into "
           f"{out}")
     return frame
+
+
+def _unresolved_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
+    """The first shard's logger group as written, so that its ``${output_dir}`` and
+    ``${run_name}`` are the merged job's. A record from before ``probe_info.json`` kept it holds
+    the loggers resolved against that shard's folder: their ``save_dir`` is dropped (W&B then
+    writes into the merged folder, `repgeom.loggers.run_folder`) and the W&B run takes `name`."""
+    if info.get("logger") is not None:
+        return info["logger"]
+    resolved = (info.get("config") or {}).get("logger") or {}
+    return {key: {**entry, "save_dir": None,
+                  **({"name": name} if str(entry.get("_target_", "")).endswith("WandbLogger")
+                     else {})}
+            for key, entry in resolved.items()}
 
 
 def _wandb_runs(job: ProbeJob, frame: pd.DataFrame, stacks: dict) -> list:
