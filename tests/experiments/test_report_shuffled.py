@@ -130,3 +130,13 @@ def test_a_text_without_twonn_rows_names_the_metric(tmp_path) -> None:
                    "the section's test runs on fewer seeds than were trained")
 def test_the_section_names_a_run_left_out_for_a_missing_text(control) -> None:
     assert "causal-seed9" in "\n".join(report_shuffled.lines(control))
+
+
+@pytest.mark.xfail(strict=True, reason="r45b: the texts column (table.texts_of) is never read, "
+                   "so a shuffled/ folder probed on real text (texts= forgotten) is compared")
+def test_a_shuffled_folder_probed_on_real_text_is_an_error(tmp_path) -> None:
+    for seed in range(3):
+        _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
+        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"])  # no texts column
+    with pytest.raises(ValueError, match="shuffled"):
+        report_shuffled.findings(tmp_path)
