@@ -24,13 +24,14 @@ FINAL_NORM = 5
 
 def _plant(folder: Path, masking: str, seed: int, text: str, profile) -> None:
     rows = [dict(step=STEP, layer=0, layer_name="embedding", metric="twonn", value=1.0,
-                 std=0.05)]
+                 std=0.05, texts=text)]
     for block, value in enumerate(profile, start=1):
         rows.append(dict(step=STEP, layer=block, layer_name=None, metric="twonn",
-                         value=value + OFFSETS[seed] if text == "real" else value, std=0.05))
+                         value=value + OFFSETS[seed] if text == "real" else value, std=0.05,
+                         texts=text))
     # the final norm's output: larger than every block, never the peak
     rows.append(dict(step=STEP, layer=FINAL_NORM, layer_name="final_norm", metric="twonn",
-                     value=99.0, std=0.05))
+                     value=99.0, std=0.05, texts=text))
     append_rows(probe_dir(folder / f"{masking}-seed{seed}" / text), rows)
 
 
@@ -84,20 +85,16 @@ def test_a_folder_without_probe_runs_says_how_to_make_them(tmp_path) -> None:
         report_shuffled.peaks(tmp_path)
 
 
-# Review r45b: input errors the section accepts silently or reports without naming the problem.
-# Marked xfail(strict=True) so the suite stays green; each flips to a failure (XPASS) once fixed,
-# and the marker is then to be removed.
+# Inputs the section once accepted silently, or refused without naming the problem (review).
 
 
 def _plant_at(folder: Path, masking: str, seed: int, text: str, profile, *, step: int = STEP,
-              metric: str = "twonn") -> None:
-    rows = [dict(step=step, layer=b, layer_name=None, metric=metric, value=v)
-            for b, v in enumerate(profile, start=1)]
+              metric: str = "twonn", probed_on: str | None = None) -> None:
+    rows = [dict(step=step, layer=b, layer_name=None, metric=metric, value=v,
+                 texts=probed_on or text) for b, v in enumerate(profile, start=1)]
     append_rows(probe_dir(folder / f"{masking}-seed{seed}" / text), rows)
 
 
-@pytest.mark.xfail(strict=True, reason="r45b: real and shuffled of one seed are compared even "
-                   "when probed at different steps (different checkpoints)")
 def test_real_and_shuffled_probed_at_different_steps_is_an_error(tmp_path) -> None:
     for seed in range(3):
         _plant_at(tmp_path, "causal", seed, "real", REAL["causal"], step=STEP)
@@ -106,8 +103,6 @@ def test_real_and_shuffled_probed_at_different_steps_is_an_error(tmp_path) -> No
         report_shuffled.findings(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="r45b: profiles over different blocks (another model) are "
-                   "compared; the NaN count then uses the shuffled run's block count for both")
 def test_real_and_shuffled_over_different_blocks_is_an_error(tmp_path) -> None:
     for seed in range(3):
         _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
@@ -116,8 +111,6 @@ def test_real_and_shuffled_over_different_blocks_is_an_error(tmp_path) -> None:
         report_shuffled.findings(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="r45b: no TwoNN rows in a text gives 'values: need at "
-                   "least one finite value' from t_interval, naming neither the metric nor the fix")
 def test_a_text_without_twonn_rows_names_the_metric(tmp_path) -> None:
     for seed in range(3):
         _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
@@ -126,17 +119,27 @@ def test_a_text_without_twonn_rows_names_the_metric(tmp_path) -> None:
         report_shuffled.findings(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="r45b: a run with one text only is dropped without a word; "
-                   "the section's test runs on fewer seeds than were trained")
 def test_the_section_names_a_run_left_out_for_a_missing_text(control) -> None:
     assert "causal-seed9" in "\n".join(report_shuffled.lines(control))
 
 
-@pytest.mark.xfail(strict=True, reason="r45b: the texts column (table.texts_of) is never read, "
-                   "so a shuffled/ folder probed on real text (texts= forgotten) is compared")
 def test_a_shuffled_folder_probed_on_real_text_is_an_error(tmp_path) -> None:
     for seed in range(3):
         _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
-        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"])  # no texts column
+        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"], probed_on="real")
     with pytest.raises(ValueError, match="shuffled"):
         report_shuffled.findings(tmp_path)
+
+
+def test_a_block_nan_on_one_text_is_left_out_on_both(tmp_path) -> None:
+    # Real text NaN at its peak block: its peak over the other blocks against the shuffled
+    # peak over all of them would compare two block sets; both texts read blocks 1, 3, 4.
+    for seed in range(3):
+        _plant_at(tmp_path, "causal", seed, "real", (4.0, np.nan, 7.0, 5.0))
+        _plant_at(tmp_path, "causal", seed, "shuffled", (4.0, 7.5, 5.5, 5.0))
+    peaks = report_shuffled.peaks(tmp_path)
+    np.testing.assert_allclose(peaks["real_peak"], 7.0)
+    np.testing.assert_allclose(peaks["shuffled_peak"], 5.5)  # block 2 left out: NaN on real
+    assert (peaks["shuffled_block"] == 3).all() and (peaks["real_nan"] == 1).all()
+    (found,) = report_shuffled.findings(tmp_path)
+    assert "NaN readings: 3 of 24" in found.observed  # 1 per seed, of 4 blocks x 2 texts x 3

@@ -21,7 +21,8 @@ named as Hydra's sweep names them, ``<masking>-seed<k>``, each with at least::
 
 and optionally ``csv/version_*/hparams.yaml`` (or ``hparams.yaml``), where the training run saved
 ``model.vocab_size``. Every verdict is tested with the seed as the unit, corrected for a peak
-chosen on the data and by Holm over every verdict printed (`repgeom.experiments.statistics`);
+chosen on the data and by Holm over the verdicts of experiments 1-3 (the shuffled control's, in
+its own section, over its own; `repgeom.experiments.statistics`);
 it reads agrees, not shown, not testable or not measured. Profiles and verdicts read blocks
 1..L only, never the final norm's output (which is reported as its own number).
 """

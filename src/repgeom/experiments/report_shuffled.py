@@ -11,9 +11,19 @@ set; ``texts=`` the only difference)::
     <folder>/<masking>-seed<k>/shuffled/probes/probes.parquet
 
 The check, per masking, with the seed as the unit: each probe run's peak is the largest TwoNN
-over blocks 1..L (never the final norm's output), a statistic of its own profile, so no choice is
-made on the contrast; per seed, real peak − shuffled peak; one-sided Student t test over seeds
-(`repgeom.experiments.statistics.t_test`); Holm over this section's checks (one per masking).
+over blocks 1..L (never the final norm's output) read on both texts (a block NaN on one text is
+left out on both, as the report pairs its other readings), a statistic of its own profile, so no
+choice is made on the contrast; per seed, real peak − shuffled peak; one-sided Student t test over
+seeds (`repgeom.experiments.statistics.t_test`); Holm over this section's checks (one per
+masking). The two probe runs of a seed must have read the same checkpoint (one step, the same
+blocks) on the text their folder names (the table's ``texts`` column); anything else is an error
+naming the run and the command. A run folder with one text only is left out, and named.
+
+A caveat of the statistic: the largest of a noisy profile's blocks sits higher the more blocks
+sit near its top, so at equal true heights a flat profile reads a higher peak than a peaked one.
+The test is thus conservative where real text peaks and shuffled text is flatter (the paper's
+finding), and leans towards "agrees" where real text gives a plateau: read the profiles, not only
+the verdict.
 """
 
 from __future__ import annotations
@@ -37,36 +47,72 @@ COMMAND = ("python probe.py ckpt=<run>/checkpoints/last.ckpt texts=<real|shuffle
            "hydra.run.dir=<folder>/<masking>-seed<k>/<real|shuffled>")
 
 
-def profile(probe_run: Path) -> pd.Series:
-    """The TwoNN over blocks 1..L (index: block) of a probe run of one checkpoint; a missing
-    reading is NaN. Raises FileNotFoundError naming the folder when it holds no table."""
+def profile(probe_run: Path, text: str) -> tuple[int, pd.Series]:
+    """The step and the TwoNN over blocks 1..L (index: block) of a probe run of one checkpoint on
+    `text`; a missing reading is NaN.
+
+    Raises
+    ------
+    FileNotFoundError
+        The folder holds no table.
+    ValueError
+        The table was probed on another text, holds no TwoNN rows over blocks, or several steps.
+    """
     frame = table.read_table(probe_run)
+    texts = table.texts_of(frame)
+    if texts != {text}:
+        raise ValueError(
+            f"{probe_run} was probed on {' and '.join(sorted(texts)) or 'no'} text, and its "
+            f"folder says {text}: probe the checkpoint with texts={text} ({COMMAND})")
     rows = frame.loc[(frame["metric"] == METRIC) & (frame["layer"] >= 1)
                      & (frame["layer_name"] != FINAL_NORM)]
+    if rows.empty:
+        raise ValueError(f"{probe_run} holds no {METRIC} rows over blocks 1..L: probe it with "
+                         f"a metric set that has {METRIC} ('metrics=[default]')")
     if rows["step"].nunique() > 1:
         raise ValueError(f"{probe_run} holds {rows['step'].nunique()} steps; the control reads "
                          "one checkpoint per probe run (probe.py ckpt=...)")
-    return rows.groupby("layer")["value"].mean().sort_index()
+    return int(rows["step"].iloc[0]), rows.groupby("layer")["value"].mean().sort_index()
 
 
-def peaks(folder: Path) -> pd.DataFrame:
-    """One row per (masking, seed) with both texts probed: the peak (largest TwoNN over blocks)
-    and its block, per text."""
-    rows = []
+def runs(folder: Path) -> tuple[list[tuple[Path, str, int]], list[str]]:
+    """The (run folder, masking, seed) with both texts probed, and a line for each folder left
+    out (a name that is no ``<masking>-seed<k>``, or one text only)."""
+    pairs, left = [], []
     for run in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
         match = RUN_FOLDER.match(run.name)
         if match is None or match["masking"] not in MASKINGS:
-            continue
-        if not all((run / text).is_dir() for text in TEXTS):
-            continue
-        row = {"masking": match["masking"], "seed": int(match["seed"])}
-        for text in TEXTS:
-            values = profile(run / text)
-            finite = values.dropna()
-            row[f"{text}_peak"] = float(finite.max()) if len(finite) else np.nan
-            row[f"{text}_block"] = int(finite.idxmax()) if len(finite) else -1
+            left.append(f"{run.name} (not <masking>-seed<k>, masking one of "
+                        f"{', '.join(MASKINGS)})")
+        elif missing := [t for t in TEXTS if not (run / t).is_dir()]:
+            left.append(f"{run.name} (no {' and no '.join(missing)}/ probe run)")
+        else:
+            pairs.append((run, match["masking"], int(match["seed"])))
+    return pairs, left
+
+
+def peaks(folder: Path) -> pd.DataFrame:
+    """One row per (masking, seed) with both texts probed: the step, the number of blocks, and
+    per text the peak (largest TwoNN over the blocks read on both texts), its block and the
+    text's NaN readings."""
+    rows = []
+    for run, masking, seed in runs(folder)[0]:
+        (step, real), (step_b, shuffled) = (profile(run / text, text) for text in TEXTS)
+        if step != step_b:
+            raise ValueError(f"{run}: real text probed at step {step}, shuffled at step "
+                             f"{step_b}: probe the same checkpoint on both ({COMMAND})")
+        if list(real.index) != list(shuffled.index):
+            raise ValueError(
+                f"{run}: real text read blocks {list(real.index)}, shuffled blocks "
+                f"{list(shuffled.index)}; one checkpoint reads the same blocks on both texts: "
+                f"probe the same checkpoint on both ({COMMAND})")
+        both = real.notna() & shuffled.notna()
+        row = {"masking": masking, "seed": seed, "step": step, "blocks": len(real)}
+        for text, values in zip(TEXTS, (real, shuffled), strict=True):
+            read = values[both]
+            row[f"{text}_peak"] = float(read.max()) if len(read) else np.nan
+            row[f"{text}_block"] = int(read.idxmax()) if len(read) else -1
             row[f"{text}_nan"] = int(values.isna().sum())
-            row["blocks"] = len(values)
         rows.append(row)
     if not rows:
         raise FileNotFoundError(
@@ -95,10 +141,11 @@ def _findings(table_: pd.DataFrame) -> list[Finding]:
         out.append(Finding(
             claim=f"the {role}'s intrinsic-dimension peak over layers is lower on shuffled text "
                   f"than on real text ({masking})",
-            check="per seed, the largest TwoNN over blocks 1..L of the last checkpoint's profile, "
-                  "real minus shuffled (the same windows and positions, tokens shuffled within "
-                  "each window); one-sided Student t test over seeds; Holm over the control's "
-                  "checks",
+            check="per seed, the largest TwoNN over blocks 1..L of the last checkpoint's profile "
+                  "(the blocks read on both texts), real minus shuffled (the same windows and "
+                  "positions, tokens shuffled within each window); one-sided Student t test over "
+                  "seeds; Holm over the control's checks (a flat profile's largest block reads "
+                  "high: conservative when real text peaks, lenient when it gives a plateau)",
             observed=(f"seeds {', '.join(str(s) for s in group['seed'])}; peak real "
                       f"{t_interval(group['real_peak'].to_numpy(dtype=float))}, shuffled "
                       f"{t_interval(group['shuffled_peak'].to_numpy(dtype=float))}; "
@@ -114,12 +161,14 @@ def lines(folder: Path) -> list[str]:
     """The report's section: the command, the per-run peaks and the verdicts."""
     read = peaks(folder)  # every probe table read once, for the table and the checks
     shown = read.set_index(["masking", "seed"])[
-        ["real_peak", "real_block", "shuffled_peak", "shuffled_block"]]
+        ["step", "real_peak", "real_block", "shuffled_peak", "shuffled_block"]]
     shown.index = [f"{m}-seed{s}" for m, s in shown.index]
     shown.index.name = "run"
+    left = runs(folder)[1]
     return [
         f"Command, per trained run and text: `{COMMAND}` (probe runs under "
         f"`{Path(folder).as_posix()}`).",
+        *([f"Left out: {'; '.join(left)}."] if left else []),
         "",
         markdown_table(shown),
         "",
