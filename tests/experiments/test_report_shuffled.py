@@ -95,40 +95,26 @@ def _plant_at(folder: Path, masking: str, seed: int, text: str, profile, *, step
     append_rows(probe_dir(folder / f"{masking}-seed{seed}" / text), rows)
 
 
-def test_real_and_shuffled_probed_at_different_steps_is_an_error(tmp_path) -> None:
-    for seed in range(3):
-        _plant_at(tmp_path, "causal", seed, "real", REAL["causal"], step=STEP)
-        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"], step=500)
-    with pytest.raises(ValueError, match="step"):
-        report_shuffled.findings(tmp_path)
-
-
-def test_real_and_shuffled_over_different_blocks_is_an_error(tmp_path) -> None:
-    for seed in range(3):
-        _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
-        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"] * 2)  # 8 blocks
-    with pytest.raises(ValueError, match="block"):
-        report_shuffled.findings(tmp_path)
-
-
-def test_a_text_without_twonn_rows_names_the_metric(tmp_path) -> None:
+@pytest.mark.parametrize("shuffled, words", [
+    (dict(step=500), "real text probed at step 1500, shuffled at step 500"),
+    (dict(profile=SHUFFLED["causal"] * 2), "shuffled blocks \\[1, 2, 3, 4, 5, 6, 7, 8\\]"),
+    (dict(metric="gride"), "no twonn rows over blocks"),
+    (dict(probed_on="real"), "probed on real text, and its folder says shuffled"),
+], ids=["steps", "blocks", "no TwoNN", "texts"])
+def test_two_texts_that_are_not_one_checkpoint_on_its_two_texts_are_an_error(
+        shuffled, words, tmp_path) -> None:
     for seed in range(3):
         _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
-        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"], metric="gride")
-    with pytest.raises(ValueError, match="twonn"):
+        _plant_at(tmp_path, "causal", seed, "shuffled",
+                  shuffled.pop("profile", SHUFFLED["causal"]) if seed == 2 else
+                  SHUFFLED["causal"], **(shuffled if seed == 2 else {}))
+    with pytest.raises(ValueError, match=words) as error:
         report_shuffled.findings(tmp_path)
+    assert "causal-seed2" in str(error.value) and "probe.py" in str(error.value)
 
 
 def test_the_section_names_a_run_left_out_for_a_missing_text(control) -> None:
-    assert "causal-seed9" in "\n".join(report_shuffled.lines(control))
-
-
-def test_a_shuffled_folder_probed_on_real_text_is_an_error(tmp_path) -> None:
-    for seed in range(3):
-        _plant_at(tmp_path, "causal", seed, "real", REAL["causal"])
-        _plant_at(tmp_path, "causal", seed, "shuffled", SHUFFLED["causal"], probed_on="real")
-    with pytest.raises(ValueError, match="shuffled"):
-        report_shuffled.findings(tmp_path)
+    assert "Left out: causal-seed9 (no shuffled/ probe run)." in report_shuffled.lines(control)
 
 
 def test_a_block_nan_on_one_text_is_left_out_on_both(tmp_path) -> None:

@@ -68,7 +68,7 @@ def profile(probe_run: Path, text: str) -> tuple[int, pd.Series]:
                      & (frame["layer_name"] != FINAL_NORM)]
     if rows.empty:
         raise ValueError(f"{probe_run} holds no {METRIC} rows over blocks 1..L: probe it with "
-                         f"a metric set that has {METRIC} ('metrics=[default]')")
+                         f"a metric set that has {METRIC}: {COMMAND} 'metrics=[default]'")
     if rows["step"].nunique() > 1:
         raise ValueError(f"{probe_run} holds {rows['step'].nunique()} steps; the control reads "
                          "one checkpoint per probe run (probe.py ckpt=...)")
