@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hydra_configs import ROOT
 from scipy import stats
 
 from repgeom.cli.report import main as report
@@ -129,3 +130,21 @@ def test_a_block_nan_on_one_text_is_left_out_on_both(tmp_path) -> None:
     assert (peaks["shuffled_block"] == 3).all() and (peaks["real_nan"] == 1).all()
     (found,) = report_shuffled.findings(tmp_path)
     assert "NaN readings: 3 of 24" in found.observed  # 1 per seed, of 4 blocks x 2 texts x 3
+
+
+CONTROL = ROOT / "docs" / "results" / "runs" / "shuffled_control"
+
+
+def test_docs_results_md_shows_the_committed_control_as_the_report_reads_it_now() -> None:
+    """Section 10 of docs/results.md is the committed probe runs read by today's code (rerun
+    the command at the top of docs/results.md when this fails), and the decoder's peak is
+    higher on shuffled text, the opposite of the claim (docs/results_scale.md says so)."""
+    if not CONTROL.is_dir():
+        pytest.skip(f"{CONTROL} is not in this checkout")
+    section = (ROOT / "docs" / "results.md").read_text().split(
+        "## 10. The intrinsic-dimension peak on real and shuffled text")[1].split("\n## ")[0]
+    read = [line for line in report_shuffled.lines(CONTROL) if not line.startswith("Command")]
+    assert read and all(line in section for line in read)
+    found = {f.claim.rsplit("(", 1)[1].rstrip(")"): f for f in report_shuffled.findings(CONTROL)}
+    assert found["causal"].n_seeds == 3 and found["causal"].seeds_holding == 0
+    assert found["causal"].p > 0.99 and found["causal"].verdict == "not shown"

@@ -137,12 +137,13 @@ def render(args: SimpleNamespace) -> Path:
             "",
         ]
         lines += [f"![{Path(i).name}]({rel(i)})" for i in images] + [""]
+    if args.analyses:  # hand-written, its sections numbered 6-9
+        lines += [included_markdown(Path(args.analyses), out), ""]
     if args.shuffled_control:
-        lines += ["## 6. The intrinsic-dimension peak on real and shuffled text "
+        number = 10 if args.analyses else 6
+        lines += [f"## {number}. The intrinsic-dimension peak on real and shuffled text "
                   "(Cheng et al. 2025, §4.1)", ""]
         lines += report_shuffled.lines(Path(args.shuffled_control)) + [""]
-    if args.analyses:
-        lines += [included_markdown(Path(args.analyses), out), ""]
     if args.notes:
         lines += ["## Scale and what it would take", "", Path(args.notes).read_text().strip(), ""]
     path = out / "results.md"
