@@ -150,11 +150,6 @@ def test_docs_results_md_shows_the_committed_control_as_the_report_reads_it_now(
     assert found["causal"].p > 0.99 and found["causal"].verdict == "not shown"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a text folder without a table (Hydra makes "
-                   "hydra.run.dir and .hydra/ when the probe starts) is read as a probe run: "
-                   "read_table's FileNotFoundError stops the section without the command, "
-                   "where a missing folder is left out and named (review r45c)")
 def test_a_text_folder_without_a_table_is_left_out_or_says_how_to_make_it(control) -> None:
     (control / "causal-seed5" / "real" / ".hydra").mkdir(parents=True)  # killed before step 1
     _plant(control, "causal", 5, "shuffled", SHUFFLED["causal"])

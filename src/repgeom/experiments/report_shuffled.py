@@ -77,15 +77,21 @@ def profile(probe_run: Path, text: str) -> tuple[int, pd.Series]:
 
 def runs(folder: Path) -> tuple[list[tuple[Path, str, int]], list[str]]:
     """The (run folder, masking, seed) with both texts probed, and a line for each folder left
-    out (a name that is no ``<masking>-seed<k>``, or one text only)."""
+    out: a name that is no ``<masking>-seed<k>``, a text not probed, or a text folder without a
+    table (a probe run that has not finished: Hydra makes the folder when it starts). Hidden
+    folders are skipped."""
     pairs, left = [], []
-    for run in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
+    for run in sorted(p for p in Path(folder).iterdir()
+                      if p.is_dir() and not p.name.startswith(".")):
         match = RUN_FOLDER.match(run.name)
         if match is None or match["masking"] not in MASKINGS:
             left.append(f"{run.name} (not <masking>-seed<k>, masking one of "
                         f"{', '.join(MASKINGS)})")
         elif missing := [t for t in TEXTS if not (run / t).is_dir()]:
             left.append(f"{run.name} (no {' and no '.join(missing)}/ probe run)")
+        elif unfinished := [t for t in TEXTS if not table.has_table(run / t)]:
+            left.append(f"{run.name} (no table in {' and '.join(unfinished)}/: a probe run "
+                        f"that did not finish; run it again: {COMMAND})")
         else:
             pairs.append((run, match["masking"], int(match["seed"])))
     return pairs, left

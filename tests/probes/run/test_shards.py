@@ -12,7 +12,6 @@ import pytest
 from cli_runs import run_probe_py
 from hub_server import FakeHub
 from hydra_configs import compose_probe
-from omegaconf.errors import InterpolationResolutionError
 
 from repgeom.probes.core import table
 from repgeom.probes.run import runner, schedule, sources
@@ -178,14 +177,10 @@ def test_the_merged_w_and_b_run_lives_in_the_merged_folder(recorded, tmp_path,
     assert run.value.args[0]["name"] == "probe-org-sharded-merged"
 
 
-# Review r45c: the logger group as written is resolved again in the merge, outside the jobs'
-# Hydra context, and older records (no "logger") key apart from newer ones.
+# The logger group as written is not resolved again outside the jobs' Hydra context, and older
+# records (no "logger") group with newer ones (review).
 
 
-@pytest.mark.xfail(strict=True, raises=InterpolationResolutionError,
-                   reason="merge_shards resolves the logger group as written "
-                   "without the jobs' Hydra context (on_multirun_end has none; repgeom-shards "
-                   "neither): a ${hydra:...} that each shard resolved is an OmegaConf error")
 def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch) -> None:
     # e.g. logger.wandb.group='${hydra:job.name}': resolved in each shard job, where Hydra set
     # HydraConfig; in the sweep's on_multirun_end HydraConfig is unset (run_job restores it).
@@ -211,10 +206,6 @@ def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch) -> Non
     assert run.value.args[0]["dir"] == str(merged.resolve())
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="shard_groups keys a record from before (no 'logger') "
-                   "on None and a newer one on its logger group ({} for logger=none): a shard "
-                   "rerun after the upgrade, as the 'missing shard' error asks, is a group apart")
 def test_a_shard_rerun_after_the_upgrade_joins_its_sweep(tmp_path) -> None:
     sweep = tmp_path / "sweep"
     folders = []

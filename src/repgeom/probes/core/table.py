@@ -371,6 +371,12 @@ def _read_file(path: Path) -> pd.DataFrame:
     return rows_to_frame(pd.read_csv(path, dtype=as_str))
 
 
+def has_table(path: str | os.PathLike) -> bool:
+    """Whether `read_table` finds a table at `path` (a run folder or its ``probes`` folder)."""
+    path = Path(path)
+    return path.is_file() or any(_table_file(f) is not None for f in (probe_dir(path), path))
+
+
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
     """Read a probe table, given a run folder, its ``probes`` folder, or a .parquet/.csv file.
 

@@ -17,6 +17,7 @@ By hand::
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,9 +47,8 @@ def _info(folder: Path) -> dict[str, Any]:
 
 def shard_groups(sweep: str | Path) -> list[list[Path]]:
     """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
-    in their config but ``shard`` and ``output_dir``, in shard order. The loggers count as
-    written (``probe_info.json``'s ``logger``): resolved, each one's ``save_dir`` is its own
-    job's folder (a record without it, from before, leaves the loggers out of the grouping)."""
+    in their config but ``shard`` and ``output_dir``, in shard order. The loggers count without
+    their ``save_dir`` and ``name`` (`_logger_key`): resolved, those are each job's own."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
         info = _info(info_file.parent)
@@ -57,7 +57,7 @@ def shard_groups(sweep: str | Path) -> list[list[Path]]:
             continue
         shard = int(config.pop("shard"))
         config.pop("output_dir", None)
-        config["logger"] = info.get("logger")
+        config["logger"] = _logger_key(config.get("logger"))
         key = json.dumps(config, sort_keys=True, default=str)
         groups.setdefault(key, []).append((shard, info_file.parent))
     return [[folder for _, folder in sorted(members)] for members in groups.values()]
@@ -98,7 +98,7 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     # The shards' job, as one job would have run it: this folder, no shard, and a run name.
     config = infos[0]["config"]
     name = config.get("run_name") or f"probe-{subjects[0]['model']}-merged".replace("/", "-")
-    job = probe_job(OmegaConf.create({**config, "logger": _unresolved_logger(infos[0], name),
+    job = probe_job(OmegaConf.create({**config, "logger": _merged_logger(infos[0], name),
                                       "output_dir": str(out), "shard": None, "shards": None,
                                       "run_name": name}))
     wanted = job.plot_metrics
@@ -118,18 +118,48 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     return frame
 
 
-def _unresolved_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
-    """The first shard's logger group as written, so that its ``${output_dir}`` and
-    ``${run_name}`` are the merged job's. A record from before ``probe_info.json`` kept it holds
-    the loggers resolved against that shard's folder: their ``save_dir`` is dropped (W&B then
-    writes into the merged folder, `repgeom.loggers.run_folder`) and the W&B run takes `name`."""
-    if info.get("logger") is not None:
-        return info["logger"]
+def _logger_key(resolved: Any) -> Any:
+    """The logger group as `shard_groups` compares it: each entry without ``save_dir`` and
+    ``name``, which resolve to each job's own folder and run name."""
+    if not isinstance(resolved, dict):
+        return resolved
+    return {key: ({k: v for k, v in entry.items() if k not in _OWN} if isinstance(entry, dict)
+                  else entry) for key, entry in resolved.items()}
+
+
+_OWN = ("save_dir", "name")
+"""Logger settings that resolve to each shard job's own folder or run name."""
+_MERGED_KEYS = re.compile(r"\$\{(?!(?:output_dir|run_name|tags)\})")
+"""An interpolation other than ``${output_dir}``, ``${run_name}`` and ``${tags}``."""
+
+
+def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
+    """The merged job's logger group: the first shard's, as it resolved, but with every setting
+    written as ``${output_dir}``/``${run_name}`` (``probe_info.json``'s ``logger``, as written)
+    read against the merged job, so its W&B run lives in the merged folder under its name.
+    Settings written with another interpolation (``${hydra:...}``, ``${now:...}``) keep the
+    shard's value: the merge has no Hydra context to resolve them again. A record without the
+    written group (from before it was kept) drops ``save_dir`` (W&B then writes into the merged
+    folder, `repgeom.loggers.run_folder`), and its W&B run takes `name`."""
     resolved = (info.get("config") or {}).get("logger") or {}
-    return {key: {**entry, "save_dir": None,
-                  **({"name": name} if str(entry.get("_target_", "")).endswith("WandbLogger")
-                     else {})}
-            for key, entry in resolved.items()}
+    written = info.get("logger")
+    merged = {}
+    for key, entry in resolved.items():
+        if not isinstance(entry, dict):
+            merged[key] = entry
+            continue
+        entry = dict(entry)
+        if written is None:
+            entry["save_dir"] = None
+            if str(entry.get("_target_", "")).endswith("WandbLogger"):
+                entry["name"] = name
+        else:
+            for field, value in (written.get(key) or {}).items():
+                if isinstance(value, str) and "${" in value:
+                    entry[field] = (value if _MERGED_KEYS.search(value) is None
+                                    else None if field == "save_dir" else entry.get(field))
+        merged[key] = entry
+    return merged
 
 
 def _wandb_runs(job: ProbeJob, frame: pd.DataFrame, stacks: dict) -> list:
