@@ -506,17 +506,33 @@ def test_a_local_folder_is_hashed(tmp_path) -> None:
 
 
 @pytest.mark.slow  # a subprocess
-def test_ctrl_c_during_a_download_exits_without_waiting_for_it(repo, tmp_path) -> None:
+@pytest.mark.parametrize("delivered_to", ["process", "download thread"])
+def test_ctrl_c_during_a_download_exits_without_waiting_for_it(delivered_to, repo,
+                                                               tmp_path) -> None:
     """The trajectory loop waits for a revision that downloads for minutes; SIGINT ends the
     process within seconds (the thread pool joined the download before), and the partial file stays
-    for the next run."""
+    for the next run. The kernel hands a process's SIGINT to any of its threads: "download
+    thread" sends it to the download's own (``signal.pthread_kill``), where an untimed wait in
+    the main thread never woke to run the handler (a CI hang, seen twice)."""
     out = tmp_path / "out"
+    part = download_dir(out / "work", out, REPO, "step10") / "model.safetensors.incomplete"
     code = textwrap.dedent(f"""
-        import faulthandler, signal
+        import faulthandler, signal, threading, time
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, if it hangs
         from types import SimpleNamespace
         from pathlib import Path
         from repgeom.probes.run.trajectory import Trajectory
+        part = Path({str(part)!r})
+
+        def interrupt_the_download():
+            while not (part.exists() and part.stat().st_size):
+                time.sleep(0.05)
+            (download,) = [t for t in threading.enumerate() if t.name == "prefetch"]
+            print("SIGINT sent", flush=True)
+            signal.pthread_kill(download.ident, signal.SIGINT)
+
+        if {delivered_to == "download thread"}:
+            threading.Thread(target=interrupt_the_download, daemon=True).start()
         subject = SimpleNamespace(name={REPO!r}, revision="step10", step=10, source="hf",
                                   reference=False, model={REPO!r}, stack=None, path="")
         Trajectory(request=None, device=None, output_dir=Path({str(out)!r})).run([subject])
@@ -525,13 +541,13 @@ def test_ctrl_c_during_a_download_exits_without_waiting_for_it(repo, tmp_path) -
         env = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
         env.pop("HF_HUB_OFFLINE", None)
         process = subprocess.Popen([PYTHON, "-c", code], env=env, stderr=subprocess.PIPE,
-                                   text=True)
-        part = download_dir(out / "work", out, REPO, "step10") / "model.safetensors.incomplete"
+                                   stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not (part.exists() and part.stat().st_size):
             time.sleep(0.05)
         assert part.exists(), process.stderr.read() if process.poll() is not None else ""
-        process.send_signal(signal.SIGINT)
+        if delivered_to == "process":
+            process.send_signal(signal.SIGINT)
         sent = time.monotonic()
         try:
             _, stderr = process.communicate(timeout=30)

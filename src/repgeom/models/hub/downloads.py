@@ -57,6 +57,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import IO, Any
 
@@ -381,6 +382,22 @@ class Prefetch:
         future: Future = Future()
         self._queue.put((future, fn, args))
         return future
+
+    @staticmethod
+    def result(future: Future, poll_s: float = 0.25) -> Any:
+        """`future`'s result, waited for in slices of `poll_s` seconds.
+
+        A wait without a timeout is one lock acquire, which a signal interrupts only when the
+        kernel delivers it to this thread. SIGINT goes to any thread that does not block it, and
+        if it lands on the download thread, Ctrl-C waited for the whole download. Python runs
+        signal handlers in the main thread when it next executes bytecode: a timed wait wakes
+        it within `poll_s`, so Ctrl-C ends the run whichever thread the signal reached.
+        """
+        while True:
+            try:
+                return future.result(timeout=poll_s)
+            except FutureTimeout:
+                continue
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:

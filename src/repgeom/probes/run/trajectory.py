@@ -214,7 +214,7 @@ class Trajectory:
     def _probe_step(self, step: Step, started: float) -> pd.DataFrame:
         waited = time.perf_counter()
         try:
-            files = step.files.result() if step.files is not None else None
+            files = Prefetch.result(step.files) if step.files is not None else None
         except RevisionUnavailable as exc:
             self._skip(step, str(exc) or type(exc).__name__)
             return table.rows_to_frame([])
