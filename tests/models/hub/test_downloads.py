@@ -519,6 +519,7 @@ def test_ctrl_c_during_a_download_exits_without_waiting_for_it(delivered_to, rep
     code = textwrap.dedent(f"""
         import faulthandler, signal, threading, time
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # the stacks, if it hangs
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal
         from types import SimpleNamespace
         from pathlib import Path
         from repgeom.probes.run.trajectory import Trajectory
