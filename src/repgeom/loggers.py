@@ -64,7 +64,7 @@ def run_id(output_dir: Path) -> str:
     return run_id
 
 
-def _is_wandb(conf: Any) -> bool:
+def is_wandb(conf: Any) -> bool:
     return str(conf.get("_target_", "")).endswith("WandbLogger")
 
 
@@ -100,7 +100,7 @@ def build_loggers(cfg: DictConfig) -> list[Logger]:
     offline unless logged in, its id kept in the run folder (`run_folder`)."""
     loggers = []
     for name, conf in (cfg.get("logger") or {}).items():
-        if _is_wandb(conf):
+        if is_wandb(conf):
             conf = _wandb_conf(cfg, conf)
         log.debug("logger %s: %s", name, conf.get("_target_"))
         loggers.append(drop_unset_wandb_anonymous(instantiate(conf)))
@@ -119,7 +119,7 @@ def wandb_runs(cfg: DictConfig) -> list:
     Lightning."""
     runs = []
     for conf in (cfg.get("logger") or {}).values():
-        if not _is_wandb(conf):
+        if not is_wandb(conf):
             continue
         import wandb
 

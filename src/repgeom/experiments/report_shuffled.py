@@ -101,8 +101,13 @@ def peaks(folder: Path) -> pd.DataFrame:
     """One row per (masking, seed) with both texts probed: the step, the number of blocks, and
     per text the peak (largest TwoNN over the blocks read on both texts), its block and the
     text's NaN readings."""
+    return _peaks(folder, runs(folder)[0])
+
+
+def _peaks(folder: Path, pairs: list[tuple[Path, str, int]]) -> pd.DataFrame:
+    """`peaks` of the run folders `runs` found."""
     rows = []
-    for run, masking, seed in runs(folder)[0]:
+    for run, masking, seed in pairs:
         (step, real), (step_b, shuffled) = (profile(run / text, text) for text in TEXTS)
         if step != step_b:
             raise ValueError(f"{run}: real text probed at step {step}, shuffled at step "
@@ -165,12 +170,12 @@ def _findings(table_: pd.DataFrame) -> list[Finding]:
 
 def lines(folder: Path) -> list[str]:
     """The report's section: the command, the per-run peaks and the verdicts."""
-    read = peaks(folder)  # every probe table read once, for the table and the checks
+    pairs, left = runs(folder)
+    read = _peaks(folder, pairs)  # every probe table read once, for the table and the checks
     shown = read.set_index(["masking", "seed"])[
         ["step", "real_peak", "real_block", "shuffled_peak", "shuffled_block"]]
     shown.index = [f"{m}-seed{s}" for m, s in shown.index]
     shown.index.name = "run"
-    left = runs(folder)[1]
     return [
         f"Command, per trained run and text: `{COMMAND}` (probe runs under "
         f"`{Path(folder).as_posix()}`).",

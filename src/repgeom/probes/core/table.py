@@ -371,10 +371,15 @@ def _read_file(path: Path) -> pd.DataFrame:
     return rows_to_frame(pd.read_csv(path, dtype=as_str))
 
 
+def _table_folder(path: Path) -> Path | None:
+    """The folder `read_table` reads at `path` (its ``probes`` folder first, then itself)."""
+    return next((f for f in (probe_dir(path), path) if _table_file(f) is not None), None)
+
+
 def has_table(path: str | os.PathLike) -> bool:
     """Whether `read_table` finds a table at `path` (a run folder or its ``probes`` folder)."""
     path = Path(path)
-    return path.is_file() or any(_table_file(f) is not None for f in (probe_dir(path), path))
+    return path.is_file() or _table_folder(path) is not None
 
 
 def read_table(path: str | os.PathLike) -> pd.DataFrame:
@@ -392,10 +397,10 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
         if path.suffix not in (".parquet", ".csv"):
             raise ValueError(f"path: expected a .parquet or .csv table, got {path}")
         return _read_file(path)
+    folder = _table_folder(path)
+    if folder is not None:
+        return _read_folder(folder)
     candidates = [probe_dir(path), path]
-    for folder in candidates:
-        if _table_file(folder) is not None:
-            return _read_folder(folder)
     looked = ", ".join(str(f / f"{TABLE_STEM}.{{parquet,csv}}") for f in candidates)
     if not path.exists():
         raise FileNotFoundError(f"no probe table: {path} does not exist")

@@ -128,7 +128,8 @@ def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
     quiet_console()
     output_dir = job.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
-    subjects = sources.subjects(job, reference_final=job.pairwise)
+    pairwise = job.pairwise  # the spec resolved once
+    subjects = sources.subjects(job, reference_final=pairwise)
     loggers = _wandb_runs(job, subjects)
     if job.compare is not None:
         comparison = Comparison(job.compare, job.device, output_dir,
@@ -138,7 +139,7 @@ def probe(job: ProbeJob, extras: Sequence[Callable[[ProbeJob], list[Path]]] = ()
                                 comparison.figures, pooled)
     else:  # streamed: bounded disk and memory, resumable (`trajectory`)
         loop = Trajectory(job.request, job.device, output_dir, loggers, work_dir=job.work_dir,
-                          keep_weights=job.keep_weights, pairwise=job.pairwise,
+                          keep_weights=job.keep_weights, pairwise=pairwise,
                           stack_dir=_stack_dir, prefix=_wandb_prefix,
                           retry_skipped=job.retry_skipped, retry_budget_s=job.retry_budget_s)
         frame = loop.run(subjects)

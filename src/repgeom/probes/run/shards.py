@@ -26,6 +26,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from repgeom.loggers import is_wandb
 from repgeom.models.hf import STACKS
 from repgeom.probes.core import table
 from repgeom.probes.report import sink
@@ -51,8 +52,7 @@ def shard_groups(sweep: str | Path) -> list[list[Path]]:
     their ``save_dir`` and ``name`` (`_logger_key`): resolved, those are each job's own."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
-        info = _info(info_file.parent)
-        config = dict(info.get("config") or {})
+        config = dict(_info(info_file.parent).get("config") or {})
         if config.get("shards") is None:
             continue
         shard = int(config.pop("shard"))
@@ -151,7 +151,7 @@ def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
         entry = dict(entry)
         if written is None:
             entry["save_dir"] = None
-            if str(entry.get("_target_", "")).endswith("WandbLogger"):
+            if is_wandb(entry):
                 entry["name"] = name
         else:
             for field, value in (written.get(key) or {}).items():
