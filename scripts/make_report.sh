@@ -6,6 +6,8 @@
 # docs/results/runs/shape_of_learning holds one folder per run of the sweep, <masking>-seed<k>,
 # with probes/probes.parquet, .hydra/config.yaml and csv/version_0/hparams.yaml (the vocabulary
 # size is only in the last one) copied from multirun/shape_of_learning/<stamp>/<masking>-seed<k>.
+# docs/results/runs/shuffled_control holds the shuffled-text control's probe tables (its README
+# gives the probe.py commands); its section follows the analyses'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m repgeom.cli.report \
@@ -15,4 +17,5 @@ python -m repgeom.cli.report \
     --common-bias docs/results/common_bias \
     --analyses docs/results_analyses.md \
     --notes docs/results_scale.md \
+    --shuffled-control docs/results/runs/shuffled_control \
     --out docs

@@ -56,8 +56,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import IO, Any
 
@@ -393,11 +392,9 @@ class Prefetch:
         signal handlers in the main thread when it next executes bytecode: a timed wait wakes
         it within `poll_s`, so Ctrl-C ends the run whichever thread the signal reached.
         """
-        while True:
-            try:
-                return future.result(timeout=poll_s)
-            except FutureTimeout:
-                continue
+        while not future.done():  # not result(timeout=): the fetch's own TimeoutError is
+            wait([future], timeout=poll_s)  # the same class, and would be waited for again
+        return future.result()
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
