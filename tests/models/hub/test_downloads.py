@@ -558,11 +558,11 @@ def test_ctrl_c_during_a_download_exits_without_waiting_for_it(delivered_to, rep
     with FakeHub(REPO, repo, bytes_per_second=2_000) as hub:  # 150 s for the weights
         env = subprocess_env(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"))
         env.pop("HF_HUB_OFFLINE", None)
-        # As from a terminal: a pytest-xdist worker ignores SIGINT, and a child that inherits
-        # SIG_IGN never raises KeyboardInterrupt (Python installs its handler only over SIG_DFL).
+        # The child sets Python's SIGINT handler itself (code above), as a terminal gives it: a
+        # pytest worker can leave SIGINT ignored, and a child inheriting SIG_IGN never raises
+        # KeyboardInterrupt (Python installs its handler only over SIG_DFL).
         process = subprocess.Popen([PYTHON, "-c", code], env=env, stderr=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True,
-                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                   stdout=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not (part.exists() and part.stat().st_size):
             time.sleep(0.05)
