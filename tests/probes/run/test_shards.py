@@ -221,3 +221,23 @@ def test_a_shard_rerun_after_the_upgrade_joins_its_sweep(tmp_path) -> None:
             default=str))
         folders.append(folder)
     assert shard_groups(sweep) == [folders]
+
+
+def test_a_sweep_over_w_and_b_names_merges_each_name_apart(tmp_path) -> None:
+    # ``probe.py -m ... logger=wandb logger.wandb.name=a,b shard=0,1 shards=2``: a name written
+    # as a value is the group's, not each job's; keyed without it, the four jobs were one group
+    # and the merge failed for "repeated" shards.
+    sweep = tmp_path / "sweep"
+    expected = {}
+    for job_number, (name, shard) in enumerate((n, s) for n in "ab" for s in (0, 1)):
+        folder = sweep / str(job_number)
+        job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
+                                               "logger=wandb", f"logger.wandb.name={name}",
+                                               f"shard={shard}", "shards=2"]))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "probe_info.json").write_text(json.dumps(
+            {"config": job.config, "mode": "hf", "logger": job.logger,
+             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
+            default=str))
+        expected.setdefault(name, []).append(folder)
+    assert sorted(shard_groups(sweep)) == sorted(expected.values())

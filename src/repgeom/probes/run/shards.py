@@ -49,15 +49,16 @@ def _info(folder: Path) -> dict[str, Any]:
 def shard_groups(sweep: str | Path) -> list[list[Path]]:
     """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
     in their config but ``shard`` and ``output_dir``, in shard order. The loggers count without
-    their ``save_dir`` and ``name`` (`_logger_key`): resolved, those are each job's own."""
+    the ``save_dir`` and ``name`` that resolve to each job's own (`_logger_key`)."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
-        config = dict(_info(info_file.parent).get("config") or {})
+        info = _info(info_file.parent)
+        config = dict(info.get("config") or {})
         if config.get("shards") is None:
             continue
         shard = int(config.pop("shard"))
         config.pop("output_dir", None)
-        config["logger"] = _logger_key(config.get("logger"))
+        config["logger"] = _logger_key(config.get("logger"), info.get("logger"))
         key = json.dumps(config, sort_keys=True, default=str)
         groups.setdefault(key, []).append((shard, info_file.parent))
     return [[folder for _, folder in sorted(members)] for members in groups.values()]
@@ -118,13 +119,30 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
     return frame
 
 
-def _logger_key(resolved: Any) -> Any:
-    """The logger group as `shard_groups` compares it: each entry without ``save_dir`` and
-    ``name``, which resolve to each job's own folder and run name."""
+def _logger_key(resolved: Any, written: Any) -> Any:
+    """The logger group as `shard_groups` compares it: each entry without its ``save_dir`` and
+    ``name`` where those resolve to each job's own folder and run name, that is where the
+    written group (`written`, ``probe_info.json``'s ``logger``) interpolates them
+    (``${output_dir}``, ``${run_name}``), or where the record predates the written group. A
+    plain value counts: ``logger.wandb.name=a,b`` with shards makes two groups. (A shard with
+    such a plain name, re-run after the upgrade beside older records, groups apart from them;
+    the merge then names the missing shards.)"""
     if not isinstance(resolved, dict):
         return resolved
-    return {key: ({k: v for k, v in entry.items() if k not in _OWN} if isinstance(entry, dict)
-                  else entry) for key, entry in resolved.items()}
+    key = {}
+    for group, entry in resolved.items():
+        if not isinstance(entry, dict):
+            key[group] = entry
+            continue
+        as_written = (written.get(group) if isinstance(written, dict) else None) or {}
+        key[group] = {k: v for k, v in entry.items()
+                      if k not in _OWN or (written is not None and _plain(as_written.get(k)))}
+    return key
+
+
+def _plain(value: Any) -> bool:
+    """A setting written as a value, not an interpolation."""
+    return not (isinstance(value, str) and "${" in value)
 
 
 _OWN = ("save_dir", "name")
