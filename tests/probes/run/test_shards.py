@@ -206,14 +206,20 @@ def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch) -> Non
     assert run.value.args[0]["dir"] == str(merged.resolve())
 
 
-def test_a_shard_rerun_after_the_upgrade_joins_its_sweep(tmp_path) -> None:
+@pytest.mark.parametrize("logger", [
+    [],  # logger=none, the default
+    # The CSV logger's name (csv) is written as a value, also under logger=wandb (review).
+    ["logger=wandb"], ["logger=csv"],
+    ["logger=wandb", "logger.wandb.name=x-${shard}"],
+    ["logger=wandb", "logger.wandb.save_dir=/some/path"],
+])
+def test_a_shard_rerun_after_the_upgrade_joins_its_sweep(logger, tmp_path) -> None:
     sweep = tmp_path / "sweep"
     folders = []
     for shard, recorded in ((0, False), (1, True)):
         folder = sweep / str(shard)
         job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
-                                               f"shard={shard}", "shards=2"]))
-        assert job.logger == {}  # logger=none, the default
+                                               *logger, f"shard={shard}", "shards=2"]))
         (folder / "probe_info.json").parent.mkdir(parents=True, exist_ok=True)
         (folder / "probe_info.json").write_text(json.dumps(
             {"config": job.config, "mode": "hf", **({"logger": job.logger} if recorded else {}),
@@ -241,3 +247,45 @@ def test_a_sweep_over_w_and_b_names_merges_each_name_apart(tmp_path) -> None:
             default=str))
         expected.setdefault(name, []).append(folder)
     assert sorted(shard_groups(sweep)) == sorted(expected.values())
+
+
+def test_a_shard_rerun_beside_older_records_joins_its_name(tmp_path) -> None:
+    # The sweep over names, shard 0 of each name recorded before the written group: each joins
+    # the group whose name it resolved to (review).
+    sweep = tmp_path / "sweep"
+    expected = {}
+    for job_number, (name, shard) in enumerate((n, s) for n in "ab" for s in (0, 1)):
+        folder = sweep / str(job_number)
+        job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
+                                               "logger=wandb", f"logger.wandb.name={name}",
+                                               f"shard={shard}", "shards=2"]))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "probe_info.json").write_text(json.dumps(
+            {"config": job.config, "mode": "hf", **({"logger": job.logger} if shard else {}),
+             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
+            default=str))
+        expected.setdefault(name, []).append(folder)
+    assert sorted(shard_groups(sweep)) == sorted(expected.values())
+
+
+def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, monkeypatch) -> None:
+    # logger.wandb.name=a,b: the merged run of group a is named a, in the merged folder (review).
+    import wandb
+
+    folders = _w_and_b_shards(tmp_path / "sweep", True)
+    for folder in folders:
+        info = json.loads((folder / "probe_info.json").read_text())
+        info["logger"]["wandb"]["name"] = info["config"]["logger"]["wandb"]["name"] = "a"
+        (folder / "probe_info.json").write_text(json.dumps(info))
+    assert shard_groups(tmp_path / "sweep") == [folders]
+    merged = tmp_path / "sweep" / "merged"
+
+    def started(**kwargs):
+        raise _Started(kwargs)
+
+    monkeypatch.setattr(wandb, "init", started)
+    monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
+    with pytest.raises(_Started) as run:
+        merge_shards(folders, merged)
+    assert run.value.args[0]["name"] == "a"
+    assert run.value.args[0]["dir"] == str(merged.resolve())

@@ -49,8 +49,13 @@ def _info(folder: Path) -> dict[str, Any]:
 def shard_groups(sweep: str | Path) -> list[list[Path]]:
     """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
     in their config but ``shard`` and ``output_dir``, in shard order. The loggers count without
-    the ``save_dir`` and ``name`` that resolve to each job's own (`_logger_key`)."""
+    the ``save_dir`` and ``name`` that resolve to each job's own (`_logger_key`). A record from
+    before the written group (no ``logger``) joins the group whose written group, read against
+    it, gives that group's key (a shard re-run after the upgrade beside older ones); with no
+    such group, it counts without them."""
     groups: dict[str, list[tuple[int, Path]]] = {}
+    written_of: dict[str, Any] = {}  # a group's key: its logger group as written
+    older = []
     for info_file in sorted(Path(sweep).glob(f"*/{INFO_FILE}")):
         info = _info(info_file.parent)
         config = dict(info.get("config") or {})
@@ -58,10 +63,24 @@ def shard_groups(sweep: str | Path) -> list[list[Path]]:
             continue
         shard = int(config.pop("shard"))
         config.pop("output_dir", None)
-        config["logger"] = _logger_key(config.get("logger"), info.get("logger"))
-        key = json.dumps(config, sort_keys=True, default=str)
+        if "logger" not in info:
+            older.append((config, shard, info_file.parent))
+            continue
+        key = _group_key(config, info["logger"])
+        written_of.setdefault(key, info["logger"])
         groups.setdefault(key, []).append((shard, info_file.parent))
+    for config, shard, folder in older:
+        key = next((k for k, written in written_of.items() if _group_key(config, written) == k),
+                   _group_key(config, None))
+        groups.setdefault(key, []).append((shard, folder))
     return [[folder for _, folder in sorted(members)] for members in groups.values()]
+
+
+def _group_key(config: dict[str, Any], written: Any) -> str:
+    """A shard job's config (without ``shard`` and ``output_dir``) as `shard_groups` compares
+    it, its logger group read against `written` (`_logger_key`)."""
+    return json.dumps({**config, "logger": _logger_key(config.get("logger"), written)},
+                      sort_keys=True, default=str)
 
 
 def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
@@ -124,9 +143,7 @@ def _logger_key(resolved: Any, written: Any) -> Any:
     ``name`` where those resolve to each job's own folder and run name, that is where the
     written group (`written`, ``probe_info.json``'s ``logger``) interpolates them
     (``${output_dir}``, ``${run_name}``), or where the record predates the written group. A
-    plain value counts: ``logger.wandb.name=a,b`` with shards makes two groups. (A shard with
-    such a plain name, re-run after the upgrade beside older records, groups apart from them;
-    the merge then names the missing shards.)"""
+    plain value counts: ``logger.wandb.name=a,b`` with shards makes two groups."""
     if not isinstance(resolved, dict):
         return resolved
     key = {}
@@ -173,7 +190,7 @@ def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
                 entry["name"] = name
         else:
             for field, value in (written.get(key) or {}).items():
-                if isinstance(value, str) and "${" in value:
+                if not _plain(value):
                     entry[field] = (value if _MERGED_KEYS.search(value) is None
                                     else None if field == "save_dir" else entry.get(field))
         merged[key] = entry
