@@ -289,3 +289,24 @@ def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, monkeypatch) -
         merge_shards(folders, merged)
     assert run.value.args[0]["name"] == "a"
     assert run.value.args[0]["dir"] == str(merged.resolve())
+
+
+def test_a_logger_written_as_one_interpolation_still_groups_and_merges(tmp_path,
+                                                                      monkeypatch) -> None:
+    # e.g. logger.wandb='${oc.select:site.wandb}': the written entry is a string, not settings.
+    import wandb
+
+    folders = _w_and_b_shards(tmp_path / "sweep", True)
+    for folder in folders:
+        info = json.loads((folder / "probe_info.json").read_text())
+        info["logger"]["wandb"] = "${oc.select:site.wandb}"
+        (folder / "probe_info.json").write_text(json.dumps(info))
+    assert shard_groups(tmp_path / "sweep") == [folders]
+
+    def started(**kwargs):
+        raise _Started(kwargs)
+
+    monkeypatch.setattr(wandb, "init", started)
+    monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
+    with pytest.raises(_Started):
+        merge_shards(folders, tmp_path / "sweep" / "merged")

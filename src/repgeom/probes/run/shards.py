@@ -140,10 +140,11 @@ def merge_shards(folders: Sequence[Path], out: Path) -> pd.DataFrame:
 
 def _logger_key(resolved: Any, written: Any) -> Any:
     """The logger group as `shard_groups` compares it: each entry without its ``save_dir`` and
-    ``name`` where those resolve to each job's own folder and run name, that is where the
-    written group (`written`, ``probe_info.json``'s ``logger``) interpolates them
-    (``${output_dir}``, ``${run_name}``), or where the record predates the written group. A
-    plain value counts: ``logger.wandb.name=a,b`` with shards makes two groups."""
+    ``name`` unless the written group (`written`, ``probe_info.json``'s ``logger``) holds them
+    as plain values: interpolated (``${output_dir}``, ``${run_name}``), they resolve to each
+    job's own folder and run name, and a record from before the written group, or an entry
+    written as one interpolation, does not say. A plain value counts:
+    ``logger.wandb.name=a,b`` with shards makes two groups."""
     if not isinstance(resolved, dict):
         return resolved
     key = {}
@@ -151,10 +152,17 @@ def _logger_key(resolved: Any, written: Any) -> Any:
         if not isinstance(entry, dict):
             key[group] = entry
             continue
-        as_written = (written.get(group) if isinstance(written, dict) else None) or {}
+        as_written = _written_entry(written, group)
         key[group] = {k: v for k, v in entry.items()
-                      if k not in _OWN or (written is not None and _plain(as_written.get(k)))}
+                      if k not in _OWN or (k in as_written and _plain(as_written[k]))}
     return key
+
+
+def _written_entry(written: Any, group: str) -> dict[str, Any]:
+    """One logger's settings as written; none where it is not written out setting by setting
+    (no record, or the whole entry one interpolation)."""
+    entry = written.get(group) if isinstance(written, dict) else None
+    return entry if isinstance(entry, dict) else {}
 
 
 def _plain(value: Any) -> bool:
@@ -189,7 +197,7 @@ def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
             if is_wandb(entry):
                 entry["name"] = name
         else:
-            for field, value in (written.get(key) or {}).items():
+            for field, value in _written_entry(written, key).items():
                 if not _plain(value):
                     entry[field] = (value if _MERGED_KEYS.search(value) is None
                                     else None if field == "save_dir" else entry.get(field))
