@@ -121,25 +121,40 @@ def test_a_missing_shard_is_named(tmp_path) -> None:
 
 
 
+def _record(folder: Path, overrides: list[str], *, recorded: bool = True) -> Path:
+    """``probe_info.json`` as the shard job of `overrides` (``probe.py -m hf=org/sharded ...``)
+    writes it: its config as recorded (resolved), and its logger group as written when
+    `recorded` (a record from before holds none)."""
+    job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
+                                           *overrides]))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "probe_info.json").write_text(json.dumps(
+        {"config": job.config, "mode": "hf", **({"logger": job.logger} if recorded else {}),
+         "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
+        default=str))
+    return folder
+
+
 def _w_and_b_shards(sweep: Path, recorded: bool) -> list[Path]:
     """Two shard folders as ``probe.py -m ... logger=wandb shard=0,1 shards=2`` leaves them:
-    a one-row table each and ``probe_info.json`` with the job's config as recorded (resolved),
-    and its logger group as written when `recorded` (a record from before holds none)."""
+    a one-row table each and `_record`'s ``probe_info.json``."""
     folders = []
     for shard in (0, 1):
-        folder = sweep / str(shard)
-        cfg = compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
-                                     "logger=wandb", f"shard={shard}", "shards=2"])
-        job = probe_job(cfg)
+        folder = _record(sweep / str(shard), ["logger=wandb", f"shard={shard}", "shards=2"],
+                         recorded=recorded)
         rows = [{"step": 100 * (shard + 1), "layer": 0, "layer_name": "embedding", "head": None,
                  "metric": "anisotropy", "value": 0.5, "std": None, "model": "org/sharded"}]
         table.write_table(table.rows_to_frame(rows), table.probe_dir(folder))
-        (folder / "probe_info.json").write_text(json.dumps(
-            {"config": job.config, "mode": "hf", **({"logger": job.logger} if recorded else {}),
-             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
-            default=str))
         folders.append(folder)
     return folders
+
+
+def _rewrite_info(folders: list[Path], change) -> None:
+    """Apply `change` to each folder's ``probe_info.json``."""
+    for folder in folders:
+        info = json.loads((folder / "probe_info.json").read_text())
+        change(info)
+        (folder / "probe_info.json").write_text(json.dumps(info))
 
 
 @pytest.mark.parametrize("recorded", [True, False])
@@ -154,22 +169,26 @@ class _Started(Exception):
     """Raised by the stand-in `wandb.init`: the arguments a W&B run would have started with."""
 
 
-@pytest.mark.parametrize("recorded", [True, False])
-def test_the_merged_w_and_b_run_lives_in_the_merged_folder(recorded, tmp_path,
-                                                          monkeypatch) -> None:
-    # Each shard job records its config resolved (probe_info.json); the merged job is rebuilt
-    # from the first one's with output_dir set to the merged folder. Its W&B run keeps its id
-    # there (`loggers.run_folder`), and its files should be there too, not in shard 0's folder.
+@pytest.fixture
+def wandb_start(monkeypatch) -> None:
+    """The merge's W&B run stopped as it starts: `_Started` carries `wandb.init`'s arguments."""
     import wandb
-
-    folders = _w_and_b_shards(tmp_path / "sweep", recorded)
-    merged = tmp_path / "sweep" / "merged"
 
     def started(**kwargs):
         raise _Started(kwargs)
 
     monkeypatch.setattr(wandb, "init", started)
     monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_the_merged_w_and_b_run_lives_in_the_merged_folder(recorded, tmp_path,
+                                                          wandb_start) -> None:
+    # Each shard job records its config resolved (probe_info.json); the merged job is rebuilt
+    # from the first one's with output_dir set to the merged folder. Its W&B run keeps its id
+    # there (`loggers.run_folder`), and its files should be there too, not in shard 0's folder.
+    folders = _w_and_b_shards(tmp_path / "sweep", recorded)
+    merged = tmp_path / "sweep" / "merged"
     with pytest.raises(_Started) as run:
         merge_shards(folders, merged)
     assert (merged / "wandb_run_id.txt").exists()  # the id: in the merged folder
@@ -181,26 +200,16 @@ def test_the_merged_w_and_b_run_lives_in_the_merged_folder(recorded, tmp_path,
 # records (no "logger") group with newer ones (review).
 
 
-def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch) -> None:
+def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch, wandb_start) -> None:
     # e.g. logger.wandb.group='${hydra:job.name}': resolved in each shard job, where Hydra set
     # HydraConfig; in the sweep's on_multirun_end HydraConfig is unset (run_job restores it).
-    import wandb
     from hydra.core.hydra_config import HydraConfig
 
     folders = _w_and_b_shards(tmp_path / "sweep", True)
-    for folder in folders:
-        info = json.loads((folder / "probe_info.json").read_text())
-        info["logger"]["wandb"]["group"] = "${hydra:job.name}"
-        (folder / "probe_info.json").write_text(json.dumps(info))
+    _rewrite_info(folders, lambda info: info["logger"]["wandb"].update(group="${hydra:job.name}"))
     assert shard_groups(tmp_path / "sweep") == [folders]
     merged = tmp_path / "sweep" / "merged"
-
-    def started(**kwargs):
-        raise _Started(kwargs)
-
     monkeypatch.setattr(HydraConfig.instance(), "cfg", None)  # as in on_multirun_end
-    monkeypatch.setattr(wandb, "init", started)
-    monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
     with pytest.raises(_Started) as run:
         merge_shards(folders, merged)
     assert run.value.args[0]["dir"] == str(merged.resolve())
@@ -215,76 +224,36 @@ def test_a_logger_interpolating_hydra_still_merges(tmp_path, monkeypatch) -> Non
 ])
 def test_a_shard_rerun_after_the_upgrade_joins_its_sweep(logger, tmp_path) -> None:
     sweep = tmp_path / "sweep"
-    folders = []
-    for shard, recorded in ((0, False), (1, True)):
-        folder = sweep / str(shard)
-        job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
-                                               *logger, f"shard={shard}", "shards=2"]))
-        (folder / "probe_info.json").parent.mkdir(parents=True, exist_ok=True)
-        (folder / "probe_info.json").write_text(json.dumps(
-            {"config": job.config, "mode": "hf", **({"logger": job.logger} if recorded else {}),
-             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
-            default=str))
-        folders.append(folder)
+    folders = [_record(sweep / str(shard), [*logger, f"shard={shard}", "shards=2"],
+                       recorded=recorded) for shard, recorded in ((0, False), (1, True))]
     assert shard_groups(sweep) == [folders]
 
 
-def test_a_sweep_over_w_and_b_names_merges_each_name_apart(tmp_path) -> None:
+@pytest.mark.parametrize("older_shard_0", [False, True])
+def test_a_sweep_over_w_and_b_names_merges_each_name_apart(older_shard_0, tmp_path) -> None:
     # ``probe.py -m ... logger=wandb logger.wandb.name=a,b shard=0,1 shards=2``: a name written
     # as a value is the group's, not each job's; keyed without it, the four jobs were one group
-    # and the merge failed for "repeated" shards.
+    # and the merge failed for "repeated" shards. `older_shard_0`: shard 0 of each name
+    # recorded before the written group joins the group whose name it resolved to (review).
     sweep = tmp_path / "sweep"
     expected = {}
     for job_number, (name, shard) in enumerate((n, s) for n in "ab" for s in (0, 1)):
-        folder = sweep / str(job_number)
-        job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
-                                               "logger=wandb", f"logger.wandb.name={name}",
-                                               f"shard={shard}", "shards=2"]))
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "probe_info.json").write_text(json.dumps(
-            {"config": job.config, "mode": "hf", "logger": job.logger,
-             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
-            default=str))
+        folder = _record(sweep / str(job_number),
+                         ["logger=wandb", f"logger.wandb.name={name}", f"shard={shard}",
+                          "shards=2"], recorded=bool(shard) or not older_shard_0)
         expected.setdefault(name, []).append(folder)
     assert sorted(shard_groups(sweep)) == sorted(expected.values())
 
 
-def test_a_shard_rerun_beside_older_records_joins_its_name(tmp_path) -> None:
-    # The sweep over names, shard 0 of each name recorded before the written group: each joins
-    # the group whose name it resolved to (review).
-    sweep = tmp_path / "sweep"
-    expected = {}
-    for job_number, (name, shard) in enumerate((n, s) for n in "ab" for s in (0, 1)):
-        folder = sweep / str(job_number)
-        job = probe_job(compose_probe(folder, ["hf=org/sharded", "hf_revisions=[step100,step200]",
-                                               "logger=wandb", f"logger.wandb.name={name}",
-                                               f"shard={shard}", "shards=2"]))
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "probe_info.json").write_text(json.dumps(
-            {"config": job.config, "mode": "hf", **({"logger": job.logger} if shard else {}),
-             "subjects": [{"model": "org/sharded", "stack": None, "reference": False}]},
-            default=str))
-        expected.setdefault(name, []).append(folder)
-    assert sorted(shard_groups(sweep)) == sorted(expected.values())
-
-
-def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, monkeypatch) -> None:
+def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, wandb_start) -> None:
     # logger.wandb.name=a,b: the merged run of group a is named a, in the merged folder (review).
-    import wandb
+    def name_a(info):
+        info["logger"]["wandb"]["name"] = info["config"]["logger"]["wandb"]["name"] = "a"
 
     folders = _w_and_b_shards(tmp_path / "sweep", True)
-    for folder in folders:
-        info = json.loads((folder / "probe_info.json").read_text())
-        info["logger"]["wandb"]["name"] = info["config"]["logger"]["wandb"]["name"] = "a"
-        (folder / "probe_info.json").write_text(json.dumps(info))
+    _rewrite_info(folders, name_a)
     assert shard_groups(tmp_path / "sweep") == [folders]
     merged = tmp_path / "sweep" / "merged"
-
-    def started(**kwargs):
-        raise _Started(kwargs)
-
-    monkeypatch.setattr(wandb, "init", started)
-    monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
     with pytest.raises(_Started) as run:
         merge_shards(folders, merged)
     assert run.value.args[0]["name"] == "a"
@@ -292,21 +261,10 @@ def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, monkeypatch) -
 
 
 def test_a_logger_written_as_one_interpolation_still_groups_and_merges(tmp_path,
-                                                                      monkeypatch) -> None:
+                                                                      wandb_start) -> None:
     # e.g. logger.wandb='${oc.select:site.wandb}': the written entry is a string, not settings.
-    import wandb
-
     folders = _w_and_b_shards(tmp_path / "sweep", True)
-    for folder in folders:
-        info = json.loads((folder / "probe_info.json").read_text())
-        info["logger"]["wandb"] = "${oc.select:site.wandb}"
-        (folder / "probe_info.json").write_text(json.dumps(info))
+    _rewrite_info(folders, lambda info: info["logger"].update(wandb="${oc.select:site.wandb}"))
     assert shard_groups(tmp_path / "sweep") == [folders]
-
-    def started(**kwargs):
-        raise _Started(kwargs)
-
-    monkeypatch.setattr(wandb, "init", started)
-    monkeypatch.setattr(runner, "save_figures", lambda *a, **k: [])
     with pytest.raises(_Started):
         merge_shards(folders, tmp_path / "sweep" / "merged")
