@@ -260,11 +260,47 @@ def test_the_merged_run_of_a_named_group_keeps_its_name(tmp_path, wandb_start) -
     assert run.value.args[0]["dir"] == str(merged.resolve())
 
 
-def test_a_logger_written_as_one_interpolation_still_groups_and_merges(tmp_path,
-                                                                      wandb_start) -> None:
-    # e.g. logger.wandb='${oc.select:site.wandb}': the written entry is a string, not settings.
+def test_a_logger_written_as_one_interpolation_groups_and_merges_as_an_older_record(
+        tmp_path, wandb_start) -> None:
+    # e.g. logger.wandb='${oc.select:site.wandb}': the written entry is a string, not settings;
+    # the merged run, as an older record's, lives in the merged folder under the merged name
+    # (it was shard 0's folder, second review).
     folders = _w_and_b_shards(tmp_path / "sweep", True)
     _rewrite_info(folders, lambda info: info["logger"].update(wandb="${oc.select:site.wandb}"))
     assert shard_groups(tmp_path / "sweep") == [folders]
-    with pytest.raises(_Started):
-        merge_shards(folders, tmp_path / "sweep" / "merged")
+    merged = tmp_path / "sweep" / "merged"
+    with pytest.raises(_Started) as run:
+        merge_shards(folders, merged)
+    assert run.value.args[0]["dir"] == str(merged.resolve())
+    assert run.value.args[0]["name"] == "probe-org-sharded-merged"
+
+
+@pytest.mark.parametrize("older", ["none", "first", "second", "both"])
+def test_the_groups_come_in_the_order_of_their_first_folder(older, tmp_path) -> None:
+    # ``window=32,64 shard=0,1``: merged-0 is window 32's whatever records are older; a group of
+    # older records only came last, so a shard re-run after the upgrade swapped merged-0 and
+    # merged-1 (and the new merged-0 resumed the other trajectory's W&B run; second review).
+    sweep = tmp_path / "sweep"
+    groups = [[], []]
+    for job_number, (trajectory, shard) in enumerate((t, s) for t in (0, 1) for s in (0, 1)):
+        older_here = older == "both" or older == ("first", "second")[trajectory]
+        groups[trajectory].append(_record(
+            sweep / str(job_number), ["logger=wandb", f"window={(32, 64)[trajectory]}",
+                                      f"shard={shard}", "shards=2"], recorded=not older_here))
+    assert shard_groups(sweep) == groups
+
+
+@pytest.mark.parametrize("plain_first", [True, False])
+def test_an_older_record_matching_two_groups_joins_the_closer(plain_first, tmp_path) -> None:
+    # ``logger.wandb.save_dir=/p,'${output_dir}'``, the /p trajectory's shard 0 recorded before
+    # the written group: it reads as either group's; /p, kept as a value, is the closer match.
+    sweep = tmp_path / "sweep"
+    plain, interpolated = ("0", "1"), ("2", "3")
+    if not plain_first:
+        plain, interpolated = interpolated, plain
+    with_p = [_record(sweep / plain[shard], ["logger=wandb", "logger.wandb.save_dir=/p",
+                                              f"shard={shard}", "shards=2"], recorded=bool(shard))
+              for shard in (0, 1)]
+    without = [_record(sweep / interpolated[shard], ["logger=wandb", f"shard={shard}",
+                                                     "shards=2"]) for shard in (0, 1)]
+    assert shard_groups(sweep) == ([with_p, without] if plain_first else [without, with_p])

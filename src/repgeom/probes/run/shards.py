@@ -48,11 +48,13 @@ def _info(folder: Path) -> dict[str, Any]:
 
 def shard_groups(sweep: str | Path) -> list[list[Path]]:
     """The sweep's shard jobs (``probe_info.json`` with ``shards`` set), grouped by everything
-    in their config but ``shard`` and ``output_dir``, in shard order. The loggers count without
-    the ``save_dir`` and ``name`` that resolve to each job's own (`_logger_key`). A record from
+    in their config but ``shard`` and ``output_dir``, each group in shard order and the groups
+    in the order of their first folder (``merged-<k>``'s k). The loggers count without the
+    ``save_dir`` and ``name`` that resolve to each job's own (`_logger_key`). A record from
     before the written group (no ``logger``) joins the group whose written group, read against
-    it, gives that group's key (a shard re-run after the upgrade beside older ones); with no
-    such group, it counts without them."""
+    it, gives that group's key (a shard re-run after the upgrade beside older ones): of several,
+    the one that keeps the most settings as values (`_values_kept`); with none, it counts
+    without them."""
     groups: dict[str, list[tuple[int, Path]]] = {}
     written_of: dict[str, Any] = {}  # a group's key: its logger group as written
     older = []
@@ -70,10 +72,12 @@ def shard_groups(sweep: str | Path) -> list[list[Path]]:
         written_of.setdefault(key, info["logger"])
         groups.setdefault(key, []).append((shard, info_file.parent))
     for config, shard, folder in older:
-        key = next((k for k, written in written_of.items() if _group_key(config, written) == k),
-                   _group_key(config, None))
+        matches = [k for k, written in written_of.items() if _group_key(config, written) == k]
+        key = max(matches, key=lambda k: _values_kept(written_of[k]),
+                  default=_group_key(config, None))
         groups.setdefault(key, []).append((shard, folder))
-    return [[folder for _, folder in sorted(members)] for members in groups.values()]
+    ordered = sorted(groups.values(), key=lambda members: min(folder for _, folder in members))
+    return [[folder for _, folder in sorted(members)] for members in ordered]
 
 
 def _group_key(config: dict[str, Any], written: Any) -> str:
@@ -152,20 +156,29 @@ def _logger_key(resolved: Any, written: Any) -> Any:
         if not isinstance(entry, dict):
             key[group] = entry
             continue
-        as_written = _written_entry(written, group)
+        as_written = _written_entry(written, group) or {}
         key[group] = {k: v for k, v in entry.items()
-                      if k not in _OWN or (k in as_written and _plain(as_written[k]))}
+                      if k not in _OWN or (k in as_written and _is_value(as_written[k]))}
     return key
 
 
-def _written_entry(written: Any, group: str) -> dict[str, Any]:
-    """One logger's settings as written; none where it is not written out setting by setting
-    (no record, or the whole entry one interpolation)."""
+def _written_entry(written: Any, group: str) -> dict[str, Any] | None:
+    """One logger's settings as written; None where they are not written out one by one (a
+    record from before the written group, or the whole entry one interpolation)."""
     entry = written.get(group) if isinstance(written, dict) else None
-    return entry if isinstance(entry, dict) else {}
+    return entry if isinstance(entry, dict) else None
 
 
-def _plain(value: Any) -> bool:
+def _values_kept(written: Any) -> int:
+    """How many ``save_dir``/``name`` settings the logger group `written` holds as values: of
+    two groups an older record matches, the one keyed on more of them is the closer match."""
+    groups = written if isinstance(written, dict) else {}
+    entries = [_written_entry(written, group) or {} for group in groups]
+    return sum(field in _OWN and _is_value(value)
+               for entry in entries for field, value in entry.items())
+
+
+def _is_value(value: Any) -> bool:
     """A setting written as a value, not an interpolation."""
     return not (isinstance(value, str) and "${" in value)
 
@@ -181,9 +194,10 @@ def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
     written as ``${output_dir}``/``${run_name}`` (``probe_info.json``'s ``logger``, as written)
     read against the merged job, so its W&B run lives in the merged folder under its name.
     Settings written with another interpolation (``${hydra:...}``, ``${now:...}``) keep the
-    shard's value: the merge has no Hydra context to resolve them again. A record without the
-    written group (from before it was kept) drops ``save_dir`` (W&B then writes into the merged
-    folder, `repgeom.loggers.run_folder`), and its W&B run takes `name`."""
+    shard's value: the merge has no Hydra context to resolve them again. A logger whose
+    settings are not written out one by one (a record from before the written group was kept,
+    or an entry written as one interpolation) drops ``save_dir`` (W&B then writes into the
+    merged folder, `repgeom.loggers.run_folder`), and its W&B run takes `name`."""
     resolved = (info.get("config") or {}).get("logger") or {}
     written = info.get("logger")
     merged = {}
@@ -192,13 +206,14 @@ def _merged_logger(info: dict[str, Any], name: str) -> dict[str, Any]:
             merged[key] = entry
             continue
         entry = dict(entry)
-        if written is None:
+        as_written = _written_entry(written, key)
+        if as_written is None:
             entry["save_dir"] = None
             if is_wandb(entry):
                 entry["name"] = name
         else:
-            for field, value in _written_entry(written, key).items():
-                if not _plain(value):
+            for field, value in as_written.items():
+                if not _is_value(value):
                     entry[field] = (value if _MERGED_KEYS.search(value) is None
                                     else None if field == "save_dir" else entry.get(field))
         merged[key] = entry
