@@ -157,6 +157,53 @@ def test_the_clean_up_deletes_only_this_runs_unlocked_marked_leftovers(repo, use
     mine["step30"].lock.close()
 
 
+class _Killed(BaseException):
+    """kill -9 at one deletion: nothing after it runs, no `except OSError` catches it."""
+
+
+def _killed_at(cut: int, calls, real):
+    """`real`, raising `_Killed` instead at the `cut`-th call counted by `calls` (an iterator
+    shared by every function wrapped for one cut)."""
+
+    def call(*args, **kwargs):
+        if next(calls) == cut:
+            raise _Killed
+        return real(*args, **kwargs)
+
+    return call
+
+
+def test_a_kill_at_any_deletion_of_a_release_leaves_the_weights_marked(repo, use, tmp_path,
+                                                                      monkeypatch) -> None:
+    # Under load, probe.py killed while it released its final revision left that folder's
+    # weights without their marker (rmtree had deleted it first), and no rerun deleted them
+    # (tests/probes/run/test_trajectory.py::test_kill_9_then_the_same_command_gives_the_same_table
+    # failed once in five loaded runs). Kill at each deletion in turn: the folder keeps its
+    # marker until its weights are gone, and the rerun's clean-up deletes what is left.
+    real_unlink, real_rmdir, cuts = os.unlink, os.rmdir, 0
+    with use(FakeHub(REPO, repo)):
+        for cut in range(1, 20):
+            work, calls = tmp_path / f"work{cut}", iter(range(1, 10_000))
+            files = _fetch("step10", work)
+            monkeypatch.setattr(os, "unlink", _killed_at(cut, calls, real_unlink))
+            monkeypatch.setattr(os, "rmdir", _killed_at(cut, calls, real_rmdir))
+            try:
+                release(files)
+            except _Killed:
+                cuts += 1
+            else:
+                break  # every deletion of the release has been cut once
+            finally:
+                monkeypatch.setattr(os, "unlink", real_unlink)
+                monkeypatch.setattr(os, "rmdir", real_rmdir)
+                files.lock.close()  # the process is gone
+            left = files.path / "model.safetensors"
+            assert not left.exists() or (files.path / MARKER).exists(), cut
+            clear_leftovers(work, work.parent / "out")
+            assert not any(work.rglob("*.safetensors")), cut
+    assert cuts >= 4  # config, weights, lock, marker at least
+
+
 def test_two_jobs_on_one_work_dir_never_touch_each_others_folders(repo, use, tmp_path) -> None:
     """Two runs (say two shards) download the same revisions into one `work_dir` at once, and
     each clears its leftovers while the other downloads: both end with whole, checked files."""

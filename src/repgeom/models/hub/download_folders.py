@@ -25,6 +25,7 @@ Never a user's file, the cwd, the Hugging Face cache, nor the folders of another
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -127,7 +128,7 @@ def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
             f"files were fetched into {dest}: fetching it again")
         for path in dest.iterdir():
             if path.name not in (MARKER, LOCK):
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                _remove(path)
     record = {**record, "keep_weights": bool(record.get("keep_weights"))
               or bool(old and old.get("keep_weights"))}
     atomic_write_text(dest / MARKER, json.dumps(record, indent=1))
@@ -146,6 +147,25 @@ def delete_partials(folder: Path) -> list[Path]:
     for path in deleted:
         path.unlink(missing_ok=True)
     return deleted
+
+
+def _delete(folder: Path) -> None:
+    """Delete one of repgeom's marked revision folders, its marker last: a kill at any moment
+    leaves the folder still marked (the next run's `clear_leftovers` deletes the rest) or
+    empty, never files without their marker, which no run would delete. (``shutil.rmtree``
+    went in listing order: killed after the marker, it left the weights behind for good.)"""
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.name != MARKER:
+            with contextlib.suppress(OSError):
+                _remove(path)
+    with contextlib.suppress(OSError):
+        (folder / MARKER).unlink()
+        folder.rmdir()
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a folder with its contents."""
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def _remove_empty(folder: Path, stop: Path) -> None:
@@ -185,7 +205,7 @@ def clear_leftovers(work_dir: str | os.PathLike, owner: str | os.PathLike,
         if handle is None:
             continue  # in use (or being deleted) by another process
         try:
-            shutil.rmtree(folder, ignore_errors=True)
+            _delete(folder)
         finally:
             handle.close()
         deleted.append(folder)
@@ -200,7 +220,7 @@ def release(files: RevisionFiles, *, keep: bool = False) -> None:
     try:
         record = read_json(files.path / MARKER) if files.owned else None
         if record is not None and not keep and not record.get("keep_weights"):
-            shutil.rmtree(files.path, ignore_errors=True)
+            _delete(files.path)
             marked = [p for p in files.path.parents if p.name == DOWNLOADS]
             if marked:
                 _remove_empty(files.path.parent, marked[0].parent)
