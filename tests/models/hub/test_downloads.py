@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import textwrap
@@ -26,6 +27,7 @@ from repgeom.models.hub import downloads, revisions
 from repgeom.models.hub.calls import Retrier, RetriesExhausted, describe, retry_after
 from repgeom.models.hub.downloads import (
     DOWNLOADS,
+    LOCK,
     MARKER,
     DownloadError,
     HubAccessError,
@@ -173,35 +175,142 @@ def _killed_at(cut: int, calls, real):
     return call
 
 
-def test_a_kill_at_any_deletion_of_a_release_leaves_the_weights_marked(repo, use, tmp_path,
-                                                                      monkeypatch) -> None:
+def _marker_listed_first(monkeypatch) -> None:
+    """Folder listings (``os.listdir``, ``os.scandir``: pathlib's and rmtree's) name the marker
+    first, as ext4 happened to: the worst order for a deletion in listing order (tmpfs lists
+    the newest file first, and then the old rmtree got away with it)."""
+    real_listdir, real_scandir = os.listdir, os.scandir
+
+    class Listing(list):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def close(self):
+            pass
+
+    def listdir(*args, **kwargs):
+        return sorted(real_listdir(*args, **kwargs), key=lambda name: name != MARKER)
+
+    def scandir(*args, **kwargs):
+        with real_scandir(*args, **kwargs) as entries:
+            return Listing(sorted(entries, key=lambda entry: entry.name != MARKER))
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "scandir", scandir)
+
+
+def _unmarked_leftovers(folder: Path) -> list[str]:
+    """What is left in `folder` besides its marker and lock when it has lost its marker."""
+    if not folder.is_dir() or (folder / MARKER).exists():
+        return []
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.name != LOCK)
+
+
+@pytest.mark.parametrize("deletion", ["release", "clear_leftovers"])
+def test_a_kill_at_any_deletion_leaves_no_file_without_its_marker(deletion, repo, use, tmp_path,
+                                                                  monkeypatch) -> None:
     # Under load, probe.py killed while it released its final revision left that folder's
     # weights without their marker (rmtree had deleted it first), and no rerun deleted them
     # (tests/probes/run/test_trajectory.py::test_kill_9_then_the_same_command_gives_the_same_table
     # failed once in five loaded runs). Kill at each deletion in turn: the folder keeps its
-    # marker until its weights are gone, and the rerun's clean-up deletes what is left.
+    # marker while anything else is left, and the rerun's clean-up deletes what is left.
+    _marker_listed_first(monkeypatch)
     real_unlink, real_rmdir, cuts = os.unlink, os.rmdir, 0
     with use(FakeHub(REPO, repo)):
-        for cut in range(1, 20):
+        for cut in range(1, 30):
             work, calls = tmp_path / f"work{cut}", iter(range(1, 10_000))
             files = _fetch("step10", work)
+            (files.path / "onnx").mkdir()  # a revision's subfolder, and a partial file
+            (files.path / "onnx" / "model.onnx").write_bytes(b"w")
+            (files.path / "pytorch_model.bin.incomplete").write_bytes(b"w")
+            if deletion == "clear_leftovers":
+                files.lock.close()  # the run was killed; its rerun clears the folder
             monkeypatch.setattr(os, "unlink", _killed_at(cut, calls, real_unlink))
             monkeypatch.setattr(os, "rmdir", _killed_at(cut, calls, real_rmdir))
             try:
-                release(files)
+                release(files) if deletion == "release" else clear_leftovers(work, work.parent
+                                                                            / "out")
             except _Killed:
                 cuts += 1
             else:
-                break  # every deletion of the release has been cut once
+                break  # every deletion has been cut once
             finally:
                 monkeypatch.setattr(os, "unlink", real_unlink)
                 monkeypatch.setattr(os, "rmdir", real_rmdir)
                 files.lock.close()  # the process is gone
-            left = files.path / "model.safetensors"
-            assert not left.exists() or (files.path / MARKER).exists(), cut
+            assert _unmarked_leftovers(files.path) == [], cut
             clear_leftovers(work, work.parent / "out")
-            assert not any(work.rglob("*.safetensors")), cut
-    assert cuts >= 4  # config, weights, lock, marker at least
+            assert not any(p.is_file() and p.name != LOCK for p in work.rglob("*")), cut
+    assert cuts >= 6  # config, weights, proofs, the subfolder's file, marker, lock at least
+
+
+def test_an_undeletable_file_keeps_its_folder_marked_for_a_later_clean_up(repo, use, tmp_path,
+                                                                         monkeypatch) -> None:
+    real_unlink = os.unlink
+
+    def busy(path, *args, **kwargs):
+        if Path(path).name == "model.safetensors":
+            raise OSError(errno.EBUSY, "Device or resource busy", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    work = tmp_path / "work"
+    with use(FakeHub(REPO, repo)):
+        files = _fetch("step10", work)
+    monkeypatch.setattr(os, "unlink", busy)
+    release(files)
+    assert (files.path / MARKER).exists() and (files.path / "model.safetensors").exists()
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert clear_leftovers(work, tmp_path / "out") == [files.path]  # a later run tries again
+    assert not files.path.exists()
+
+
+def test_a_revision_folder_that_is_a_link_is_not_followed(repo, use, tmp_path) -> None:
+    # Never a user's file: a link in place of a revision folder keeps what it points to.
+    work, users = tmp_path / "work", tmp_path / "users_disk"
+    with use(FakeHub(REPO, repo)):
+        files = _fetch("step10", work)
+    users.mkdir()
+    (users / "notes.txt").write_text("theirs")
+    (users / MARKER).write_bytes((files.path / MARKER).read_bytes())  # as if it were ours
+    files.lock.close()
+    shutil.rmtree(files.path)
+    files.path.symlink_to(users, target_is_directory=True)
+    release(downloads.RevisionFiles(files.path, owned=True))
+    clear_leftovers(work, tmp_path / "out")
+    assert sorted(p.name for p in users.iterdir()) == sorted([MARKER, "notes.txt"])
+
+
+@pytest.mark.parametrize("after", [MARKER, LOCK])
+def test_a_claim_of_the_same_run_during_a_release_keeps_its_marker(after, repo, use, tmp_path,
+                                                                   monkeypatch) -> None:
+    # Another process of the run asks for the revision as this one deletes it: refused while
+    # the lock is held (after the marker went), or it makes the folder anew, marked and locked.
+    real_unlink, other = os.unlink, {}
+
+    def and_then_claimed(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if Path(path).name == after and not other:
+            try:
+                other["files"] = _fetch("step10", work)
+            except DownloadError as error:
+                other["refused"] = error
+
+    work = tmp_path / "work"
+    with use(FakeHub(REPO, repo)):
+        files = _fetch("step10", work)
+        monkeypatch.setattr(os, "unlink", and_then_claimed)
+        release(files)
+        monkeypatch.setattr(os, "unlink", real_unlink)
+    if after == MARKER:
+        assert "in use by another repgeom process" in str(other["refused"])
+        assert not files.path.exists()
+    else:
+        assert (files.path / MARKER).exists() and (files.path / "model.safetensors").exists()
+        release(other["files"])
+        assert not files.path.exists()
 
 
 def test_two_jobs_on_one_work_dir_never_touch_each_others_folders(repo, use, tmp_path) -> None:

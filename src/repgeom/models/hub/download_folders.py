@@ -150,17 +150,28 @@ def delete_partials(folder: Path) -> list[Path]:
 
 
 def _delete(folder: Path) -> None:
-    """Delete one of repgeom's marked revision folders, its marker last: a kill at any moment
-    leaves the folder still marked (the next run's `clear_leftovers` deletes the rest) or
-    empty, never files without their marker, which no run would delete. (``shutil.rmtree``
-    went in listing order: killed after the marker, it left the weights behind for good.)"""
-    for path in folder.iterdir() if folder.is_dir() else ():
-        if path.name != MARKER:
-            with contextlib.suppress(OSError):
-                _remove(path)
-    with contextlib.suppress(OSError):
-        (folder / MARKER).unlink()
+    """Delete one of repgeom's marked revision folders, its marker and lock last: a kill at any
+    moment leaves the folder still marked (the next run's `clear_leftovers` deletes the rest)
+    or holding at most an empty lock file, never files without their marker, which no run would
+    delete. (``shutil.rmtree`` went in listing order: killed after the marker, it left the
+    weights behind for good.) A file that cannot be deleted keeps the folder marked, for a
+    later clean-up to try again; a link or a folder that cannot be listed is left as it is.
+    The lock goes after the marker: while it is held, a process of the same run cannot claim
+    the folder and have its new marker deleted here."""
+    try:
+        if folder.is_symlink():
+            return
+        for path in list(folder.iterdir()):
+            if path.name not in (MARKER, LOCK):
+                with contextlib.suppress(OSError):
+                    _remove(path)
+        if any(path.name not in (MARKER, LOCK) for path in folder.iterdir()):
+            return
+        (folder / MARKER).unlink(missing_ok=True)
+        (folder / LOCK).unlink(missing_ok=True)
         folder.rmdir()
+    except OSError:
+        return
 
 
 def _remove(path: Path) -> None:
