@@ -1,5 +1,6 @@
-"""conf/callbacks/default.yaml's checkpoint: ``save_last: link`` (issue 41) keeps last.ckpt the
-state that ``save_last: true`` kept, without writing it twice, and replaces the link atomically."""
+"""conf/callbacks/default.yaml's checkpoint (repgeom.checkpoint_link): last.ckpt is the newest
+state (Lightning 2.6 kept the best one there), a link to best.ckpt when the validation wrote it
+(issue 41: no second write) and a whole file otherwise, each replaced atomically."""
 
 import os
 from types import SimpleNamespace
@@ -9,49 +10,104 @@ import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from repgeom.checkpoint_link import ModelCheckpoint
+from repgeom.checkpoint_link import PARTIAL_SUFFIX, ModelCheckpoint
 
 
 class _Scored(BoringModel):
-    """A model whose val/bpc at each validation is read from `scores` (2 improves on 3, then
-    2.5 does not)."""
+    """A model whose val/bpc at its n-th validation is `scores[n]` (the last one repeated)."""
 
-    scores = (3.0, 2.0, 2.5)
-
-    def __init__(self) -> None:
+    def __init__(self, scores: tuple[float, ...]) -> None:
         super().__init__()
-        self.validations = 0
+        self.scores, self.validations = scores, 0
 
     def on_validation_epoch_end(self) -> None:
         self.log("val/bpc", self.scores[min(self.validations, len(self.scores) - 1)])
         self.validations += 1
 
 
-def _fit(folder, save_last) -> tuple[dict, ModelCheckpoint]:
+class _LastRecorder(L.Callback):
+    """What last.ckpt is at the start of each step: (link target or None, its global_step), and
+    best.ckpt's global_step. ModelCheckpoint runs after the other callbacks at a validation, so
+    the step after it is the first to see what it wrote."""
+
+    def __init__(self, folder) -> None:
+        self.folder, self.seen = folder, {}
+
+    def on_train_batch_start(self, trainer, *args) -> None:
+        last, best = self.folder / "last.ckpt", self.folder / "best.ckpt"
+        if last.exists():
+            link = os.readlink(last) if last.is_symlink() else None
+            self.seen[trainer.global_step] = (link, _step(last), _step(best))
+
+
+def _step(path) -> int:
+    return torch.load(path, weights_only=False)["global_step"]
+
+
+def _fit(folder, scores, max_steps, save_last="link", ckpt_path=None, **trainer_options):
     callback = ModelCheckpoint(dirpath=folder, filename="best", monitor="val/bpc", mode="min",
                                save_top_k=1, save_last=save_last)
-    trainer = L.Trainer(max_steps=6, val_check_interval=2, limit_val_batches=1,
-                        num_sanity_val_steps=0, callbacks=[callback], logger=False,
+    recorder = _LastRecorder(folder)
+    trainer = L.Trainer(max_steps=max_steps, val_check_interval=2, limit_val_batches=1,
+                        num_sanity_val_steps=0, callbacks=[callback, recorder], logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        accelerator="cpu")
+                        accelerator="cpu", **trainer_options)
     L.seed_everything(0, verbose=False)
-    trainer.fit(_Scored())
-    last = torch.load(folder / "last.ckpt", weights_only=False)
-    return last, callback
+    model = _Scored(scores)
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return trainer, model, recorder.seen
 
 
-def test_last_is_a_link_to_the_same_state_save_last_true_wrote(tmp_path) -> None:
-    copy, _ = _fit(tmp_path / "true", True)
-    linked, _ = _fit(tmp_path / "link", "link")
-    assert not (tmp_path / "true" / "last.ckpt").is_symlink()
-    assert (tmp_path / "link" / "last.ckpt").is_symlink()
-    assert os.readlink(tmp_path / "link" / "last.ckpt") == "best.ckpt"
-    # the validation at step 4 improved (2.0), the one at step 6 did not: both last.ckpt hold
-    # step 4's state, as best.ckpt does
-    assert copy["global_step"] == linked["global_step"] == 4
-    for key, value in copy["state_dict"].items():
-        assert torch.equal(linked["state_dict"][key], value)
-    assert sorted(p.name for p in (tmp_path / "link").iterdir()) == ["best.ckpt", "last.ckpt"]
+def _holds(path, model) -> bool:
+    saved = torch.load(path, weights_only=False)["state_dict"]
+    return all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+
+
+def test_last_is_the_newest_validation_a_link_only_to_a_best_written_then(tmp_path) -> None:
+    # validations at steps 2, 4, 6, 8: val/bpc 3.0 and 2.0 improve, 2.5 does not, 1.0 does
+    trainer, model, seen = _fit(tmp_path, (3.0, 2.0, 2.5, 1.0), max_steps=8)
+    assert seen[3] == ("best.ckpt", 2, 2)
+    assert seen[5] == ("best.ckpt", 4, 4)
+    # step 6 did not improve: last.ckpt is step 6's state as a whole file, written beside the
+    # link, not through it (best.ckpt still holds step 4)
+    assert seen[7] == (None, 6, 4)
+    last = tmp_path / "last.ckpt"
+    assert last.is_symlink() and os.readlink(last) == "best.ckpt" and _step(last) == 8
+    assert _holds(last, model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+@pytest.mark.parametrize("save_last", ["link", True])
+def test_a_run_ending_without_improvement_keeps_its_final_state_in_last(tmp_path,
+                                                                        save_last) -> None:
+    # Lightning 2.6 alone leaves last.ckpt at step 4 here, the best
+    trainer, model, _ = _fit(tmp_path, (3.0, 2.0, 2.5), max_steps=6, save_last=save_last)
+    last = tmp_path / "last.ckpt"
+    assert not last.is_symlink() and _step(last) == 6 and _holds(last, model)
+    assert _step(tmp_path / "best.ckpt") == 4
+
+
+def test_a_resumed_run_moves_last_on_at_its_first_validation(tmp_path) -> None:
+    _fit(tmp_path, (3.0, 2.0), max_steps=4)
+    assert _step(tmp_path / "last.ckpt") == 4
+    # the new process has saved nothing when its first validation (step 6) fails to improve
+    _, model, seen = _fit(tmp_path, (2.5,), max_steps=8, ckpt_path=str(tmp_path / "last.ckpt"))
+    assert seen[5] == ("best.ckpt", 4, 4)
+    assert seen[7] == (None, 6, 4)
+    assert _step(tmp_path / "last.ckpt") == 8 and _holds(tmp_path / "last.ckpt", model)
+
+
+def test_training_that_stops_between_validations_ends_with_last_at_its_final_step(
+        tmp_path) -> None:
+    (tmp_path / f"last.ckpt{PARTIAL_SUFFIX}").write_bytes(b"left by a kill mid-write")
+    trainer, model, _ = _fit(tmp_path, (3.0, 2.0), max_steps=5)  # validations at 2 and 4
+    last = tmp_path / "last.ckpt"
+    assert _step(last) == 5 and _holds(last, model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+    # the same command again: the run is done, nothing is trained or written
+    written = last.stat().st_mtime_ns
+    trainer, _, seen = _fit(tmp_path, (3.0,), max_steps=5, ckpt_path=str(last))
+    assert trainer.global_step == 5 and not seen and last.stat().st_mtime_ns == written
 
 
 def test_the_link_replaces_a_file_or_link_at_once_and_leaves_nothing_else(tmp_path) -> None:

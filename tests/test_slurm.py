@@ -139,9 +139,11 @@ def test_time_limit_requeues_and_resumes_the_same_run(slurm: LocalSlurm, tmp_pat
     resumed = re.search(r"Resuming from (\S+) \(found in the run folder\)", out)
     assert resumed, out
     resumed_step = global_step(Path(resumed.group(1)))
-    assert resumed_step >= global_step(hpc) > 0
+    assert resumed_step >= global_step(hpc) > 0, out
+    # last.ckpt is the state at the end of training, whether or not val/bpc still improved
+    # after the resume (Lightning 2.6 alone kept the best state there: 9650 > 9650 failed)
     final = global_step(run_dir / "checkpoints" / "last.ckpt")
-    assert final > resumed_step
+    assert final > resumed_step, (final, resumed_step, out[-3000:])
 
     # The same W&B run: one offline folder per start (`wandb sync` merges them into one run),
     # all with the run id kept in the run folder.

@@ -1,33 +1,114 @@
-"""Lightning's `ModelCheckpoint` whose ``save_last: link`` replaces last.ckpt atomically.
+"""Lightning's `ModelCheckpoint` whose last.ckpt is the last state, linked or written atomically.
 
-With ``monitor: val/bpc`` and ``save_top_k: 1`` (conf/callbacks/default.yaml), Lightning writes
-last.ckpt only at a validation that also writes best.ckpt, or at the end of a run that wrote
-none: with ``save_last: true`` it is a second copy of best.ckpt's state (~460 MB for gpt_small,
-issue 41). ``save_last: link`` makes last.ckpt a symbolic link to the checkpoint just written,
-the same state without the second write. Lightning makes that link by deleting last.ckpt and
-then linking: a kill between the two leaves a run with no last.ckpt, and the same command would
-start it over. Here the link is made under a temporary name and renamed over last.ckpt (an
-atomic replace on POSIX), so last.ckpt always names a whole checkpoint.
+With ``monitor: val/bpc`` and ``save_top_k: 1`` (conf/callbacks/default.yaml), Lightning 2.6
+writes last.ckpt only at a validation that also writes best.ckpt (``save_last: true``: a copy;
+``save_last: link``: a link to it), so last.ckpt holds the *best* state, not the last: a run
+whose later validations did not improve ends with last.ckpt at its best step, a resume after a
+requeue went back there, and ``ckpt=<run>/checkpoints/last.ckpt`` probed an older model. Here
+last.ckpt is the state of the newest validation (or epoch end), and of the end of training:
+
+- at a validation that wrote best.ckpt, a symbolic link to it (``save_last: link``): the same
+  state without a second write (~460 MB for gpt_small, issue 41);
+- otherwise a whole checkpoint, written to ``last.ckpt.partial`` and renamed over last.ckpt.
+  Writing to last.ckpt itself would go through the link and overwrite best.ckpt.
+
+Lightning replaces a link by deleting last.ckpt and then linking: a kill between the two
+leaves a run with no last.ckpt, and the same command would start it over. Here links and files
+are made under a temporary name and renamed over last.ckpt (an atomic replace on POSIX), so
+last.ckpt always names a whole checkpoint.
 """
 
 from __future__ import annotations
 
 import os
+from weakref import proxy
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 
+PARTIAL_SUFFIX = ".partial"
+"""last.ckpt is written to last.ckpt.partial first (not ``*.ckpt``: no reader takes it)."""
+
 
 class ModelCheckpoint(_LightningModelCheckpoint):
-    """`lightning.pytorch.callbacks.ModelCheckpoint`, its last.ckpt link replaced atomically."""
+    """`lightning.pytorch.callbacks.ModelCheckpoint` whose last.ckpt is the newest state."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_written_step: int | None = None  # the step this process put in last.ckpt
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        due = self._saves_now(trainer) and not self._should_save_on_train_epoch_end(trainer)
+        super().on_validation_end(trainer, pl_module)
+        if due:
+            self._bring_last_up_to_date(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        due = self._saves_now(trainer) and self._should_save_on_train_epoch_end(trainer)
+        super().on_train_epoch_end(trainer, pl_module)
+        if due:
+            self._bring_last_up_to_date(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Training stopped between validations (trainer.max_time, max_steps off the validation
+        interval, early stopping): last.ckpt gets the final state, so that the same command
+        finds the run done instead of training the last steps again."""
+        super().on_train_end(trainer, pl_module)
+        if not trainer.fast_dev_run and not trainer.sanity_checking:
+            self._bring_last_up_to_date(trainer)
+
+    def _saves_now(self, trainer: L.Trainer) -> bool:
+        # read before Lightning's hook, whose top-k save marks this step as saved
+        return not self._should_skip_saving_checkpoint(trainer)
+
+    def _bring_last_up_to_date(self, trainer: L.Trainer) -> None:
+        if self.save_last and self._last_written_step != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
+        """Lightning's, but the link goes only to a checkpoint written at this step."""
+        if not self.save_last:
+            return
+        filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        if self._enable_version_counter:
+            version = self.STARTING_VERSION
+            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
+                filepath = self.format_checkpoint_name(
+                    monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
+                version += 1
+        # set the last model path before saving because it will be part of the state
+        previous, self.last_model_path = self.last_model_path, filepath
+        written_now = (
+            self._last_global_step_saved == trainer.global_step
+            and self._last_checkpoint_saved
+            and os.path.abspath(self._last_checkpoint_saved) != os.path.abspath(filepath)
+        )
+        if self.save_last == "link" and written_now and self.save_top_k != 0:
+            self._link_checkpoint(trainer, self._last_checkpoint_saved, filepath)
+        else:
+            self._save_whole(trainer, filepath)
+        self._last_written_step = trainer.global_step
+        if previous and self._should_remove_checkpoint(trainer, previous, filepath):
+            self._remove_checkpoint(trainer, previous)
+
+    def _save_whole(self, trainer: L.Trainer, filepath: str) -> None:
+        """The state at this step, written beside `filepath` and renamed over it."""
+        _refuse_folder(filepath)
+        partial = filepath + PARTIAL_SUFFIX
+        trainer.save_checkpoint(partial, self.save_weights_only)  # every rank; rank 0 writes
+        if trainer.is_global_zero:
+            os.replace(partial, filepath)
+        trainer.strategy.barrier()
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
 
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            if os.path.isdir(linkpath) and not os.path.islink(linkpath):
-                raise IsADirectoryError(
-                    f"{linkpath} is a folder, not a checkpoint: move it away, and "
-                    "ModelCheckpoint will link the last checkpoint there")
+            _refuse_folder(linkpath)
             target = os.path.relpath(filepath, os.path.dirname(linkpath))
             temporary = f"{linkpath}.{os.getpid()}.link"
             if os.path.lexists(temporary):  # a link of ours left by a kill
@@ -35,3 +116,10 @@ class ModelCheckpoint(_LightningModelCheckpoint):
             os.symlink(target, temporary)
             os.replace(temporary, linkpath)
         trainer.strategy.barrier()
+
+
+def _refuse_folder(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise IsADirectoryError(
+            f"{path} is a folder, not a checkpoint: move it away, and ModelCheckpoint will "
+            "write the last checkpoint there")
