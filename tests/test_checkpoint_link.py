@@ -133,3 +133,72 @@ def test_the_default_callbacks_link_last_ckpt(tmp_path) -> None:
     checkpoint = compose_train(tmp_path).callbacks.checkpoint
     assert checkpoint._target_ == "repgeom.checkpoint_link.ModelCheckpoint"
     assert checkpoint.save_last == "link"
+
+
+class _Killed(BaseException):
+    """A kill, at the point a test chooses."""
+
+
+def test_a_kill_while_best_is_written_leaves_last_whole_when_tmp_is_another_disk(
+        tmp_path, monkeypatch) -> None:
+    # Lightning saves through fsspec, which writes a temporary file under tempfile.gettempdir()
+    # and shutil.move's it into place: where /tmp is another filesystem (a tmpfs, a node's local
+    # disk under a network checkpoint folder) the move is a copy into best.ckpt itself. Here
+    # every such rename fails as across filesystems, and the second copy dies half-way.
+    import errno
+    import shutil
+    import tempfile
+
+    rename, copyfile, copies = os.rename, shutil.copyfile, []
+
+    def rename_across(src, dst, *args, **kwargs):
+        if os.path.dirname(os.path.abspath(src)) == os.path.abspath(tempfile.gettempdir()):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return rename(src, dst, *args, **kwargs)
+
+    def dying_copyfile(src, dst, *args, **kwargs):
+        copies.append(os.path.basename(dst))
+        if len(copies) == 2:  # the second best.ckpt, while last.ckpt links to the first
+            with open(src, "rb") as source, open(dst, "wb") as target:
+                target.write(source.read()[:100])
+            raise _Killed
+        return copyfile(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", rename_across)
+    monkeypatch.setattr(shutil, "copyfile", dying_copyfile)
+    with pytest.raises(_Killed):
+        _fit(tmp_path, (3.0, 2.0), max_steps=4)
+    last = tmp_path / "last.ckpt"
+    assert os.readlink(last) == "best.ckpt" and _step(last) == 2  # the previous one, whole
+
+
+def test_last_stays_last_ckpt_when_the_run_folder_was_moved(tmp_path) -> None:
+    # The checkpoint's dirpath is the old folder: Lightning keeps none of its paths, and its
+    # version counter wrote last-v1.ckpt beside the existing last.ckpt, which a resume reads.
+    import shutil
+
+    _fit(tmp_path / "before", (3.0, 2.0, 2.5), max_steps=6)
+    moved = tmp_path / "after"
+    shutil.move(tmp_path / "before", moved)
+    _, model, _ = _fit(moved, (2.7, 2.8), max_steps=10, ckpt_path=str(moved / "last.ckpt"))
+    assert _step(moved / "last.ckpt") == 10 and _holds(moved / "last.ckpt", model)
+    assert not (moved / "last-v1.ckpt").exists()
+
+
+def test_what_a_kill_left_is_removed_when_the_next_run_only_links(tmp_path) -> None:
+    (tmp_path / f"last.ckpt{PARTIAL_SUFFIX}").write_bytes(b"left by a kill mid-write")
+    (tmp_path / f"best.ckpt{PARTIAL_SUFFIX}").write_bytes(b"left by a kill mid-write")
+    os.symlink("best.ckpt", tmp_path / "last.ckpt.4242.link")  # another process's
+    _fit(tmp_path, (3.0, 2.0), max_steps=4)  # every validation improves: links only
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_last_is_a_whole_copy_where_the_filesystem_has_no_links(tmp_path, monkeypatch) -> None:
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "symlink", refused)
+    _, model, _ = _fit(tmp_path, (3.0, 2.0), max_steps=4)
+    last = tmp_path / "last.ckpt"
+    assert not last.is_symlink() and _step(last) == 4 and _holds(last, model)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]

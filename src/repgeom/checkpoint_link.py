@@ -14,20 +14,27 @@ last.ckpt is the state of the newest validation (or epoch end), and of the end o
 
 Lightning replaces a link by deleting last.ckpt and then linking: a kill between the two
 leaves a run with no last.ckpt, and the same command would start it over. Here links and files
-are made under a temporary name and renamed over last.ckpt (an atomic replace on POSIX), so
-last.ckpt always names a whole checkpoint.
+are made under a temporary name and renamed over last.ckpt (an atomic replace on POSIX), and
+best.ckpt, which last.ckpt may link to, is written the same way (Lightning's own write copies
+into the file in place where the temporary folder is on another filesystem), so last.ckpt always
+names a whole checkpoint. What a kill leaves (``*.ckpt.partial``, ``*.ckpt.<pid>.link``) is
+removed when the next run starts. last.ckpt keeps its name when the run folder has moved
+(Lightning's version counter would write last-v1.ckpt, which no resume reads), and is a copy
+where the filesystem has no symbolic links.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from weakref import proxy
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 
 PARTIAL_SUFFIX = ".partial"
-"""last.ckpt is written to last.ckpt.partial first (not ``*.ckpt``: no reader takes it)."""
+"""last.ckpt and best.ckpt are written to ``<name>.partial`` first (not ``*.ckpt``: no reader
+takes it), then renamed over the file."""
 
 
 class ModelCheckpoint(_LightningModelCheckpoint):
@@ -69,13 +76,9 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         """Lightning's, but the link goes only to a checkpoint written at this step."""
         if not self.save_last:
             return
+        # always last.ckpt, what a resume reads: no last-v1.ckpt beside it (Lightning's counter
+        # wrote one whenever the checkpoint's folder was not this one, e.g. a moved run folder)
         filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        if self._enable_version_counter:
-            version = self.STARTING_VERSION
-            while self.file_exists(filepath, trainer) and filepath != self.last_model_path:
-                filepath = self.format_checkpoint_name(
-                    monitor_candidates, self.CHECKPOINT_NAME_LAST, ver=version)
-                version += 1
         # set the last model path before saving because it will be part of the state
         previous, self.last_model_path = self.last_model_path, filepath
         written_now = (
@@ -91,9 +94,22 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         if previous and self._should_remove_checkpoint(trainer, previous, filepath):
             self._remove_checkpoint(trainer, previous)
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero and stage == "fit" and self.dirpath and os.path.isdir(
+                self.dirpath):
+            _remove_leftovers(self.dirpath)
+
     def _save_whole(self, trainer: L.Trainer, filepath: str) -> None:
         """The state at this step, written beside `filepath` and renamed over it."""
         _refuse_folder(filepath)
+        self._save_checkpoint(trainer, filepath)
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """Lightning's, written beside `filepath` and renamed over it: best.ckpt too, which
+        last.ckpt may link to. Lightning's own save is a rename only where the temporary folder
+        is on the checkpoints' filesystem; elsewhere it copies into the file in place, and a kill
+        mid-copy left best.ckpt, and last.ckpt through the link, unreadable."""
         partial = filepath + PARTIAL_SUFFIX
         trainer.save_checkpoint(partial, self.save_weights_only)  # every rank; rank 0 writes
         if trainer.is_global_zero:
@@ -113,9 +129,24 @@ class ModelCheckpoint(_LightningModelCheckpoint):
             temporary = f"{linkpath}.{os.getpid()}.link"
             if os.path.lexists(temporary):  # a link of ours left by a kill
                 os.remove(temporary)
-            os.symlink(target, temporary)
+            try:
+                os.symlink(target, temporary)
+            except OSError:  # a filesystem without links: a copy, as Lightning falls back to
+                shutil.copyfile(filepath, temporary)
             os.replace(temporary, linkpath)
         trainer.strategy.barrier()
+
+
+def _remove_leftovers(folder: str) -> None:
+    """What a kill left: ``*.ckpt.partial`` (a whole checkpoint's size) and ``*.ckpt.<pid>.link``
+    (another process's; each process replaces only its own)."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        stem, _, pid = name.removesuffix(".link").rpartition(".")
+        ours = name.endswith(".ckpt" + PARTIAL_SUFFIX) or (
+            name.endswith(".link") and stem.endswith(".ckpt") and pid.isdigit())
+        if ours and (os.path.islink(path) or os.path.isfile(path)):
+            os.remove(path)
 
 
 def _refuse_folder(path: str) -> None:
