@@ -90,3 +90,21 @@ def test_probing_a_checkpoint_never_loads_the_trainer(tmp_path) -> None:
     rows, loaded_modules = done.stdout.strip().splitlines()[-2:]
     assert int(rows.split()[0]) > 0 and rows.split()[1] == "decoder"
     assert loaded_modules == "[]"
+
+
+def test_find_checkpoints_keeps_the_file_a_live_run_does_not_replace(tmp_path) -> None:
+    # The trajectory's step4.ckpt and best.ckpt at one step, last.ckpt and hpc_ckpt_1 at another:
+    # last.ckpt and best.ckpt are replaced at a next validation, so a probe or an analysis of a live
+    # run that loads them later gets another step's weights under this step.
+    from repgeom.models.checkpoints import find_checkpoints
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    hparams = {"model": {}, "vocab": {}, "masking": {}}
+    for name, step in (("best.ckpt", 4), ("step4.ckpt", 4), ("last.ckpt", 6)):
+        torch.save({"global_step": step, "state_dict": {}, "hyper_parameters": hparams},
+                   folder / name)
+    torch.save({"global_step": 6, "state_dict": {}, "hyper_parameters": hparams},
+               tmp_path / "hpc_ckpt_1.ckpt")
+    assert find_checkpoints(tmp_path) == [(4, folder / "step4.ckpt"),
+                                          (6, tmp_path / "hpc_ckpt_1.ckpt")]

@@ -76,7 +76,9 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
     Looks at ``<run>/checkpoints/*.ckpt`` (``last``, ``best``, ``step*``, ...) and the
     ``hpc_ckpt_*.ckpt`` files Lightning's SLURM requeue writes into the run folder. Files at the
-    same step hold the same weights; the first by name is kept.
+    same step hold the same weights; one a live run does not replace is kept (``step*``,
+    ``hpc_ckpt_*``: last.ckpt and best.ckpt hold another step after the next validation, and a
+    probe of a running run loads the files after listing them), then the first by name.
 
     Raises
     ------
@@ -96,10 +98,19 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
             f"and {run_dir}/hpc_ckpt_*.ckpt); is it a train.py run folder?"
         )
     by_step: dict[int, Path] = {}
-    for path in paths:
+    for path in sorted(paths, key=lambda p: (_replaced_by_a_live_run(p), str(p))):
         step = int(read_checkpoint(path)["global_step"])
         by_step.setdefault(step, path)
     return sorted(by_step.items())
+
+
+_REPLACED_STEMS = ("last", "best")
+"""conf/callbacks/default.yaml's last.ckpt and best.ckpt (``-vN`` with Lightning's counter): a
+running run writes another step there."""
+
+
+def _replaced_by_a_live_run(path: Path) -> bool:
+    return path.stem.split("-v")[0] in _REPLACED_STEMS
 
 
 def run_dir_of(ckpt_path: Path) -> Path:
