@@ -202,3 +202,28 @@ def test_last_is_a_whole_copy_where_the_filesystem_has_no_links(tmp_path, monkey
     last = tmp_path / "last.ckpt"
     assert not last.is_symlink() and _step(last) == 4 and _holds(last, model)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "last.ckpt"]
+
+
+def test_last_never_dangles_when_top_k_drops_the_file_it_links_to(tmp_path) -> None:
+    # save_top_k=2: the validation at step 6 (0.5) drops step=4.ckpt (1.1), which last.ckpt
+    # linked to since step 4. Lightning removes it before it links last.ckpt to step=6.ckpt: a
+    # kill between the two left last.ckpt dangling, no resume found it, the run started over.
+    seen = []
+
+    class _Watched(ModelCheckpoint):
+        def _remove_checkpoint(self, trainer, filepath) -> None:
+            super()._remove_checkpoint(trainer, filepath)
+            seen.append((os.path.basename(filepath), _step(tmp_path / "last.ckpt")))
+
+    callback = _Watched(dirpath=tmp_path, filename="{step}", monitor="val/bpc", mode="min",
+                        save_top_k=2, save_last="link")
+    trainer = L.Trainer(max_steps=6, val_check_interval=2, limit_val_batches=1,
+                        num_sanity_val_steps=0, callbacks=[callback], logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu")
+    trainer.fit(_Scored((1.0, 1.1, 0.5)))
+    assert seen == [("step=4.ckpt", 6)]
+    assert os.readlink(tmp_path / "last.ckpt") == "step=6.ckpt"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step=2.ckpt",
+                                                          "step=6.ckpt"]
+    assert os.path.basename(callback.best_model_path) == "step=6.ckpt"

@@ -124,17 +124,40 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     @staticmethod
     def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            _refuse_folder(linkpath)
-            target = os.path.relpath(filepath, os.path.dirname(linkpath))
-            temporary = f"{linkpath}.{os.getpid()}.link"
-            if os.path.lexists(temporary):  # a link of ours left by a kill
-                os.remove(temporary)
-            try:
-                os.symlink(target, temporary)
-            except OSError:  # a filesystem without links: a copy, as Lightning falls back to
-                shutil.copyfile(filepath, temporary)
-            os.replace(temporary, linkpath)
+            _replace_with_link(filepath, linkpath)
         trainer.strategy.barrier()
+
+    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        """Lightning's, but never the file last.ckpt links to: with ``save_top_k`` > 1 the top-k
+        file dropped at a validation can be the one the previous validation linked last.ckpt
+        to, and Lightning removes it before it links last.ckpt to this step's file. A kill in
+        between left last.ckpt dangling: no resume found it, and the run started over. Here
+        last.ckpt goes to this step's file (what it links to next anyway) first."""
+        last = self.last_model_path
+        if (trainer.is_global_zero and self.save_last == "link" and last
+                and os.path.islink(last)
+                and os.path.realpath(last) == os.path.realpath(filepath)
+                and self._last_global_step_saved == trainer.global_step
+                and self._last_checkpoint_saved
+                and os.path.realpath(self._last_checkpoint_saved) not in (
+                    os.path.realpath(filepath), os.path.abspath(last))
+                and os.path.isfile(self._last_checkpoint_saved)):
+            _replace_with_link(self._last_checkpoint_saved, last)
+        super()._remove_checkpoint(trainer, filepath)
+
+
+def _replace_with_link(filepath: str, linkpath: str) -> None:
+    """`linkpath` replaced at once by a link to `filepath` (a copy where links are refused)."""
+    _refuse_folder(linkpath)
+    target = os.path.relpath(filepath, os.path.dirname(linkpath))
+    temporary = f"{linkpath}.{os.getpid()}.link"
+    if os.path.lexists(temporary):  # a link of ours left by a kill
+        os.remove(temporary)
+    try:
+        os.symlink(target, temporary)
+    except OSError:  # a filesystem without links: a copy, as Lightning falls back to
+        shutil.copyfile(filepath, temporary)
+    os.replace(temporary, linkpath)
 
 
 def _remove_leftovers(folder: str) -> None:
