@@ -89,7 +89,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         if self.save_last == "link" and written_now and self.save_top_k != 0:
             self._link_checkpoint(trainer, self._last_checkpoint_saved, filepath)
         else:
-            self._save_whole(trainer, filepath)
+            self._save_checkpoint(trainer, filepath)
         self._last_written_step = trainer.global_step
         if previous and self._should_remove_checkpoint(trainer, previous, filepath):
             self._remove_checkpoint(trainer, previous)
@@ -100,16 +100,12 @@ class ModelCheckpoint(_LightningModelCheckpoint):
                 self.dirpath):
             _remove_leftovers(self.dirpath)
 
-    def _save_whole(self, trainer: L.Trainer, filepath: str) -> None:
-        """The state at this step, written beside `filepath` and renamed over it."""
-        _refuse_folder(filepath)
-        self._save_checkpoint(trainer, filepath)
-
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         """Lightning's, written beside `filepath` and renamed over it: best.ckpt too, which
         last.ckpt may link to. Lightning's own save is a rename only where the temporary folder
         is on the checkpoints' filesystem; elsewhere it copies into the file in place, and a kill
         mid-copy left best.ckpt, and last.ckpt through the link, unreadable."""
+        _refuse_folder(filepath)
         partial = filepath + PARTIAL_SUFFIX
         trainer.save_checkpoint(partial, self.save_weights_only)  # every rank; rank 0 writes
         if trainer.is_global_zero:
@@ -176,4 +172,4 @@ def _refuse_folder(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(
             f"{path} is a folder, not a checkpoint: move it away, and ModelCheckpoint will "
-            "write the last checkpoint there")
+            "write the checkpoint there")
