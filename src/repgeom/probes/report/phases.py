@@ -13,9 +13,12 @@ when it beats the points' standard errors by a threshold taken from the largest 
 anywhere along a flat curve of the trajectory's length, so a curve whose true mean never falls
 gets a false ``expansion_to_compression`` turn in at most 5% of trajectories, whatever its length
 (that module's doc says how, and where the standard errors come from: the table's ``se`` column,
-or its ``std`` over ``n_batches`` batches). With several seeds the change must also clear the
-seed interval. Where the noise is unknown (one seed, no std) or has less than one degree of
-freedom, nothing is decided.
+or its ``std`` over ``n_batches`` batches). With several seeds the seeds' own disagreement (the
+residual of the step × seed layout) carries the test, the batch noise a floor, and the change
+must also clear the seed interval. Where the noise is unknown (one seed, no std) or has less
+than one degree of freedom, nothing is decided. The 5% is per curve, with no correction across
+the curves of a run (its W&B alerts have one: `repgeom.probes.report.phase_report.PhaseWatch`);
+with one seed a turn is one of that run's curve, its training wiggles included.
 
 The curve is followed step by step, as one watching a run would (a zigzag with that tolerance):
 

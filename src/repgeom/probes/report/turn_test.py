@@ -58,13 +58,15 @@ condition can only remove turns (an intersection of two tests, Berger 1982).
 What a turn says. The probe reads the same states at every step, so the batch errors at
 neighbouring steps are correlated (TwoNN's at 0.86-1.00 on the stored runs). ``c`` assumes
 independent points; with positively correlated errors every difference between steps is less
-noisy than ``√(se_a² + se_b²)`` says, so the false-turn rate stays below 5% (0% on the calibration
-with an AR(1) of correlation 0.9), but the power is that of the correlated noise, lower than with
-independent points at one seed (benchmarks/README.md, "Phase calibration"). The rate is per curve:
-a run has a curve per layer, the layer mean and each metric, and no correction is made across
-them. And with one seed a turn is one of *this run's* curve beyond the probe's noise: a seed's
-own training wiggle is part of its curve, not noise, so whether other seeds turn too is the
-cross-run report's question (`repgeom.experiments`), not this one's.
+noisy than ``√(se_a² + se_b²)`` says, so the false-turn rate stays below 5% (at most 0.2% on the
+calibration with an AR(1) of correlation 0.9), but the power is that of the correlated noise,
+lower than with independent points at one seed (benchmarks/README.md, "Phase calibration").
+The rate is per curve: a run has a curve per layer, the layer mean and each metric, and no
+correction is made across them (the W&B alerts make one:
+`repgeom.probes.report.phase_report.PhaseWatch`). And with one seed a turn is one of *this run's*
+curve beyond the probe's noise: a seed's own training wiggle is part of its curve, not noise, so
+whether other seeds turn too is the cross-run report's question (`repgeom.experiments`), not
+this one's.
 
 Where no noise is known (one seed and no std: a single estimator batch), or the degrees of freedom
 are below 1, ``c`` is infinite and nothing is decided: the phase stays *undecided*. With the
