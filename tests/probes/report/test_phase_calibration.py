@@ -52,7 +52,7 @@ def test_null_curves_under_correlated_or_growing_noise_stay_at_five_percent(n_se
     # an AR(1) along the steps (correlation 0.9: the same probe states at every step), or a
     # batch sd that triples along the curve (an estimator's noise growing with the dimension),
     # which the residual, pooled over the curve, underestimates at the top; the batch se's
-    # floor guards it (without it 5 seeds read 5.0% / 6.5% at 600 draws).
+    # floor guards it (without it 5 seeds read 5.2% / 6.7% at 600 draws).
     rng = np.random.default_rng(49 + n_seeds)
     for name in bench.NULL_CURVES:
         for noise in ({"rho": 0.9}, {"growth": 2.0}):
@@ -62,7 +62,7 @@ def test_null_curves_under_correlated_or_growing_noise_stay_at_five_percent(n_se
 
 
 def test_three_seeds_of_two_batch_tables_find_a_rise_then_fall_of_four_batch_stds() -> None:
-    # Issue 49's floor: 80% of layer means at h = 4. Measured 100% (and 98.6% per layer) at 600
+    # Issue 49's floor: 80% of layer means at h = 4. Measured 100% (and 97.3% per layer) at 600
     # draws; 0% before issue 49 (the batch noise's 1-3 df decided).
     rng = np.random.default_rng(4)
     per_layer, mean = bench.turn_shares(
