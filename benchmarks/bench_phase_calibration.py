@@ -16,8 +16,19 @@ the value (4,096 states):
   error ``sd / √16`` and ``se_df`` 15 (`repgeom.probes.core.measure`).
 
 Seeds are independent tables of the same curve, or (``--taus``) of curves that differ: each seed
-adds wiggles of its own, ``N(0, tau²)`` at each step, as trained seeds do. The curves (``mu``
-over the 16 steps):
+adds wiggles of its own, ``N(0, tau²)`` at each step, as trained seeds do, or with ``--walk`` a
+random walk of such steps (a training wiggle that wanders; with one seed too). Three ways the
+noise departs from independent points (issue 49):
+
+* ``--rhos``: the probe reads the same states at every step, so each batch's error is
+  correlated along the steps (TwoNN's at 0.86-1.00 on the stored runs): here an AR(1) with
+  lag-one correlation ``rho``, the same for every batch (2 value batches, or 16 noise batches);
+* ``--growth g``: the batch sd grows with the curve, from 1 at its lowest to ``1 + g`` at its
+  top (TwoNN's sd goes as the dimension);
+* the last column counts a trajectory as a false alarm when any of its 5 curves (4 blocks and
+  the layer mean) turns: the run-wide rate with no correction across curves.
+
+The curves (``mu`` over the 16 steps):
 
 * ``flat``: 0 everywhere;
 * ``rise_flat``: a rise of 20 over the first 5 steps, then flat (the null a trained run looks like
@@ -32,8 +43,14 @@ On the null curves the printed share is the false-turn rate (issue 37 asks for 5
     python benchmarks/bench_phase_calibration.py                 # 1,000 draws per cell
     python benchmarks/bench_phase_calibration.py --draws 300 --seeds 1 3
     python benchmarks/bench_phase_calibration.py --seeds 3 5 --taus 1 3 --protocols default
+    python benchmarks/bench_phase_calibration.py --draws 600 --rhos 0.5 0.9
+    python benchmarks/bench_phase_calibration.py --draws 600 --walk --taus 0.25 0.5 \
+        --curves flat rise_flat monotone
+    python benchmarks/bench_phase_calibration.py --draws 600 --growth 2 \
+        --curves rise_flat monotone rise_fall_4
 
-tests/probes/report/test_phase_calibration.py runs a fast version (300 draws) of the null rows.
+tests/probes/report/test_phase_calibration.py runs a fast version (300 draws) of the null rows,
+the correlated and growing noise's among them, and of the 3-seed 2-batch power.
 """
 
 from __future__ import annotations
@@ -70,27 +87,51 @@ def curve(name: str) -> np.ndarray:
     raise ValueError(f"curve: unknown {name!r}; one of {NULL_CURVES + TRUE_CURVES}")
 
 
+def step_noise(rng: np.random.Generator, shape: tuple, rho: float = 0.0) -> np.ndarray:
+    """Standard normal draws of `shape` (draws, steps, ...), each series along the steps an
+    AR(1) with lag-one correlation `rho` (0: independent steps): the error of one batch of the
+    same states read at every step (module doc)."""
+    u = rng.standard_normal(shape)
+    if rho == 0:
+        return u
+    out = np.empty_like(u)
+    out[:, 0] = u[:, 0]
+    for t in range(1, shape[1]):
+        out[:, t] = rho * out[:, t - 1] + np.sqrt(1 - rho**2) * u[:, t]
+    return out
+
+
 def draw_tables(name: str, protocol: str, n_seeds: int, draws: int,
-                rng: np.random.Generator, tau: float = 0.0) -> list[pd.DataFrame]:
+                rng: np.random.Generator, tau: float = 0.0, *, rho: float = 0.0,
+                walk: bool = False, growth: float = 0.0) -> list[pd.DataFrame]:
     """One probe table per seed, each holding `draws` trajectories (column ``run``); with `tau`,
-    each seed's curve has wiggles of its own, ``N(0, tau²)`` at each step (shared by its blocks)."""
+    each seed's curve has wiggles of its own, ``N(0, tau²)`` at each step (shared by its blocks),
+    or with `walk` a random walk of such steps (centred on the first step); with `rho`, each
+    estimator or noise batch's error is an AR(1) along the steps (`step_noise`); with `growth`,
+    the batch sd grows with the curve, from 1 at its lowest to ``1 + growth`` at its highest (an
+    estimator's noise goes with the dimension: TwoNN's sd is about ``d / √N``)."""
     shape = (draws, len(STEPS), N_BLOCKS)
+    level = curve(name)
+    span = float(np.ptp(level))
+    scale = (1 + growth * (level - level.min()) / span if span > 0
+             else np.ones_like(level))[None, :, None, None]
     index = np.indices(shape).reshape(3, -1)
     tables = []
     for _ in range(n_seeds):
         wiggle = tau * rng.standard_normal((draws, len(STEPS), 1, 1))
+        if walk:
+            wiggle = np.cumsum(wiggle, axis=1) - wiggle[:, :1]
         mu = curve(name)[None, :, None, None] + wiggle
         frame = pd.DataFrame({"run": index[0].astype(str), "step": np.asarray(STEPS)[index[1]],
                               "layer": index[2] + 1, "metric": "twonn"})
         if protocol == "2-batch":
-            batches = mu + rng.standard_normal((*shape, 2))
+            batches = mu + scale * step_noise(rng, (*shape, 2), rho)
             frame["value"] = batches.mean(axis=-1).ravel()
             frame["std"] = batches.std(axis=-1).ravel()
             frame["n_batches"] = 2
         elif protocol == "default":
             n = 2 * NOISE_SPLITS
-            noise = mu + np.sqrt(NOISE_SPLITS) * rng.standard_normal(
-                (*shape, n))
+            noise = mu + scale * np.sqrt(NOISE_SPLITS) * step_noise(rng, (*shape, n), rho)
             frame["value"] = noise.mean(axis=-1).ravel()
             frame["std"] = np.nan  # the 2 value batches' std: not what the finder reads here
             frame["n_batches"] = 2
@@ -102,11 +143,13 @@ def draw_tables(name: str, protocol: str, n_seeds: int, draws: int,
     return tables
 
 
-def turn_shares(tables: list[pd.DataFrame], draws: int) -> tuple[float, float]:
+def turn_shares(tables: list[pd.DataFrame], draws: int, *, run: bool = False) -> tuple:
     """Share of (trajectory, block) curves, and of layer-mean curves, with at least one
-    ``expansion_to_compression`` turn: `find_phases`'s decisions (`fast_turns`)."""
+    ``expansion_to_compression`` turn: `find_phases`'s decisions (`fast_turns`); with `run`,
+    also the share of trajectories with a turn in any of their curves (blocks and mean)."""
     turns = fast_turns(tables, draws)
-    return float(turns[:, :N_BLOCKS].mean()), float(turns[:, N_BLOCKS].mean())
+    shares = (float(turns[:, :N_BLOCKS].mean()), float(turns[:, N_BLOCKS].mean()))
+    return (*shares, float(turns.any(axis=1).mean())) if run else shares
 
 
 def fast_turns(tables: list[pd.DataFrame], draws: int) -> np.ndarray:
@@ -144,24 +187,37 @@ def main() -> None:
     parser.add_argument("--protocols", nargs="+", default=["default", "2-batch"])
     parser.add_argument("--curves", nargs="+", default=list(NULL_CURVES + TRUE_CURVES))
     parser.add_argument("--taus", type=float, nargs="+", default=[0.0],
-                        help="the seeds' own wiggles (module doc); several seeds only")
+                        help="the seeds' own wiggles (module doc); several seeds only, unless "
+                             "--walk")
+    parser.add_argument("--walk", action="store_true",
+                        help="the wiggles are a random walk along the steps (one seed too)")
+    parser.add_argument("--rhos", type=float, nargs="+", default=[0.0],
+                        help="lag-one correlation of each batch's error along the steps")
+    parser.add_argument("--growth", type=float, default=0.0,
+                        help="the batch sd grows with the curve to 1 + growth at its top")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     print(f"{args.draws} trajectories per cell, {len(STEPS)} steps, {N_BLOCKS} blocks; share "
           "with an expansion_to_compression turn (null curves: the false-turn rate; "
           "rise_fall_h: the power)")
-    print("| curve | protocol | seeds | seed wiggle | per layer | layer mean |")
-    print("|---|---|---|---|---|---|")
+    wiggle = "walk" if args.walk else "iid"
+    if args.growth:
+        print(f"the batch sd grows with the curve, to {1 + args.growth:g} at its top")
+    print(f"| curve | protocol | seeds | seed wiggle ({wiggle}) | rho | per layer | layer mean | "
+          f"any of the {N_BLOCKS + 1} curves |")
+    print("|---|---|---|---|---|---|---|---|")
     start = time.perf_counter()
     for name in args.curves:
         for protocol in args.protocols:
             for n_seeds in args.seeds:
-                for tau in args.taus if n_seeds > 1 else [0.0]:
-                    tables = draw_tables(name, protocol, n_seeds, args.draws, rng, tau)
-                    per_layer, mean = turn_shares(tables, args.draws)
-                    print(f"| {name} | {protocol} | {n_seeds} | {tau:g} | {per_layer:.1%} | "
-                          f"{mean:.1%} |", flush=True)
+                for tau in args.taus if n_seeds > 1 or args.walk else [0.0]:
+                    for rho in args.rhos:
+                        tables = draw_tables(name, protocol, n_seeds, args.draws, rng, tau,
+                                             rho=rho, walk=args.walk, growth=args.growth)
+                        per_layer, mean, any_curve = turn_shares(tables, args.draws, run=True)
+                        print(f"| {name} | {protocol} | {n_seeds} | {tau:g} | {rho:g} | "
+                              f"{per_layer:.1%} | {mean:.1%} | {any_curve:.1%} |", flush=True)
     print(f"({time.perf_counter() - start:.0f} s)")
 
 

@@ -227,3 +227,28 @@ def test_a_block_missing_at_some_steps_makes_no_turn_of_the_layer_mean() -> None
     mean = mean_rows(find_phases(frame))
     assert set(mean["event"]) == {PEAK}
     assert mean["value"].tolist() == [2.0]  # block 2 alone: the one read throughout
+
+
+def test_phase_watch_alerts_control_the_run_family_of_layer_means(tmp_path: Path) -> None:
+    """Issue 49: the alerts are one family per run, the layer means of the metrics followed,
+    each at 5% / n. The fall of 6 here, with a standard error of 5.32 / √15 at every point (16
+    batches), has z = 3.09: beyond c(7, 15) at 5% (2.94), short of it at 2.5% (3.24). So one
+    metric alerts, while two metrics of that curve do not, though each curve's logged phase
+    still turns (per curve, 5%)."""
+    curve, std = [2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0], 5.32
+    z = 6 / np.sqrt(2 * (std / np.sqrt(15)) ** 2)
+    assert turn_test.critical(7, 15) < z < turn_test.critical(7, 15, 0.025)
+    alone = trajectory(curve, std=std)
+    pair = pd.concat([alone, trajectory(curve, std=std, metric="gride_k16")])
+    texts, logged = {}, {}
+    for name, frame in (("alone", alone), ("pair", pair)):
+        run = wandb.init(project="phases", dir=tmp_path / name, mode="offline")
+        logged[name] = phase_report.PhaseWatch().update([run], frame, STEPS[-1])
+        run_dir = Path(run.dir).parent
+        run.finish()
+        texts[name] = [a["text"] for a in wandb_records(run_dir, "alert")]
+    assert len(texts["alone"]) == 1 and "conditional on this run" in texts["alone"][0]
+    assert texts["pair"] == []
+    assert logged["pair"]["probe/phase/twonn/mean"] == -1
+    assert logged["pair"]["probe/phase/gride_k16/mean"] == -1
+    assert "2.50%" in phase_report.alert_caveat(2)

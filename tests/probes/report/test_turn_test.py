@@ -92,3 +92,37 @@ def test_several_seeds_pool_the_batch_noise_and_add_their_own_disagreement() -> 
     # Seeds equal to the last bit decide nothing.
     same = np.repeat(base[:, None], 3, axis=1)
     assert not turn_test.curve_test(same, se, df).beats(0, 3)
+
+
+def test_the_pooled_critical_value_of_two_points_is_the_t_point_on_the_pooled_df() -> None:
+    # One variance estimate for every point (the seeds' pooled residual): the one difference
+    # over √2 s, s² ~ χ²_df / df, is Student's t on df (not 2·df) degrees of freedom; a higher bar
+    # than independent estimates of the same df at any length. Monte Carlo error about 1%.
+    for df in (2, 5, 30):
+        assert turn_test.critical(2, df, pooled=True) == pytest.approx(stats.t.ppf(0.95, df),
+                                                                       rel=0.03)
+        assert turn_test.critical(16, df, pooled=True) > turn_test.critical(16, df)
+
+
+def test_three_seeds_of_two_batch_tables_let_the_seeds_residual_decide() -> None:
+    # 3 seeds of 16 steps, each point's se from 2 batches (1 df, drawn as the 2-batch tables
+    # give it: |b1 − b2| / 2 with batch sd 1). Before issue 49 the curve's df was the smallest of
+    # the batch noise's (Welch's, about 1-3 here) and the residual's: c(16, ~1) is about 30 and a
+    # rise then fall of 5 batch sds was never called. Now the residual's (16 − 1)(3 − 1) = 30 df
+    # carry the test, the batch se a floor under each point's.
+    rng = np.random.default_rng(49)
+    t = np.arange(16.0)
+    mu = np.where(t <= 6, 5 * t / 6, 5 * (1 - (t - 6) / 9))
+    batches = mu[:, None, None] + rng.standard_normal((16, 3, 2))
+    v = batches.mean(axis=2)
+    se = np.abs(batches[..., 0] - batches[..., 1]) / 2
+    df = np.ones_like(se)
+    test = turn_test.curve_test(v, se, df)
+    assert test.df == 30 and test.pooled
+    _, seed_df = turn_test._seed_noise(v)
+    assert seed_df == 30
+    assert test.threshold == pytest.approx(turn_test.critical(16, 30, pooled=True))
+    batch = np.sqrt((se**2).sum(axis=1)) / 3
+    assert test.se == pytest.approx(np.fmax(batch, turn_test._seed_noise(v)[0]))
+    peak = int(np.argmax(test.mean))
+    assert test.beats(0, peak) and test.beats(15, peak)  # the rise, and the fall (swapped)

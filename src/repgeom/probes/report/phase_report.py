@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from repgeom.probes.core import catalogue, table
-from repgeom.probes.report import phases
+from repgeom.probes.report import phases, turn_test
 
 PHASES_FILE = "phases.csv"
 """Beside ``probes.csv``: `phases.find_phases` of the table."""
@@ -44,8 +44,11 @@ def format_phases(events: pd.DataFrame) -> str:
     """The events as a few lines: per trajectory and metric, the layer mean, then each layer."""
     if events.empty:
         return "phases: no intrinsic dimension over several steps in the table"
-    lines = []
     ids = _ids(events)
+    n_curves = len(events[[*ids, "metric", "layer"]].drop_duplicates())
+    lines = [f"phases: {n_curves} curves, each with at most "
+             f"{turn_test.FALSE_TURN_RATE:.0%} false turns over its trajectory (no correction "
+             "across curves; with one seed, turns of this run's curves)"]
     for key, group in events.groupby([*ids, "metric"], sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         title = ", ".join(str(k) for k in key[:-1])
@@ -108,6 +111,13 @@ class PhaseWatch:
     """The training probe's view of the phases: at each probe, the current phase of every layer
     to W&B, and one alert per turn of the layer mean from expansion to compression.
 
+    The logged phases are each curve's own, at `turn_test.FALSE_TURN_RATE` per curve. The alerts
+    are one family per run: the layer means of the ``n`` metrics followed, each tested at
+    ``FALSE_TURN_RATE / n`` (Bonferroni), so a run whose layer means never fall is alerted in at
+    most 5% of runs, over the whole schedule. A turn alerted is one of *this run's* curve beyond
+    the probe's noise (the alert says so): a seed's own training wiggle is part of its curve, so
+    whether other seeds turn too is the cross-run report's question.
+
     A turn is keyed by (metric, step of its peak); the keys already alerted are kept in the
     callback's checkpoint (`state_dict`), so a resumed run does not alert them again. The phase
     found at a probe uses only the steps up to it, so later probes do not move an alerted turn.
@@ -141,6 +151,11 @@ class PhaseWatch:
                    for r in now.itertuples()}
         for run in runs:
             run.log({**scalars, "probe/step": step})
+        family = int(((events["layer"] == phases.MEAN_LAYER)
+                      & (events["event"] == phases.PEAK)).sum())  # the layer means followed
+        if family > 1:
+            events = phases.find_phases(frame, n_steps=n, mean_only=True,
+                                        rate=turn_test.FALSE_TURN_RATE / family)
         turns = events.loc[(events["layer"] == phases.MEAN_LAYER)
                            & (events["event"] == phases.TO_COMPRESSION)]
         for turn in turns.itertuples():
@@ -155,10 +170,24 @@ class PhaseWatch:
                     text=(f"The mean over blocks 1..L of {turn.metric} peaked at step {turn.step} "
                           f"({turn.value:.4g}) and has fallen beyond the noise since (seen at "
                           f"step {turn.confirmed_step}; {float(last['value'].iloc[0]):.4g} at "
-                          f"step {step}): expansion has turned to compression."),
+                          f"step {step}): expansion has turned to compression. "
+                          + alert_caveat(family)),
                     level="INFO",
                 )
         return scalars
+
+
+def alert_caveat(family: int) -> str:
+    """What an alert's turn claims (the `PhaseWatch` doc): its false-alert rate over the run,
+    and that it is one run's curve."""
+    rate = turn_test.FALSE_TURN_RATE
+    tested = (f"each of this run's {family} layer-mean curves tested at {rate / family:.2%}"
+              if family > 1 else "its one layer-mean curve tested")
+    return (f"False alerts: in at most {rate:.0%} of runs whose layer means never fall "
+            f"({tested}, over the whole schedule). "
+            "This is a turn of this run's curve beyond the probe's noise, conditional on this "
+            "run: a seed's own training wiggle is part of it; whether other seeds turn too is "
+            "the cross-run report's question.")
 
 
 def alert_title(metric: str) -> str:

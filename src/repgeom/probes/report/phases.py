@@ -13,9 +13,12 @@ when it beats the points' standard errors by a threshold taken from the largest 
 anywhere along a flat curve of the trajectory's length, so a curve whose true mean never falls
 gets a false ``expansion_to_compression`` turn in at most 5% of trajectories, whatever its length
 (that module's doc says how, and where the standard errors come from: the table's ``se`` column,
-or its ``std`` over ``n_batches`` batches). With several seeds the change must also clear the
-seed interval. Where the noise is unknown (one seed, no std) or has less than one degree of
-freedom, nothing is decided.
+or its ``std`` over ``n_batches`` batches). With several seeds the seeds' own disagreement (the
+residual of the step × seed layout) carries the test, the batch noise a floor, and the change
+must also clear the seed interval. Where the noise is unknown (one seed, no std) or has less
+than one degree of freedom, nothing is decided. The 5% is per curve, with no correction across
+the curves of a run (its W&B alerts have one: `repgeom.probes.report.phase_report.PhaseWatch`);
+with one seed a turn is one of that run's curve, its training wiggles included.
 
 The curve is followed step by step, as one watching a run would (a zigzag with that tolerance):
 
@@ -170,8 +173,10 @@ COPY_COLUMN = "weights_copy_of"
 """The table column that marks a copy (written by `repgeom.probes.run.copies`)."""
 
 
-def _curves(frame, metrics, level, n_steps) -> Iterator[tuple[dict, str, int, str, Followed]]:
-    """(trajectory ids, metric, layer, layer_name, followed curve) of every curve."""
+def _curves(frame, metrics, level, n_steps, rate=turn_test.FALSE_TURN_RATE, mean_only=False
+            ) -> Iterator[tuple[dict, str, int, str, Followed]]:
+    """(trajectory ids, metric, layer, layer_name, followed curve) of every curve (of the layer
+    means only, with `mean_only`)."""
     tables = _as_tables(frame)
     ids = [c for c in GROUP_COLUMNS if c in tables[0].columns]
     keys = tables[0][ids].drop_duplicates().to_dict("records") if ids else [{}]
@@ -189,12 +194,14 @@ def _curves(frame, metrics, level, n_steps) -> Iterator[tuple[dict, str, int, st
             if len(blocks):
                 grids = _layer_mean_grids(blocks)
                 yield key, metric, MEAN_LAYER, MEAN_NAME, follow(*grids, n_steps=n_steps,
-                                                                 level=level)
+                                                                 level=level, rate=rate)
+            if mean_only:
+                continue
             for (layer, name), part in stacked.groupby(["layer", "layer_name"], sort=True):
                 grids = [part.pivot(index="step", columns=noise.SEED, values=column)
                          .sort_index() for column in ("value", "se", "df")]
                 yield key, metric, int(layer), str(name), follow(*grids, n_steps=n_steps,
-                                                                 level=level)
+                                                                 level=level, rate=rate)
 
 
 def _per_seed(tables: list[pd.DataFrame], metric: str) -> pd.DataFrame:
@@ -247,6 +254,8 @@ def find_phases(
     metrics: Sequence[str] | None = None,
     level: float = noise.LEVEL,
     n_steps: int | None = None,
+    rate: float = turn_test.FALSE_TURN_RATE,
+    mean_only: bool = False,
 ) -> pd.DataFrame:
     """The peak and the turns of the intrinsic dimension, per layer and for the layer mean.
 
@@ -264,6 +273,11 @@ def find_phases(
         The length of the whole trajectory, over which the false-turn rate is controlled
         (`turn_test`); default the steps in the table. The training probe passes its schedule's
         length, so the turns it sees online are the ones the finished run will show.
+    rate : float
+        The false-turn rate per curve (`turn_test`); lower it to control a family of curves
+        (`repgeom.probes.report.phase_report.PhaseWatch` does, for its alerts).
+    mean_only : bool
+        Follow the layer means only.
 
     Returns
     -------
@@ -283,7 +297,8 @@ def find_phases(
     >>> found.loc[found["layer"] == -1, ["event", "step", "confirmed_step"]].to_numpy().tolist()
     [['peak', 20, <NA>], ['expansion_to_compression', 20, 30]]
     """
-    return _tidy(_event_rows(_curves(frame, metrics, level, n_steps)), EVENT_COLUMNS, frame)
+    return _tidy(_event_rows(_curves(frame, metrics, level, n_steps, rate, mean_only)),
+                 EVENT_COLUMNS, frame)
 
 
 def phase_by_step(

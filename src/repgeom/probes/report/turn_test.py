@@ -38,20 +38,41 @@ standardised fall anywhere along it), not a per-step one, and it controls the fa
 * the same holds for a false ``compression_to_expansion`` turn under curves that never rise.
 
 With several seeds the batch noise is not the whole noise: seeds differ in the shape of their
-curves, and a mean over seeds inherits that. So each point's standard error is the larger of the
-pooled batch noise above and the seeds' own disagreement (`_seed_noise`: the residual of the
-two-way step-by-seed layout, pooled over the steps on ``(K − 1)(S − 1)`` degrees of freedom;
-a seed's constant offset cancels), with the smaller of the two degrees of freedom. That assumes
-the seeds' wiggles are of one size along the curve. A change must also hold over seeds: the lower
-end of the 95% Student-t interval of the paired per-seed changes ``v_s(b) − v_s(a)`` is above 0
-(seeds that agree to the last bit, with no spread at all, decide nothing). That second condition
-can only remove turns (an intersection of two tests, Berger 1982). Which of these seeds' curves
-generalise to others is the cross-run report's question (`repgeom.experiments`), not this one's.
+curves, and a mean over seeds inherits that. The seeds' own disagreement (`_seed_noise`: the
+residual of the two-way step-by-seed layout, pooled over the steps on ``(K − 1)(S − 1)`` degrees
+of freedom; a seed's constant offset cancels) holds both: each seed's batch noise and its own
+wiggles. So with several seeds that residual and its degrees of freedom carry the test, with the
+pooled batch noise above as a floor: each point's standard error is the larger of the two, and
+``c`` is taken for one pooled variance estimate (`critical`'s ``pooled``: every comparison moves
+with it, a slightly higher bar than independent ones). The floor can only lower ``z``, so the
+false-turn rate is at most that of the residual alone; it guards the steps where the residual,
+pooled over the curve, is too small: an estimator whose noise grows with the dimension (TwoNN's
+sd is about ``d / √N``), and noise common to the seeds at a step (the same probe states). Before
+issue 49 the test took the smaller of the two degrees of freedom, so 3 seeds of 2-batch tables
+(Welch's 3 df from the batch noise) decided nothing although the residual had 30. The residual
+assumes the seeds' wiggles are of one size along the curve. A change must also hold over seeds:
+the lower end of the 95% Student-t interval of the paired per-seed changes ``v_s(b) − v_s(a)`` is
+above 0 (seeds that agree to the last bit, with no spread at all, decide nothing). That second
+condition can only remove turns (an intersection of two tests, Berger 1982).
+
+What a turn says. The probe reads the same states at every step, so the batch errors at
+neighbouring steps are correlated (TwoNN's at 0.86-1.00 on the stored runs). ``c`` assumes
+independent points; with positively correlated errors every difference between steps is less
+noisy than ``√(se_a² + se_b²)`` says, so the false-turn rate stays below 5% (at most 0.2% on the
+calibration with an AR(1) of correlation 0.9), but the power is that of the correlated noise,
+lower than with independent points at one seed (benchmarks/README.md, "Phase calibration").
+The rate is per curve: a run has a curve per layer, the layer mean and each metric, and no
+correction is made across them (the W&B alerts make one:
+`repgeom.probes.report.phase_report.PhaseWatch`). And with one seed a turn is one of *this run's*
+curve beyond the probe's noise: a seed's own training wiggle is part of its curve, not noise, so
+whether other seeds turn too is the cross-run report's question (`repgeom.experiments`), not
+this one's.
 
 Where no noise is known (one seed and no std: a single estimator batch), or the degrees of freedom
 are below 1, ``c`` is infinite and nothing is decided: the phase stays *undecided*. With the
 2-batch tables of the default protocol (``df = 1``) ``c`` is about 30 at 16 steps: a turn must be
-enormous to be called. docs/probing.md ("Phases") argues the choice; benchmarks/README.md
+enormous to be called with one seed (with several, the seeds' residual decides).
+docs/probing.md ("Phases") argues the choice; benchmarks/README.md
 ("Phase calibration") measures the false-turn rate and the power
 (benchmarks/bench_phase_calibration.py).
 """
@@ -105,10 +126,12 @@ def standard_errors(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 @functools.lru_cache(maxsize=256)
-def critical(n_steps: int, df: float, rate: float = FALSE_TURN_RATE) -> float:
+def critical(n_steps: int, df: float, rate: float = FALSE_TURN_RATE, pooled: bool = False) -> float:
     """The threshold ``c(K, df)`` of the module doc: the ``1 − rate`` quantile of the largest
     standardised fall over a flat curve of `n_steps` points whose standard errors have `df`
-    degrees of freedom.
+    degrees of freedom: each point its own (``s_t² ~ χ²_df / df``, independent), or with
+    `pooled` one for all (a single ``s² ~ χ²_df / df``: the seeds' pooled residual, whose error
+    moves every comparison at once, so its bar is higher).
 
     Seeded (the same number on every call and machine up to float rounding), cached; ``inf`` where
     `df` is below 1 or unknown, and 0 for fewer than two steps (there is nothing to compare).
@@ -127,6 +150,8 @@ def critical(n_steps: int, df: float, rate: float = FALSE_TURN_RATE) -> float:
     draws = SIMULATIONS if n_steps <= 64 else max(2000, SIMULATIONS * 64 // n_steps)
     x = rng.standard_normal((draws, n_steps))
     s2 = rng.chisquare(df, (draws, n_steps)) / df
+    if pooled:
+        s2 = np.repeat(s2[:, :1], n_steps, axis=1)
     return float(np.quantile(_largest_fall(x, s2), 1 - rate))
 
 
@@ -163,6 +188,9 @@ class CurveTest:
     n_steps: int
     rate: float = FALSE_TURN_RATE
     seed_level: float = SEED_LEVEL
+    pooled: bool = False
+    """Whether the seeds' pooled residual enters ``se`` (one variance estimate for every point:
+    `critical`'s ``pooled``)."""
 
     def __post_init__(self) -> None:
         self.mean = self.values.mean(axis=1) if len(self.values) else np.zeros(0)
@@ -170,7 +198,8 @@ class CurveTest:
         # df rounded down (a smaller df only raises c), and capped where c no longer moves, so
         # that curves share the cached critical values
         df = math.floor(min(self.df, MAX_DF)) if not np.isnan(self.df) else math.nan
-        self.threshold = critical(int(self.n_steps), df, self.rate) if known else math.inf
+        self.threshold = (critical(int(self.n_steps), df, self.rate, self.pooled) if known
+                          else math.inf)
         """``c(n_steps, df)``; ``inf`` where the noise is unknown."""
         n_seeds = self.values.shape[1] if self.values.ndim == 2 else 1
         self._t = (float(stats.t.ppf(0.5 + self.seed_level / 2, n_seeds - 1)) if n_seeds > 1
@@ -226,8 +255,9 @@ def curve_test(v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
     mean_se = np.where(known, np.sqrt(var) / n_seeds, np.nan)
     curve_df = float(np.min(welch)) if len(welch) and known.all() else math.nan
     seed_se, seed_df = _seed_noise(v)
-    if np.isfinite(seed_se):  # the larger of the two noises, the smaller of their df
+    pooled = bool(np.isfinite(seed_se))
+    if pooled:  # the seeds' residual and its df carry the test; the batch noise is a floor
         mean_se = np.fmax(mean_se, seed_se) if known.all() else np.full(len(v), seed_se)
-        curve_df = min(curve_df, seed_df) if known.all() else seed_df
+        curve_df = seed_df
     steps = len(v) if n_steps is None else max(int(n_steps), len(v))
-    return CurveTest(v, mean_se, curve_df, steps, rate, level)
+    return CurveTest(v, mean_se, curve_df, steps, rate, level, pooled)
