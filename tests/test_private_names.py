@@ -55,7 +55,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "checkpoint format its migrations keep (utilities/migration)"),
     ("callbacks/progress_bar.py", "_get_train_description"): (
         "RichProgressBar has no public hook for the bar's description, which reads 'Epoch 0/-2' "
-        "in a max_steps run; tests/test_train.py sees it"),
+        "in a max_steps run; tests/test_ecosystem.py sees it"),
     ("console.py", "_wandb_init"): (
         "Lightning's WandbLogger passes anonymous=None to wandb.init (no option leaves it out) "
         "and wandb >= 0.22 warns for it; read with getattr(..., None): gone, it does nothing"),

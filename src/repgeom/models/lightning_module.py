@@ -48,7 +48,7 @@ def warmup_cosine(
 
 
 def window_count(batch: torch.Tensor) -> int:
-    """Number of windows in a batch (for Lightning's ThroughputMonitor)."""
+    """Number of windows in a batch (the throughput monitor's `batch_size_fn`)."""
     return batch.size(0)
 
 
