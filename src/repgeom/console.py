@@ -25,7 +25,8 @@ uses is said once in our own line (train.py, the effective batch size)."""
 
 OWN_SUMMARY_NOTICE = "Trainer already configured with model summary callbacks"
 """Lightning's notice (callback_connector.py) that it keeps a `ModelSummary` callback it was
-given instead of adding its own: ours (`repgeom.callbacks.model_summary`, conf/callbacks/default.yaml)."""
+given instead of adding its own: ours (`repgeom.callbacks.model_summary`,
+conf/callbacks/default.yaml)."""
 
 PYTREE_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """torch 2.13 deprecates `LeafSpec()`; lightning/pytorch/utilities/_pytree.py still builds one
