@@ -5,11 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.trainer.states import RunningStage
 
 from repgeom import peak_flops as pf
-from repgeom.throughput_monitor import ThroughputMonitor
+from repgeom.callbacks.throughput_monitor import ThroughputMonitor
 
 
 @pytest.mark.parametrize(("name", "variant", "tflops"), [
@@ -48,11 +47,11 @@ def test_a_with_sparsity_figure_is_refused() -> None:
     assert all(f < 1.0e15 for f in pf.DENSE_BF16_FLOPS.values())
 
 
-def _setup(monkeypatch, device_name: str, precision: Precision) -> ThroughputMonitor:
+def _setup(monkeypatch, device_name: str, precision: str) -> ThroughputMonitor:
     """The monitor's setup as a fit on cuda:0 would run it, on a machine without CUDA."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: device_name)
     trainer = SimpleNamespace(
-        precision_plugin=precision, strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
+        precision=precision, strategy=SimpleNamespace(root_device=torch.device("cuda", 0)),
         enable_validation=False, world_size=1, log_every_n_steps=10,
         state=SimpleNamespace(stage=RunningStage.TRAINING))
     module = SimpleNamespace(hparams={"sync_free_logging": False})
@@ -62,13 +61,13 @@ def _setup(monkeypatch, device_name: str, precision: Precision) -> ThroughputMon
 
 
 def test_train_py_monitor_logs_mfu_against_the_dense_peak_on_an_h200(monkeypatch) -> None:
-    monitor = _setup(monkeypatch, "NVIDIA H200", MixedPrecision("bf16-mixed", "cuda"))
+    monitor = _setup(monkeypatch, "NVIDIA H200", "bf16-mixed")
     assert monitor.available_flops == pytest.approx(989.4e12)  # Lightning's: None
-    assert monitor._throughputs[RunningStage.TRAINING].available_flops == pytest.approx(989.4e12)
-    monitor = _setup(monkeypatch, "NVIDIA H100 NVL", MixedPrecision("bf16-mixed", "cuda"))
+    assert monitor.throughputs[RunningStage.TRAINING].available_flops == pytest.approx(989.4e12)
+    monitor = _setup(monkeypatch, "NVIDIA H100 NVL", "bf16-mixed")
     assert monitor.available_flops == pytest.approx(835.5e12)  # Lightning's: 1,978.8e12
 
 
 def test_a_non_hopper_gpu_keeps_lightnings_figure(monkeypatch) -> None:
-    monitor = _setup(monkeypatch, "NVIDIA A100-SXM4-80GB", MixedPrecision("bf16-mixed", "cuda"))
+    monitor = _setup(monkeypatch, "NVIDIA A100-SXM4-80GB", "bf16-mixed")
     assert monitor.available_flops == pytest.approx(312e12)

@@ -313,7 +313,7 @@ def test_sync_free_logging_reads_no_logged_tensor_on_the_host_between_logging_st
     # the loss is still logged at the logging steps, and the bar still shows it
     frame = _csv_metrics(tmp_path).dropna(subset=["train/loss"])
     assert list(frame["step"]) == [4, 9, 14, 19]
-    from repgeom.progress_bar import TokensProgressBar
+    from repgeom.callbacks.progress_bar import TokensProgressBar
 
     shown = TokensProgressBar().get_metrics(result_.trainer, result_.module)
     assert shown["train/loss"] == f"{float(result_.trainer.logged_metrics['train/loss']):.3f}"

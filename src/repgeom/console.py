@@ -25,7 +25,8 @@ uses is said once in our own line (train.py, the effective batch size)."""
 
 OWN_SUMMARY_NOTICE = "Trainer already configured with model summary callbacks"
 """Lightning's notice (callback_connector.py) that it keeps a `ModelSummary` callback it was
-given instead of adding its own: ours (`repgeom.model_summary`, conf/callbacks/default.yaml)."""
+given instead of adding its own: ours (`repgeom.callbacks.model_summary`,
+conf/callbacks/default.yaml)."""
 
 PYTREE_DEPRECATION = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 """torch 2.13 deprecates `LeafSpec()`; lightning/pytorch/utilities/_pytree.py still builds one
@@ -94,7 +95,7 @@ def quiet_console() -> None:
     W&B's "anonymous setting" warning is avoided where the logger is built
     (`drop_unset_wandb_anonymous`), not filtered; its end-of-run block ("Run history", "Run
     summary") is turned off by ``settings: {quiet: true}`` in conf/logger/wandb.yaml. Lightning's
-    model summary without its FLOPs column is `repgeom.model_summary`.
+    model summary without its FLOPs column is `repgeom.callbacks.model_summary`.
     """
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     for client in HTTP_CLIENT_LOGGERS:  # one INFO line per request under Hydra's logging

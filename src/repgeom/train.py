@@ -158,7 +158,8 @@ def train(cfg: DictConfig) -> TrainResult:
         if trainer.is_global_zero
         else None
     )
-    _print_summary(trainer, output_dir, wandb_dir, offline=_is_offline(loggers))
+    _print_summary(trainer, output_dir, wandb_dir,
+                   offline=wandb_dir is not None and _is_offline(loggers))
     if wandb_dir is not None:
         # Close the W&B run: otherwise the next job of a multirun (same process) logs into it.
         import wandb  # only a run with a W&B logger needs it (a csv-only run does not)
@@ -235,7 +236,8 @@ def read_csv_metrics(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _is_offline(loggers: list[Logger]) -> bool:
-    return any(isinstance(lg, WandbLogger) and lg._offline for lg in loggers)
+    """Whether the W&B run is offline (rank 0 only: the other ranks hold a stand-in run)."""
+    return any(isinstance(lg, WandbLogger) and lg.experiment.offline for lg in loggers)
 
 
 @rank_zero_only

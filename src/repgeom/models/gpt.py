@@ -195,7 +195,7 @@ class GPT(nn.Module):
             self.lm_head.weight = nn.Parameter(torch.cat([weight, padding]))
             self.lm_head.out_features = self.transformer.wte.num_embeddings = (
                 config.padded_vocab_size)
-            self._register_state_dict_hook(_unpad_vocab_rows)
+            self.register_state_dict_post_hook(_unpad_vocab_rows)
             self.register_load_state_dict_pre_hook(_pad_vocab_rows)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying, as in GPT-2
         self.apply(self._init_weights)

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from repgeom.data.masking import mlm_mask
 from repgeom.data.vocab import Vocab
 from repgeom.models.gpt import GPT, GPTConfig
-from repgeom.models.recipe import finite_check_interval, switch_on
+from repgeom.models.recipe import finite_check_interval, logs_this_step, switch_on
 
 _KERNEL_KEYS = ("fused", "foreach")
 """The param-group flags that pick torch's optimizer kernel (recipe.fused_adamw)."""
@@ -48,7 +48,7 @@ def warmup_cosine(
 
 
 def window_count(batch: torch.Tensor) -> int:
-    """Number of windows in a batch (for Lightning's ThroughputMonitor)."""
+    """Number of windows in a batch (the throughput monitor's `batch_size_fn`)."""
     return batch.size(0)
 
 
@@ -160,7 +160,7 @@ class CharLM(L.LightningModule):
         )
         # A GPU tensor, read on the host only when logged; but Lightning turns every prog_bar
         # metric into a number (`.item()`) at the end of every batch, so sync-free it is not a
-        # prog_bar metric: the bar (repgeom.progress_bar) reads it at the logging steps.
+        # prog_bar metric: the bar (repgeom.callbacks.progress_bar) reads it at the logging steps.
         sync_free = self._recipe_on("sync_free_logging")
         self.log("train/loss", loss, prog_bar=not sync_free)
         # A float logged every step is copied to the GPU every step, and a blocking copy waits
@@ -171,7 +171,7 @@ class CharLM(L.LightningModule):
 
     def _logs_this_step(self) -> bool:
         """Whether the loggers write this step's metrics (trainer.log_every_n_steps)."""
-        return self.trainer._logger_connector.should_update_logs
+        return logs_this_step(self.trainer, self.global_step)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         """Stop on a NaN or infinite loss; reading it is a host sync, so on CUDA the check runs
@@ -266,7 +266,10 @@ class CharLM(L.LightningModule):
         # recipe.fused_adamw: one fused kernel for the update of every parameter (CUDA). Not
         # under a GradScaler (16-mixed): a fused step unscales the gradients itself, after
         # clipping would have read them scaled (Lightning refuses that pair).
-        plugin = self._trainer.precision_plugin if self._trainer is not None else None
+        try:
+            plugin = self.trainer.precision_plugin
+        except RuntimeError:  # not attached to a Trainer (the optimizer built on its own)
+            plugin = None
         scaled = getattr(plugin, "scaler", None) is not None
         fused = {"fused": True} if self._recipe_on("fused_adamw") and not scaled else {}
         optimizer = instantiate(optim["optimizer"], _partial_=True)(groups, **fused)
@@ -292,7 +295,9 @@ class CharLM(L.LightningModule):
         what any other optimizer gets.
         """
         plugin = self.trainer.precision_plugin
-        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        # torch's optimizers unscale inside their step exactly when they are fused (the flag
+        # Lightning's plugin reads, `_step_supports_amp_scaling`, is set from `fused`)
+        fused = any(group.get("fused") for group in optimizer.param_groups)
         if gradient_clip_val and fused and getattr(plugin, "scaler", None) is None:
             algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
             Precision.clip_gradients(plugin, optimizer, float(gradient_clip_val), algorithm)

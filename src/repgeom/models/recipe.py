@@ -39,6 +39,18 @@ def finite_check_interval(value: int | str, device: torch.device | str, log_ever
     return int(value)
 
 
+def logs_this_step(trainer: Any, step: int) -> bool:
+    """Whether the loggers write the metrics of the training batch that began at optimizer step
+    `step` (`trainer.global_step` when the batch started).
+
+    Lightning's rule (`LoggerConnector.should_update_logs`): every `log_every_n_steps`-th step,
+    and the last one when the trainer stops; its step counter is kept equal to `global_step` at
+    each batch's start (`CharLM.on_train_batch_start`), so the rule reads public attributes.
+    """
+    every = trainer.log_every_n_steps
+    return every > 0 and ((step + 1) % every == 0 or bool(trainer.should_stop))
+
+
 def vocab_multiple(recipe: Mapping[str, Any] | None, device: torch.device | str) -> int:
     """`model.vocab_multiple` for a run on `device`: VOCAB_MULTIPLE where recipe.pad_vocab is
     on (by default: on CUDA), else 1 (no padding: the CPU's numbers stay as they were)."""

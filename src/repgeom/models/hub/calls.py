@@ -192,10 +192,10 @@ def retry_after(headers) -> float | None:
         except (TypeError, ValueError, IndexError, OverflowError):
             pass
     try:
-        from huggingface_hub.utils._http import parse_ratelimit_headers
+        from huggingface_hub.utils import parse_ratelimit_headers
 
         limit = parse_ratelimit_headers(headers)
-    except Exception:  # noqa: BLE001 - a private helper: its absence only loses a hint
+    except Exception:  # noqa: BLE001 - a missing helper (older hub) only loses a hint
         return None
     return float(limit.reset_in_seconds) if limit is not None and limit.remaining == 0 else None
 

@@ -15,7 +15,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
-from repgeom.throughput_monitor import sync_free
+from repgeom.callbacks.throughput_monitor import sync_free
+from repgeom.models.recipe import logs_this_step
 
 THROUGHPUT_KEYS = ("train/items_per_sec", "train/device/items_per_sec")
 """ThroughputMonitor's keys for items (tokens, via `length_fn`) per second: all devices, then
@@ -36,11 +37,16 @@ class TokensProgressBar(RichProgressBar):
             metrics["train/loss"] = f"{float(logged['train/loss']):.3f}"  # metric (read here)
         return metrics
 
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        self._step = trainer.global_step  # the step this batch's metrics are logged at
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
         batch_idx: int,
     ) -> None:
-        if sync_free(trainer, pl_module) and not trainer._logger_connector.should_update_logs:
+        if sync_free(trainer, pl_module) and not logs_this_step(trainer, self._step):
             return  # the loss stays on the GPU until a logging step reads it
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 

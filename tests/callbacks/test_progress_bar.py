@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from hydra_configs import compose_train
 
-from repgeom.progress_bar import TokensProgressBar
+from repgeom.callbacks.progress_bar import TokensProgressBar
 from repgeom.train import train
 
 
