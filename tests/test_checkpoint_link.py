@@ -17,6 +17,8 @@ from repgeom.checkpoint_link import (
     PARTIAL_MARK,
     AtomicCheckpointIO,
     LastCheckpoint,
+    StartFence,
+    SupersededStartError,
     link_or_copy,
     remove_leftovers,
 )
@@ -82,7 +84,8 @@ def _holds(path, model) -> bool:
 
 
 def _names(folder) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
+    """The files in `folder` but the newest start's token (`StartFence`)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != StartFence.NAME)
 
 
 def test_last_is_the_newest_validation_a_link_only_to_a_best_written_then(tmp_path) -> None:
@@ -207,6 +210,30 @@ def test_last_never_links_to_a_file_top_k_may_delete(tmp_path) -> None:
     last = tmp_path / "last.ckpt"
     assert not last.is_symlink() and _step(last) == 6 and _holds(last, model)
     assert _names(tmp_path) == ["last.ckpt", "step=2.ckpt", "step=6.ckpt"]
+
+
+def test_a_superseded_start_writes_no_more_checkpoints(tmp_path) -> None:
+    # issue 47, item 2: start A lives on (a hung node) while SLURM's requeue starts B, which
+    # claims the run at its start of training; A's next save (best.ckpt at step 4) is refused
+    # and A stops, leaving B's files as they were.
+    class _NewerStartBegins(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step == 3:
+                StartFence(tmp_path).claim()  # what B's LastCheckpoint does
+
+    written = {}
+
+    class _Snapshot(L.Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            if trainer.global_step == 3:
+                written.update({p.name: p.read_bytes() for p in tmp_path.glob("*.ckpt")})
+
+    with pytest.raises(SupersededStartError, match="a newer training start"):
+        _fit(tmp_path, (3.0, 2.0), max_steps=8,
+             callbacks=[*_callbacks(tmp_path), _NewerStartBegins(), _Snapshot()])
+    assert sorted(written) == ["best.ckpt", "last.ckpt"]
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.ckpt")} == written
+    assert _names(tmp_path) == ["best.ckpt", "last.ckpt"]  # the refused write left nothing
 
 
 def test_a_resume_skips_a_cut_short_checkpoint_for_the_next_newest(tmp_path, caplog) -> None:

@@ -22,12 +22,16 @@ gives what each choice writes per validation.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -51,11 +55,53 @@ _LEFTOVER = re.compile(
 (``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
 
 
+class SupersededStartError(RuntimeError):
+    """A newer start of this run has begun: this one writes no more checkpoints."""
+
+
+class StartFence:
+    """The newest training start of a run: each start that trains writes its own token to
+    ``<checkpoints>/.repgeom-start`` (`claim`, at `LastCheckpoint.on_train_start`); before each
+    checkpoint replaces its name, the writer checks that the token is still its own (`check`),
+    so a superseded start (alive on a hung node while SLURM's requeue trains on) never
+    overwrites the newer start's last.ckpt, best.ckpt, step or hpc files, and stops with
+    `SupersededStartError`. A check and its rename are not one atomic step: a start superseded
+    in between writes that one file. A missing token file fences nothing."""
+
+    NAME = ".repgeom-start"
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.path = os.path.join(os.path.abspath(folder), self.NAME)
+        self.token = uuid.uuid4().hex
+
+    def claim(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        text = json.dumps({"start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+                           "time": time.time()})
+        replace_atomically(self.path, lambda partial: Path(partial).write_text(text), fence=None)
+
+    def check(self) -> None:
+        try:
+            newest = json.loads(Path(self.path).read_text())["start"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if newest != self.token:
+            raise SupersededStartError(
+                f"a newer training start of this run has begun ({self.path} names start "
+                f"{newest}, this is {self.token}): this start writes no more checkpoints and "
+                "stops; the newer one trains on")
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``TorchCheckpointIO`` writing local files beside their name, then renaming.
+    """Lightning's ``TorchCheckpointIO`` writing local files beside their name, then renaming,
+    unless `fence` (set by `LastCheckpoint`) says a newer start has begun.
 
     A remote path (``s3://``, ...) or ``storage_options`` go to Lightning's own save.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fence: StartFence | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any = None) -> None:
@@ -63,12 +109,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = os.path.abspath(str(path).removeprefix("file://"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        replace_atomically(path, lambda partial: torch.save(checkpoint, partial))
+        replace_atomically(path, lambda partial: torch.save(checkpoint, partial), self.fence)
 
 
-def replace_atomically(path: str, write: Callable[[str], None]) -> None:
+def replace_atomically(path: str, write: Callable[[str], None],
+                       fence: StartFence | None) -> None:
     """`write` a file (or link) at a partial name beside `path`, fsync it, rename it over `path`
-    and fsync the folder: after a crash `path` is the old file or the new one, never a part."""
+    and fsync the folder: after a crash `path` is the old file or the new one, never a part.
+    `fence` is checked just before the rename."""
     if os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(
             f"{path} is a folder, not a checkpoint: move it away, and the checkpoint will be "
@@ -79,6 +127,8 @@ def replace_atomically(path: str, write: Callable[[str], None]) -> None:
         if not os.path.islink(partial):
             with open(partial, "rb") as written:
                 os.fsync(written.fileno())
+        if fence is not None:
+            fence.check()
         os.replace(partial, path)
     except Exception:  # an error (a full disk): nothing left; a kill's part goes at the next start
         if os.path.lexists(partial):
@@ -91,7 +141,7 @@ def replace_atomically(path: str, write: Callable[[str], None]) -> None:
         os.close(folder)
 
 
-def link_or_copy(target: str, path: str) -> None:
+def link_or_copy(target: str, path: str, fence: StartFence | None = None) -> None:
     """`path` replaced at once by a relative link to `target` (a copy where links are refused)."""
 
     def write(partial: str) -> None:
@@ -100,7 +150,7 @@ def link_or_copy(target: str, path: str) -> None:
         except OSError:  # a filesystem without links: a copy, as Lightning falls back to
             shutil.copyfile(target, partial)
 
-    replace_atomically(path, write)
+    replace_atomically(path, write, fence)
 
 
 def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
@@ -129,7 +179,9 @@ class LastCheckpoint(Checkpoint):
     another `ModelCheckpoint` wrote at this step under a fixed name (``link: true``; a name it
     never deletes, so the link never dangles), else a whole checkpoint. At the start of
     fitting, removes what a killed write left (`remove_leftovers`) in `dirpath`, the other
-    checkpoint folders and the run folder (hpc_ckpt_<n>.ckpt).
+    checkpoint folders and the run folder (hpc_ckpt_<n>.ckpt); at the start of training, fences
+    the older starts (`StartFence`) off every checkpoint the Trainer's `AtomicCheckpointIO`
+    writes.
     """
 
     NAME = "last.ckpt"
@@ -137,6 +189,7 @@ class LastCheckpoint(Checkpoint):
     def __init__(self, dirpath: str | os.PathLike, link: bool = True) -> None:
         self.dirpath, self.link = os.path.abspath(dirpath), link
         self._step_on_disk: int | None = None  # the step last.ckpt holds, where this process knows
+        self._fence: StartFence | None = None
 
     @property
     def path(self) -> str:
@@ -148,6 +201,13 @@ class LastCheckpoint(Checkpoint):
             remove_leftovers(self.dirpath, trainer.default_root_dir, *others)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Claim the run as its newest start (`StartFence`: a superseded start writes no more
+        checkpoints; a rerun of a finished run, which trains nothing, never gets here)."""
+        if trainer.is_global_zero:
+            self._fence = StartFence(self.dirpath)
+            self._fence.claim()
+            if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+                trainer.strategy.checkpoint_io.fence = self._fence
         resumed = trainer.ckpt_path
         same = resumed is not None and os.path.abspath(resumed) == self.path
         self._step_on_disk = trainer.global_step if same else None
@@ -170,7 +230,7 @@ class LastCheckpoint(Checkpoint):
         target = trainer.strategy.broadcast(target, src=0)  # every rank takes one branch
         if target:
             if trainer.is_global_zero:
-                link_or_copy(target, self.path)
+                link_or_copy(target, self.path, self._fence)
             trainer.strategy.barrier()
         else:
             trainer.save_checkpoint(self.path)  # every rank; the plugin writes on rank 0
