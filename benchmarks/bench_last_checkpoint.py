@@ -17,6 +17,10 @@ training (max_steps between validations). Bytes per validation = whole writes x 
 checkpoint (~460 MB for gpt_small with its AdamW moments, issue 41).
 
     python benchmarks/bench_last_checkpoint.py
+
+Then the cost of the resume's check (`repgeom.models.checkpoints.checkpoint_problem`) and of
+`saved_step` (what `LastCheckpoint` reads to decide on a link) on a 461 MB checkpoint, the size
+of gpt_small's with its AdamW moments, in the page cache as right after training wrote it.
 """
 
 from __future__ import annotations
@@ -120,6 +124,25 @@ def measure(name: str, folder: Path) -> None:
           f"last.ckpt stale: {'; '.join(newest.stale) or 'never'}")
 
 
+def check_cost() -> None:
+    import time
+
+    from repgeom.models.checkpoints import checkpoint_problem, saved_step
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "last.ckpt"
+        torch.save({"global_step": 5, "state_dict": {
+            f"w{i}": torch.randn(1024, 1024) for i in range(110)}}, path)
+        for what, call in (("zip directory only", lambda: checkpoint_problem(path,
+                                                                              check_crc=False)),
+                           ("with every CRC-32", lambda: checkpoint_problem(path)),
+                           ("saved_step", lambda: saved_step(path))):
+            start = time.perf_counter()
+            out = call()
+            print(f"{path.stat().st_size / 1e6:.0f} MB, {what}: {out!r} in "
+                  f"{time.perf_counter() - start:.3f} s")
+
+
 def main() -> None:
     import logging
     import warnings
@@ -130,6 +153,7 @@ def main() -> None:
     for name in CHOICES:
         with tempfile.TemporaryDirectory() as folder:
             measure(name, Path(folder))
+    check_cost()
 
 
 if __name__ == "__main__":
