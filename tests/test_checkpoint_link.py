@@ -14,7 +14,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from repgeom.checkpoint_link import (
-    PARTIAL_MARK,
     AtomicCheckpointIO,
     LastCheckpoint,
     StartFence,
@@ -125,7 +124,7 @@ def test_a_resumed_run_moves_last_on_at_its_first_validation(tmp_path) -> None:
 
 def test_training_that_stops_between_validations_ends_with_last_at_its_final_step(
         tmp_path) -> None:
-    (tmp_path / f"last.ckpt{PARTIAL_MARK}{uuid.uuid4().hex}").write_bytes(b"left by a kill")
+    (tmp_path / f".last.ckpt.{uuid.uuid4().hex[:8]}.tmp").write_bytes(b"left by a kill")
     trainer, model, _ = _fit(tmp_path, (3.0, 2.0), max_steps=5)  # validations at 2 and 4
     last = tmp_path / "last.ckpt"
     assert _step(last) == 5 and _holds(last, model)
@@ -177,15 +176,17 @@ def test_last_stays_last_ckpt_when_the_run_folder_was_moved(tmp_path) -> None:
 
 
 def test_only_what_a_kill_of_ours_left_is_removed_at_the_next_start(tmp_path) -> None:
-    ours = [f"last.ckpt{PARTIAL_MARK}{uuid.uuid4().hex}", f"best.ckpt{PARTIAL_MARK}{'0' * 32}",
-            "last.ckpt.partial", "best.ckpt.partial"]  # the last two: repgeom before issue 47
-    users = ["notes.txt", "last.ckpt.bak", f"my{PARTIAL_MARK}draft", "hpc_ckpt_1.ckpt.partial.d"]
+    # repgeom.files.atomic_write's temporary files of *.ckpt, and repgeom's before issue 47
+    ours = [".last.ckpt.0123abcd.tmp", ".hpc_ckpt_3.ckpt.deadbeef.tmp", "last.ckpt.partial",
+            "best.ckpt.partial"]
+    users = ["notes.txt", "last.ckpt.bak", ".notes.txt.0123abcd.tmp", "hpc_ckpt_1.ckpt.partial.d",
+             ".last.ckpt.tmp", "last.ckpt.tmp"]
     for name in ours + users:
         (tmp_path / name).write_bytes(b"x")
     os.symlink("best.ckpt", tmp_path / "last.ckpt.4242.link")  # repgeom before issue 47
-    (tmp_path / f"folder{PARTIAL_MARK}{'1' * 32}").mkdir()  # a folder is never ours
+    (tmp_path / ".step5.ckpt.0123abcd.tmp").mkdir()  # a folder is never ours
     _fit(tmp_path, (3.0, 2.0), max_steps=4)  # every validation improves: links only
-    assert _names(tmp_path) == sorted(["best.ckpt", "last.ckpt", f"folder{PARTIAL_MARK}{'1' * 32}",
+    assert _names(tmp_path) == sorted(["best.ckpt", "last.ckpt", ".step5.ckpt.0123abcd.tmp",
                                        *users])
     assert remove_leftovers(tmp_path) == []
 
@@ -267,8 +268,9 @@ class _SlurmSignal(L.Callback):
 
 def _train_killed_mid_write(prefix: str, run: str) -> None:
     """`repgeom.train.train` on `_KILLED_RUN`, SIGKILLed (no handler runs) half-way through the
-    first write of a file whose name starts with `prefix`: torch.save into it, or a copy into it
-    (a move across filesystems); "link": as last.ckpt is first linked to best.ckpt."""
+    first write of a file whose name (or its hidden temporary's) starts with `prefix`: torch.save
+    into it, or a copy into it (a move across filesystems); "link": as last.ckpt is first linked
+    to best.ckpt."""
     import io
     import shutil
     import signal
@@ -285,14 +287,14 @@ def _train_killed_mid_write(prefix: str, run: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def dying_save(obj, f, *args, **kwargs):
-        if isinstance(f, str | os.PathLike) and os.path.basename(f).startswith(prefix):
+        if isinstance(f, str | os.PathLike) and os.path.basename(f).lstrip(".").startswith(prefix):
             buffer = io.BytesIO()
             save(obj, buffer, *args, **kwargs)
             cut(buffer.getvalue(), f)
         return save(obj, f, *args, **kwargs)
 
     def dying_copyfile(src, dst, *args, **kwargs):
-        if os.path.basename(dst).startswith(prefix):
+        if os.path.basename(dst).lstrip(".").startswith(prefix):
             with open(src, "rb") as source:
                 cut(source.read(), dst)
         return copyfile(src, dst, *args, **kwargs)

@@ -8,8 +8,9 @@ Lightning's own ``TorchCheckpointIO`` writes a temporary file in TMPDIR and move
 TMPDIR is another filesystem (node-local /tmp under a network run folder) the move is a copy
 into the final name, and a kill mid-copy left a truncated hpc_ckpt that the next start resumed
 from (issue 47), and a kill before the move a checkpoint-sized tmpXXXX in TMPDIR that nothing
-removes. Here nothing goes to TMPDIR, and what a kill leaves (``<name>.repgeom-partial-<hex>``)
-is removed by the next start (`remove_leftovers`).
+removes. Here the write is `repgeom.files.atomic_write`'s (a temporary file beside the name,
+fsynced, renamed over it), nothing goes to TMPDIR, and what a kill leaves
+(``.<name>.<hex>.tmp``) is removed by the next start (`remove_leftovers`).
 
 `LastCheckpoint`, beside Lightning's `ModelCheckpoint` for best.ckpt (conf/callbacks/
 default.yaml): last.ckpt is the state of the newest validation and of the end of training.
@@ -22,6 +23,7 @@ gives what each choice writes per validation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,7 +32,6 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +42,15 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
+from repgeom.files import atomic_write, atomic_write_text, fenced, stale_temporaries
 from repgeom.models.checkpoints import saved_step
 
 log = logging.getLogger(__name__)
 
-PARTIAL_MARK = ".repgeom-partial-"
-"""A file is written to ``<name>.repgeom-partial-<32 hex>`` first (no reader takes it: it does not
-end in .ckpt), then renamed over ``<name>``."""
-
-_LEFTOVER = re.compile(
-    rf".+{re.escape(PARTIAL_MARK)}[0-9a-f]{{32}}|.+\.ckpt(\.partial|\.\d+\.link)")
-"""What a kill leaves of ours: this module's partial files, and those of repgeom before issue 47
-(``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
+_LEFTOVER = re.compile(r"\.(?P<name>.+\.ckpt)\..+\.tmp|.+\.ckpt(\.partial|\.\d+\.link)")
+"""What a kill may leave of ours: `repgeom.files.atomic_write`'s temporary file of a ``*.ckpt``
+(``.<name>.<hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`), and repgeom's before
+issue 47 (``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
 
 
 class SupersededStartError(RuntimeError):
@@ -76,9 +74,9 @@ class StartFence:
 
     def claim(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        text = json.dumps({"start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
-                           "time": time.time()})
-        replace_atomically(self.path, lambda partial: Path(partial).write_text(text), fence=None)
+        atomic_write_text(self.path, json.dumps({
+            "start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+            "time": time.time()}))
 
     def check(self) -> None:
         try:
@@ -109,48 +107,32 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = os.path.abspath(str(path).removeprefix("file://"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        replace_atomically(path, lambda partial: torch.save(checkpoint, partial), self.fence)
-
-
-def replace_atomically(path: str, write: Callable[[str], None],
-                       fence: StartFence | None) -> None:
-    """`write` a file (or link) at a partial name beside `path`, fsync it, rename it over `path`
-    and fsync the folder: after a crash `path` is the old file or the new one, never a part.
-    `fence` is checked just before the rename."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        raise IsADirectoryError(
-            f"{path} is a folder, not a checkpoint: move it away, and the checkpoint will be "
-            "written there")
-    partial = f"{path}{PARTIAL_MARK}{uuid.uuid4().hex}"
-    try:
-        write(partial)
-        if not os.path.islink(partial):
-            with open(partial, "rb") as written:
-                os.fsync(written.fileno())
-        if fence is not None:
-            fence.check()
-        os.replace(partial, path)
-    except Exception:  # an error (a full disk): nothing left; a kill's part goes at the next start
-        if os.path.lexists(partial):
-            os.remove(partial)
-        raise
-    folder = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+        _refuse_folder(path)
+        with fenced(self.fence.check) if self.fence else contextlib.nullcontext():
+            atomic_write(path, lambda partial: torch.save(checkpoint, partial))
 
 
 def link_or_copy(target: str, path: str, fence: StartFence | None = None) -> None:
-    """`path` replaced at once by a relative link to `target` (a copy where links are refused)."""
+    """`path` replaced at once by a relative link to `target` (a copy where links are refused),
+    unless `fence` says a newer start has begun."""
 
-    def write(partial: str) -> None:
+    def write(partial: Path) -> None:
+        partial.unlink()  # atomic_write's empty file, where the link goes
         try:
             os.symlink(os.path.relpath(target, os.path.dirname(path)), partial)
         except OSError:  # a filesystem without links: a copy, as Lightning falls back to
             shutil.copyfile(target, partial)
 
-    replace_atomically(path, write, fence)
+    _refuse_folder(path)
+    with fenced(fence.check) if fence else contextlib.nullcontext():
+        atomic_write(path, write)
+
+
+def _refuse_folder(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise IsADirectoryError(
+            f"{path} is a folder, not a checkpoint: move it away, and the checkpoint will be "
+            "written there")
 
 
 def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
@@ -161,8 +143,11 @@ def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if _LEFTOVER.fullmatch(name) and (os.path.islink(path) or os.path.isfile(path)):
+            path, match = os.path.join(folder, name), _LEFTOVER.fullmatch(name)
+            if not match or not (os.path.islink(path) or os.path.isfile(path)):
+                continue
+            target = match["name"]
+            if target is None or Path(path) in stale_temporaries(os.path.join(folder, target)):
                 os.remove(path)
                 removed.append(path)
     if removed:
