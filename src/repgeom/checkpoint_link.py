@@ -111,6 +111,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         with fenced(self.fence.check) if self.fence else contextlib.nullcontext():
             atomic_write(path, lambda partial: torch.save(checkpoint, partial))
 
+    def remove_checkpoint(self, path: Any) -> None:
+        """Lightning's (a top-k file dropped), unless a newer start has begun."""
+        if self.fence is not None:
+            self.fence.check()
+        super().remove_checkpoint(path)
+
 
 def link_or_copy(target: str, path: str, fence: StartFence | None = None) -> None:
     """`path` replaced at once by a relative link to `target` (a copy where links are refused),
