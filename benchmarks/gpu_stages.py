@@ -21,7 +21,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 Emit = Callable[[str], None]
-NO_CHECKPOINTS = ["~callbacks.checkpoint", "++trainer.enable_checkpointing=false"]
+NO_CHECKPOINTS = ["~callbacks.checkpoint", "~callbacks.last_checkpoint",
+                  "++trainer.enable_checkpointing=false"]
 """A timing run writes no checkpoint (a gpt_small one is ~460 MB, written at each validation)."""
 
 

@@ -1,175 +1,242 @@
-"""Lightning's `ModelCheckpoint` whose last.ckpt is the last state, linked or written atomically.
+"""Checkpoints whole or absent, and last.ckpt as the newest state, on Lightning's public API.
 
-With ``monitor: val/bpc`` and ``save_top_k: 1`` (conf/callbacks/default.yaml), Lightning 2.6
-writes last.ckpt only at a validation that also writes best.ckpt (``save_last: true``: a copy;
-``save_last: link``: a link to it), so last.ckpt holds the *best* state, not the last: a run
-whose later validations did not improve ends with last.ckpt at its best step, a resume after a
-requeue went back there, and ``ckpt=<run>/checkpoints/last.ckpt`` probed an older model. Here
-last.ckpt is the state of the newest validation (or epoch end), and of the end of training:
+`AtomicCheckpointIO`, the Trainer's ``CheckpointIO`` plugin (`repgeom.train`): every file
+Lightning writes (best.ckpt and the other `ModelCheckpoint` files, last.ckpt, the trajectory's
+step*.ckpt, the SLURM signal's hpc_ckpt_<n>.ckpt) goes through ``Trainer.save_checkpoint`` to
+the plugin, which writes it beside its final name, fsyncs it and renames it over the name.
+Lightning's own ``TorchCheckpointIO`` writes a temporary file in TMPDIR and moves it; where
+TMPDIR is another filesystem (node-local /tmp under a network run folder) the move is a copy
+into the final name, and a kill mid-copy left a truncated hpc_ckpt that the next start resumed
+from (issue 47), and a kill before the move a checkpoint-sized tmpXXXX in TMPDIR that nothing
+removes. Here the write is `repgeom.files.atomic_write`'s (a temporary file beside the name,
+fsynced, renamed over it), nothing goes to TMPDIR, and what a kill leaves
+(``.<name>.<hex>.tmp``) is removed by the next start (`remove_leftovers`).
 
-- at a validation that wrote best.ckpt, a symbolic link to it (``save_last: link``): the same
-  state without a second write (~460 MB for gpt_small, issue 41);
-- otherwise a whole checkpoint, written to ``last.ckpt.partial`` and renamed over last.ckpt.
-  Writing to last.ckpt itself would go through the link and overwrite best.ckpt.
-
-Lightning replaces a link by deleting last.ckpt and then linking: a kill between the two
-leaves a run with no last.ckpt, and the same command would start it over. Here links and files
-are made under a temporary name and renamed over last.ckpt (an atomic replace on POSIX), and
-best.ckpt, which last.ckpt may link to, is written the same way (Lightning's own write copies
-into the file in place where the temporary folder is on another filesystem), so last.ckpt always
-names a whole checkpoint. What a kill leaves (``*.ckpt.partial``, ``*.ckpt.<pid>.link``) is
-removed when the next run starts. last.ckpt keeps its name when the run folder has moved
-(Lightning's version counter would write last-v1.ckpt, which no resume reads), and is a copy
-where the filesystem has no symbolic links.
+`LastCheckpoint`, beside Lightning's `ModelCheckpoint` for best.ckpt (conf/callbacks/
+default.yaml): last.ckpt is the state of the newest validation and of the end of training.
+Lightning's ``save_last`` writes it only at a validation that also wrote best.ckpt, so it held
+the best state, not the last, and a resume went back there. Where the validation just wrote a
+whole checkpoint under a fixed name (best.ckpt), last.ckpt is a link to it (issue 41: no second
+~460 MB write for gpt_small), replaced at once; otherwise a whole file. docs/configuration.md
+gives what each choice writes per validation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+import re
 import shutil
-from weakref import proxy
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
+import torch
+from fsspec.utils import get_protocol
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.trainer.states import TrainerFn
 
-PARTIAL_SUFFIX = ".partial"
-"""last.ckpt and best.ckpt are written to ``<name>.partial`` first (not ``*.ckpt``: no reader
-takes it), then renamed over the file."""
+from repgeom.files import atomic_write, atomic_write_text, fenced, stale_temporaries
+from repgeom.models.checkpoints import saved_step
+
+log = logging.getLogger(__name__)
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+\.ckpt)\..+\.tmp|.+\.ckpt(\.partial|\.\d+\.link)")
+"""What a kill may leave of ours: `repgeom.files.atomic_write`'s temporary file of a ``*.ckpt``
+(``.<name>.<hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`), and repgeom's before
+issue 47 (``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
 
 
-class ModelCheckpoint(_LightningModelCheckpoint):
-    """`lightning.pytorch.callbacks.ModelCheckpoint` whose last.ckpt is the newest state."""
+class SupersededStartError(RuntimeError):
+    """A newer start of this run has begun: this one writes no more checkpoints."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._last_written_step: int | None = None  # the step this process put in last.ckpt
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        due = self._saves_now(trainer) and not self._should_save_on_train_epoch_end(trainer)
-        super().on_validation_end(trainer, pl_module)
-        if due:
-            self._bring_last_up_to_date(trainer)
+class StartFence:
+    """The newest training start of a run: each start that trains writes its own token to
+    ``<checkpoints>/.repgeom-start`` (`claim`, at `LastCheckpoint.on_train_start`); before each
+    checkpoint replaces its name, the writer checks that the token is still its own (`check`),
+    so a superseded start (alive on a hung node while SLURM's requeue trains on) never
+    overwrites the newer start's last.ckpt, best.ckpt, step or hpc files, and stops with
+    `SupersededStartError`. A check and its rename are not one atomic step: a start superseded
+    in between writes that one file. A missing token file fences nothing."""
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        due = self._saves_now(trainer) and self._should_save_on_train_epoch_end(trainer)
-        super().on_train_epoch_end(trainer, pl_module)
-        if due:
-            self._bring_last_up_to_date(trainer)
+    NAME = ".repgeom-start"
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Training stopped between validations (trainer.max_time, max_steps off the validation
-        interval, early stopping): last.ckpt gets the final state, so that the same command
-        finds the run done instead of training the last steps again."""
-        super().on_train_end(trainer, pl_module)
-        if not trainer.fast_dev_run and not trainer.sanity_checking:
-            self._bring_last_up_to_date(trainer)
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.path = os.path.join(os.path.abspath(folder), self.NAME)
+        self.token = uuid.uuid4().hex
 
-    def _saves_now(self, trainer: L.Trainer) -> bool:
-        # read before Lightning's hook, whose top-k save marks this step as saved
-        return not self._should_skip_saving_checkpoint(trainer)
+    def claim(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        atomic_write_text(self.path, json.dumps({
+            "start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
+            "time": time.time()}))
 
-    def _bring_last_up_to_date(self, trainer: L.Trainer) -> None:
-        if self.save_last and self._last_written_step != trainer.global_step:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-
-    def _save_last_checkpoint(self, trainer: L.Trainer, monitor_candidates: dict) -> None:
-        """Lightning's, but the link goes only to a checkpoint written at this step."""
-        if not self.save_last:
+    def check(self) -> None:
+        try:
+            newest = json.loads(Path(self.path).read_text())["start"]
+        except (OSError, ValueError, KeyError, TypeError):
             return
-        # always last.ckpt, what a resume reads: no last-v1.ckpt beside it (Lightning's counter
-        # wrote one whenever the checkpoint's folder was not this one, e.g. a moved run folder)
-        filepath = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
-        # set the last model path before saving because it will be part of the state
-        previous, self.last_model_path = self.last_model_path, filepath
-        written_now = (
-            self._last_global_step_saved == trainer.global_step
-            and self._last_checkpoint_saved
-            and os.path.abspath(self._last_checkpoint_saved) != os.path.abspath(filepath)
-        )
-        if self.save_last == "link" and written_now and self.save_top_k != 0:
-            self._link_checkpoint(trainer, self._last_checkpoint_saved, filepath)
-        else:
-            self._save_checkpoint(trainer, filepath)
-        self._last_written_step = trainer.global_step
-        if previous and self._should_remove_checkpoint(trainer, previous, filepath):
-            self._remove_checkpoint(trainer, previous)
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero and stage == "fit" and self.dirpath and os.path.isdir(
-                self.dirpath):
-            _remove_leftovers(self.dirpath)
-
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        """Lightning's, written beside `filepath` and renamed over it: best.ckpt too, which
-        last.ckpt may link to. Lightning's own save is a rename only where the temporary folder
-        is on the checkpoints' filesystem; elsewhere it copies into the file in place, and a kill
-        mid-copy left best.ckpt, and last.ckpt through the link, unreadable."""
-        _refuse_folder(filepath)
-        partial = filepath + PARTIAL_SUFFIX
-        trainer.save_checkpoint(partial, self.save_weights_only)  # every rank; rank 0 writes
-        if trainer.is_global_zero:
-            os.replace(partial, filepath)
-        trainer.strategy.barrier()
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
-
-    @staticmethod
-    def _link_checkpoint(trainer: L.Trainer, filepath: str, linkpath: str) -> None:
-        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            _replace_with_link(filepath, linkpath)
-        trainer.strategy.barrier()
-
-    def _remove_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        """Lightning's, but never the file last.ckpt links to: with ``save_top_k`` > 1 the top-k
-        file dropped at a validation can be the one the previous validation linked last.ckpt
-        to, and Lightning removes it before it links last.ckpt to this step's file. A kill in
-        between left last.ckpt dangling: no resume found it, and the run started over. Here
-        last.ckpt goes to this step's file (what it links to next anyway) first."""
-        last = self.last_model_path
-        if (trainer.is_global_zero and self.save_last == "link" and last
-                and os.path.islink(last)
-                and os.path.realpath(last) == os.path.realpath(filepath)
-                and self._last_global_step_saved == trainer.global_step
-                and self._last_checkpoint_saved
-                and os.path.realpath(self._last_checkpoint_saved) not in (
-                    os.path.realpath(filepath), os.path.abspath(last))
-                and os.path.isfile(self._last_checkpoint_saved)):
-            _replace_with_link(self._last_checkpoint_saved, last)
-        super()._remove_checkpoint(trainer, filepath)
+        if newest != self.token:
+            raise SupersededStartError(
+                f"a newer training start of this run has begun ({self.path} names start "
+                f"{newest}, this is {self.token}): this start writes no more checkpoints and "
+                "stops; the newer one trains on")
 
 
-def _replace_with_link(filepath: str, linkpath: str) -> None:
-    """`linkpath` replaced at once by a link to `filepath` (a copy where links are refused)."""
-    _refuse_folder(linkpath)
-    target = os.path.relpath(filepath, os.path.dirname(linkpath))
-    temporary = f"{linkpath}.{os.getpid()}.link"
-    if os.path.lexists(temporary):  # a link of ours left by a kill
-        os.remove(temporary)
-    try:
-        os.symlink(target, temporary)
-    except OSError:  # a filesystem without links: a copy, as Lightning falls back to
-        shutil.copyfile(filepath, temporary)
-    os.replace(temporary, linkpath)
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` writing local files beside their name, then renaming,
+    unless `fence` (set by `LastCheckpoint`) says a newer start has begun.
+
+    A remote path (``s3://``, ...) or ``storage_options`` go to Lightning's own save.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fence: StartFence | None = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any = None) -> None:
+        if storage_options is not None or get_protocol(str(path)) not in ("file", "local"):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = os.path.abspath(str(path).removeprefix("file://"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _refuse_folder(path)
+        with fenced(self.fence.check) if self.fence else contextlib.nullcontext():
+            atomic_write(path, lambda partial: torch.save(checkpoint, partial))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Lightning's (a top-k file dropped), unless a newer start has begun."""
+        if self.fence is not None:
+            self.fence.check()
+        super().remove_checkpoint(path)
 
 
-def _remove_leftovers(folder: str) -> None:
-    """What a kill left: ``*.ckpt.partial`` (a whole checkpoint's size) and ``*.ckpt.<pid>.link``
-    (another process's; each process replaces only its own)."""
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        stem, _, pid = name.removesuffix(".link").rpartition(".")
-        ours = name.endswith(".ckpt" + PARTIAL_SUFFIX) or (
-            name.endswith(".link") and stem.endswith(".ckpt") and pid.isdigit())
-        if ours and (os.path.islink(path) or os.path.isfile(path)):
-            os.remove(path)
+def link_or_copy(target: str, path: str, fence: StartFence | None = None) -> None:
+    """`path` replaced at once by a relative link to `target` (a copy where links are refused),
+    unless `fence` says a newer start has begun."""
+
+    def write(partial: Path) -> None:
+        partial.unlink()  # atomic_write's empty file, where the link goes
+        try:
+            os.symlink(os.path.relpath(target, os.path.dirname(path)), partial)
+        except OSError:  # a filesystem without links: a copy, as Lightning falls back to
+            shutil.copyfile(target, partial)
+
+    _refuse_folder(path)
+    with fenced(fence.check) if fence else contextlib.nullcontext():
+        atomic_write(path, write)
 
 
 def _refuse_folder(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(
-            f"{path} is a folder, not a checkpoint: move it away, and ModelCheckpoint will "
-            "write the checkpoint there")
+            f"{path} is a folder, not a checkpoint: move it away, and the checkpoint will be "
+            "written there")
+
+
+def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
+    """Remove what a killed write of ours left in `folders` (exact names only: `_LEFTOVER`);
+    return their paths."""
+    removed = []
+    for folder in dict.fromkeys(os.path.abspath(f) for f in folders if f):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            path, match = os.path.join(folder, name), _LEFTOVER.fullmatch(name)
+            if not match or not (os.path.islink(path) or os.path.isfile(path)):
+                continue
+            target = match["name"]
+            if target is None or Path(path) in stale_temporaries(os.path.join(folder, target)):
+                os.remove(path)
+                removed.append(path)
+    if removed:
+        log.info("Removed what a killed checkpoint write left: %s", ", ".join(removed))
+    return removed
+
+
+class LastCheckpoint(Checkpoint):
+    """``<dirpath>/last.ckpt``: the state of the newest validation and of the end of training.
+
+    At each validation (after Lightning's `ModelCheckpoint`s, which Lightning runs last of all
+    callbacks, in their given order) and at the end of training, unless last.ckpt holds this
+    step already (a rerun of a finished run writes nothing): a link to the complete checkpoint
+    another `ModelCheckpoint` wrote at this step under a fixed name (``link: true``; a name it
+    never deletes, so the link never dangles), else a whole checkpoint. At the start of
+    fitting, removes what a killed write left (`remove_leftovers`) in `dirpath`, the other
+    checkpoint folders and the run folder (hpc_ckpt_<n>.ckpt); at the start of training, fences
+    the older starts (`StartFence`) off every checkpoint the Trainer's `AtomicCheckpointIO`
+    writes.
+    """
+
+    NAME = "last.ckpt"
+
+    def __init__(self, dirpath: str | os.PathLike, link: bool = True) -> None:
+        self.dirpath, self.link = os.path.abspath(dirpath), link
+        self._step_on_disk: int | None = None  # the step last.ckpt holds, where this process knows
+        self._fence: StartFence | None = None
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.dirpath, self.NAME)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if trainer.is_global_zero and stage == "fit":
+            others = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
+            remove_leftovers(self.dirpath, trainer.default_root_dir, *others)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Claim the run as its newest start (`StartFence`: a superseded start writes no more
+        checkpoints; a rerun of a finished run, which trains nothing, never gets here)."""
+        if trainer.is_global_zero:
+            self._fence = StartFence(self.dirpath)
+            self._fence.claim()
+            if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
+                trainer.strategy.checkpoint_io.fence = self._fence
+        resumed = trainer.ckpt_path
+        same = resumed is not None and os.path.abspath(resumed) == self.path
+        self._step_on_disk = trainer.global_step if same else None
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._bring_up_to_date(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Training stopped between validations (max_time, max_steps off the validation
+        interval, early stopping): the same command then finds the run done."""
+        self._bring_up_to_date(trainer)
+
+    def _bring_up_to_date(self, trainer: L.Trainer) -> None:
+        step = trainer.global_step
+        if (trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or step == 0
+                or self._step_on_disk == step):
+            return
+        target = self._written_now(trainer) if self.link and trainer.is_global_zero else None
+        target = trainer.strategy.broadcast(target, src=0)  # every rank takes one branch
+        if target:
+            if trainer.is_global_zero:
+                link_or_copy(target, self.path, self._fence)
+            trainer.strategy.barrier()
+        else:
+            trainer.save_checkpoint(self.path)  # every rank; the plugin writes on rank 0
+        self._step_on_disk = step
+
+    def _written_now(self, trainer: L.Trainer) -> str | None:
+        """A complete checkpoint of this step in this folder, under a name its `ModelCheckpoint`
+        replaces rather than deletes (``save_top_k: 1``, a filename without metrics)."""
+        for callback in trainer.checkpoint_callbacks:
+            if (callback is self or not isinstance(callback, ModelCheckpoint)
+                    or callback.save_weights_only or callback.save_top_k != 1
+                    or "{" in (callback.filename or "{")):
+                continue
+            path = callback.best_model_path
+            if (path and os.path.dirname(os.path.abspath(path)) == self.dirpath
+                    and saved_step(path) == trainer.global_step):
+                return path
+        return None

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
+from repgeom.checkpoint_link import AtomicCheckpointIO
 from repgeom.console import quiet_console
 from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     build_loggers,
@@ -22,6 +23,7 @@ from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     sweep_group,
     wandb_logged_in,
 )
+from repgeom.models.checkpoints import checkpoint_problem
 from repgeom.models.lightning_module import CharLM
 from repgeom.models.recipe import set_tf32_matmul, switch_on, vocab_multiple
 from repgeom.options import check_options
@@ -51,15 +53,22 @@ def resolve_precision(precision: str) -> str:
 
 
 def resume_checkpoint(output_dir: Path) -> Path | None:
-    """The newest checkpoint of a run folder: `checkpoints/last.ckpt` or `hpc_ckpt_<n>.ckpt`.
+    """The newest whole checkpoint of a run folder: `checkpoints/last.ckpt` or `hpc_ckpt_<n>.ckpt`.
 
     Lightning's SLURMEnvironment writes `hpc_ckpt_<n>.ckpt` into the run folder when SLURM's
     warning signal arrives, then requeues the job; the requeued job resumes from whichever of
-    the two is newer (by modification time, as Lightning's `ckpt_path="last"` decides).
+    the two is newer (by modification time, as Lightning's `ckpt_path="last"` decides) and
+    whole: a file that fails `checkpoint_problem` (cut short by a kill mid-copy, before
+    repgeom's atomic writes; a CRC-32 mismatch) is skipped, with a warning saying why.
     """
     candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
     existing = [path for path in candidates if path.is_file()]
-    return max(existing, key=lambda path: path.stat().st_mtime, default=None)
+    for path in sorted(existing, key=lambda path: path.stat().st_mtime, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        log.warning("Not resuming from %s: %s; trying the next newest checkpoint", path, problem)
+    return None
 
 
 _PROBE_OPTIONS_DIR = Path(__file__).resolve().parents[2] / "conf" / "probe"
@@ -133,8 +142,12 @@ def train(cfg: DictConfig) -> TrainResult:
     trainer_cfg = cfg.trainer.copy()
     with open_dict(trainer_cfg):
         trainer_cfg.precision = resolve_precision(str(trainer_cfg.precision))
+    # Every checkpoint (best, last, step*, the SLURM signal's hpc_ckpt) written atomically.
+    plugins = [*(instantiate(trainer_cfg.get("plugins")) or []), AtomicCheckpointIO()]
+    with open_dict(trainer_cfg):
+        trainer_cfg.pop("plugins", None)
     trainer: L.Trainer = instantiate(
-        trainer_cfg, callbacks=build_callbacks(cfg), logger=loggers or False
+        trainer_cfg, callbacks=build_callbacks(cfg), logger=loggers or False, plugins=plugins
     )
     _set_tf32(recipe.get("tf32", "auto"), trainer.strategy.root_device)
     resolved = OmegaConf.to_container(cfg, resolve=True)

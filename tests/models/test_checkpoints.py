@@ -108,3 +108,43 @@ def test_find_checkpoints_keeps_the_file_a_live_run_does_not_replace(tmp_path) -
                tmp_path / "hpc_ckpt_1.ckpt")
     assert find_checkpoints(tmp_path) == [(4, folder / "step4.ckpt"),
                                           (6, tmp_path / "hpc_ckpt_1.ckpt")]
+
+
+def _whole_checkpoint(path: Path) -> bytes:
+    torch.save({"global_step": 6, "state_dict": {"w": torch.arange(4096.0)},
+                "hyper_parameters": {"model": {}, "vocab": {}, "masking": {}}}, path)
+    return path.read_bytes()
+
+
+def test_checkpoint_problem_rejects_every_cut_and_a_changed_byte(tmp_path) -> None:
+    from repgeom.models.checkpoints import checkpoint_problem, saved_step
+
+    path = tmp_path / "last.ckpt"
+    whole = _whole_checkpoint(path)
+    assert checkpoint_problem(path) is None and saved_step(path) == 6
+    for size in (0, 1, len(whole) // 3, len(whole) - 22, len(whole) - 1):  # a kill mid-copy
+        path.write_bytes(whole[:size])
+        for check_crc in (True, False):
+            assert "not a whole torch.save file" in checkpoint_problem(path, check_crc=check_crc)
+        assert saved_step(path) is None
+    # the right length, one byte of the tensor changed: only the CRC-32 check sees it
+    at = whole.index(torch.arange(4096.0).numpy().tobytes()[4000:4016])
+    path.write_bytes(whole[:at] + bytes([whole[at] ^ 1]) + whole[at + 1:])
+    assert checkpoint_problem(path, check_crc=False) is None
+    assert "fails its CRC-32 check" in checkpoint_problem(path)
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:  # a zip, but not torch.save's
+        archive.writestr("notes.txt", "x")
+    assert "without data.pkl" in checkpoint_problem(path)
+
+
+def test_find_checkpoints_skips_a_cut_file_with_a_warning(tmp_path, caplog) -> None:
+    from repgeom.models.checkpoints import find_checkpoints
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    whole = _whole_checkpoint(folder / "last.ckpt")
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(whole[: len(whole) // 2])
+    assert find_checkpoints(tmp_path) == [(6, folder / "last.ckpt")]
+    assert "hpc_ckpt_1.ckpt" in caplog.text and "not a whole torch.save file" in caplog.text

@@ -8,7 +8,9 @@ The training probe's options saved in a checkpoint are read by `repgeom.probes.c
 
 from __future__ import annotations
 
+import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from repgeom.console import first_line
 from repgeom.data.tokens import TokenCache, ValidationWindows
 from repgeom.data.vocab import Vocab
 from repgeom.models.gpt import GPT, GPTConfig
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointFormatError(ValueError):
@@ -71,6 +75,34 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     return ckpt
 
 
+def checkpoint_problem(path: str | os.PathLike, *, check_crc: bool = True) -> str | None:
+    """Why `path` is not a whole ``torch.save`` file, or None: read without unpickling anything.
+
+    ``torch.save`` writes a zip archive whose central directory is its last bytes, so a file cut
+    short (a kill mid-copy) has none and fails at once; with `check_crc` every member is read and
+    its CRC-32 compared with the one in the directory (`zipfile.ZipFile.testzip`), which catches a
+    file of the right length with wrong bytes, at the cost of one read of the file.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.rpartition("/")[2] == "data.pkl" for name in archive.namelist()):
+                return "a zip archive without data.pkl, not a torch.save file"
+            bad = archive.testzip() if check_crc else None
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        return f"not a whole torch.save file ({type(error).__name__}: {first_line(error, 120)})"
+    return f"its member {bad} fails its CRC-32 check" if bad else None
+
+
+def saved_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` a Lightning checkpoint holds, or None where it does not load (the
+    tensors are memory-mapped, not read)."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(ckpt["global_step"])
+    except Exception:  # noqa: BLE001 - any file that does not load holds no step
+        return None
+
+
 def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """(global_step, path) of every checkpoint of a run, one per step, in step order.
 
@@ -78,7 +110,9 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     ``hpc_ckpt_*.ckpt`` files Lightning's SLURM requeue writes into the run folder. Files at the
     same step hold the same weights; one a live run does not replace is kept (``step*``,
     ``hpc_ckpt_*``: last.ckpt and best.ckpt hold another step after the next validation, and a
-    probe of a running run loads the files after listing them), then the first by name.
+    probe of a running run loads the files after listing them), then the first by name. A file
+    cut short (an hpc_ckpt copied by Lightning before repgeom's atomic writes, and killed) is
+    skipped with a warning.
 
     Raises
     ------
@@ -99,6 +133,10 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         )
     by_step: dict[int, Path] = {}
     for path in sorted(paths, key=lambda p: (_replaced_by_a_live_run(p), str(p))):
+        problem = checkpoint_problem(path, check_crc=False)
+        if problem is not None:
+            log.warning("Skipping %s: %s", path, problem)
+            continue
         step = int(read_checkpoint(path)["global_step"])
         by_step.setdefault(step, path)
     return sorted(by_step.items())
