@@ -181,8 +181,8 @@ def _bell_finding(stacked: pd.DataFrame, last: int, n: int) -> Finding:
                        "be tested", math.nan, 0, n)
     check = ("final causal profile over blocks 1..L: peak − first block > 0 and peak − last block "
              "> 0 per seed; intersection-union test (Berger 1982) of the two one-sided t tests "
-             "over seeds at each interior block, the peak the block with the smallest p, its "
-             "choice corrected by Bonferroni over the interior blocks")
+             "over seeds at the interior block most above both ends, its choice corrected by "
+             "Bonferroni over the interior blocks")
     nans = nan_text(values, [steps.index(last)])
     if not (np.isfinite(profile[:, 0]).all() and np.isfinite(profile[:, -1]).all()):
         return Finding(claim, check, f"the first or last block is not read in every seed at "
@@ -198,7 +198,7 @@ def _bell_finding(stacked: pd.DataFrame, last: int, n: int) -> Finding:
         claim, check,
         f"final causal profile (step {last}, mean [95% interval]) "
         f"{fmt_intervals(blocks, means)}; peak at block {blocks[peak]} (the interior block "
-        f"with the smallest p; the mean profile's largest is block "
+        f"most above both ends; the mean profile's largest is block "
         f"{blocks[int(np.argmax([c.mean for c in means]))]}); uncorrected intervals at the "
         "chosen block: "
         f"{effect_text('peak − first block', top.start, top.p_start)}, "

@@ -85,8 +85,8 @@ def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding 
     check = ("per seed, the layer mean (blocks 1..L) at a peak step minus that at the first "
              "probe, and minus that at the last, each paired over the blocks read at both steps "
              "in every seed; both above 0: intersection-union test (Berger 1982) of one-sided t "
-             "tests over seeds at each interior step, the peak the step with the smallest p, its "
-             "choice corrected by Bonferroni over the candidate steps; an end not read in every "
+             "tests over seeds at the interior step most above both ends, its choice corrected by "
+             "Bonferroni over the candidate steps; an end not read in every "
              "seed is not measured, never moved")
     n = len(tables[m])
     if not all(metric in set(t["metric"]) for t in tables[m]):

@@ -112,6 +112,24 @@ def interior_height(values: pd.Series) -> float:
     return float(v[1:-1].mean() - (v[0] + v[-1]) / 2)
 
 
+def pair_columns(real: pd.Series, shuffled: pd.Series) -> dict:
+    """One seed's columns of `peaks` from its two profiles over blocks (index: block, in order;
+    NaN: not read): per text, over the blocks read on both texts, ``<text>_peak`` (the largest
+    TwoNN) and ``<text>_block`` (its block), ``<text>_interior_peak`` (that block is neither the
+    first nor the last), ``<text>_height`` (`interior_height`), and ``<text>_nan``."""
+    both = real.notna() & shuffled.notna()
+    row = {}
+    for text, values in zip(TEXTS, (real, shuffled), strict=True):
+        read = values[both]
+        row[f"{text}_peak"] = float(read.max()) if len(read) else np.nan
+        row[f"{text}_block"] = int(read.idxmax()) if len(read) else -1
+        row[f"{text}_interior_peak"] = bool(
+            len(read) >= 3 and read.index[0] < row[f"{text}_block"] < read.index[-1])
+        row[f"{text}_height"] = interior_height(read)
+        row[f"{text}_nan"] = int(values.isna().sum())
+    return row
+
+
 def peaks(folder: Path) -> pd.DataFrame:
     """One row per (masking, seed) with both texts probed: the step, the number of blocks, and
     per text, over the blocks read on both texts, the peak (largest TwoNN) and its block, whether
@@ -133,17 +151,8 @@ def _peaks(folder: Path, pairs: list[tuple[Path, str, int]]) -> pd.DataFrame:
                 f"{run}: real text read blocks {list(real.index)}, shuffled blocks "
                 f"{list(shuffled.index)}; one checkpoint reads the same blocks on both texts: "
                 f"probe the same checkpoint on both ({COMMAND})")
-        both = real.notna() & shuffled.notna()
-        row = {"masking": masking, "seed": seed, "step": step, "blocks": len(real)}
-        for text, values in zip(TEXTS, (real, shuffled), strict=True):
-            read = values[both]
-            row[f"{text}_peak"] = float(read.max()) if len(read) else np.nan
-            row[f"{text}_block"] = int(read.idxmax()) if len(read) else -1
-            row[f"{text}_interior_peak"] = bool(
-                len(read) >= 3 and read.index[0] < row[f"{text}_block"] < read.index[-1])
-            row[f"{text}_height"] = interior_height(read)
-            row[f"{text}_nan"] = int(values.isna().sum())
-        rows.append(row)
+        rows.append({"masking": masking, "seed": seed, "step": step, "blocks": len(real),
+                     **pair_columns(real, shuffled)})
     if not rows:
         raise FileNotFoundError(
             f"no <masking>-seed<k>/real and /shuffled probe runs in {folder}: make them with "
