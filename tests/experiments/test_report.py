@@ -214,6 +214,7 @@ def test_every_id_claim_is_stated_at_each_scale(planted, tmp_path: Path) -> None
             assert finding.measured == (metric != "id_plateau")
     missing = _finding(every, "(id_plateau)", "(causal)")
     assert "**not measured**" in missing.markdown() and "id_scales" in missing.observed
+    assert "family: experiment 2, not counted by its Holm correction" in missing.markdown()
     # A sweep with the profile: the plateau's claim is decided like the others, the guarded
     # block left out of the mean with the count said.
     sweep = make_sweep(tmp_path / "sweep", plateau=True)

@@ -91,11 +91,12 @@ class Finding:
         else:
             n = "no seeds" if self.n_seeds is None else f"{self.n_seeds} {self.unit}"
             stat = f"; p = n/a ({n}: at least {st.MIN_SEEDS} are needed for a test)"
+        if self.family and not self.testable:
+            stat += f"; family: {self.family}, not counted by its Holm correction"
         return (
             f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
             f"  *Ours:* {self.observed}{count}{stat} → **{self.verdict}**"
         )
-
 
     @property
     def family_text(self) -> str:
