@@ -185,15 +185,15 @@ def test_findings_count_seeds_and_give_hand_computed_intervals(planted) -> None:
     rise = _finding(every, "(twonn)", "(causal)")
     assert rise.agrees and (rise.seeds_holding, rise.n_seeds) == (3, 3)
     assert "the sign holds in 3 of 3 seeds" in rise.markdown()
-    # Every seed (and every two) puts the peak at step 10, so the held-out contrasts are the
-    # seeds' own and the Bonferroni bound (2 candidates) is the larger p: twice the t test of
-    # peak - end = 3 + o (the smaller part of the intersection-union test), computed by hand.
+    # The peak is step 10, and the verdict's p the Bonferroni bound over the 2 candidates: twice
+    # the t test of peak - end = 3 + o (the larger p of the intersection-union test), by hand.
     ends = [3.0 + o for o in OFFSETS]
     t = np.mean(ends) / (np.std(ends, ddof=1) / math.sqrt(3))
     from scipy import stats
 
     assert rise.p == pytest.approx(2 * stats.t.sf(t, 2))
-    assert f"p = {st.fmt_p(rise.p)}, adjusted p = {st.fmt_p(rise.adjusted)}" in rise.markdown()
+    assert (f"p = {st.fmt_p(rise.p)}, adjusted p = {st.fmt_p(rise.adjusted)} (Holm over the 5 "
+            "tested checks of experiment 2)") in rise.markdown()
     # peak - end per seed = 9 + o - 6; its interval, computed by hand:
     diffs = [3.0 + o for o in OFFSETS]
     mean = float(np.mean(diffs))
@@ -214,6 +214,7 @@ def test_every_id_claim_is_stated_at_each_scale(planted, tmp_path: Path) -> None
             assert finding.measured == (metric != "id_plateau")
     missing = _finding(every, "(id_plateau)", "(causal)")
     assert "**not measured**" in missing.markdown() and "id_scales" in missing.observed
+    assert "family: experiment 2, not counted by its Holm correction" in missing.markdown()
     # A sweep with the profile: the plateau's claim is decided like the others, the guarded
     # block left out of the mean with the count said.
     sweep = make_sweep(tmp_path / "sweep", plateau=True)
@@ -260,10 +261,15 @@ def test_every_family_of_checks_is_there_and_decided(planted) -> None:
         assert finding.agrees, (words, finding.observed)
     assert _finding(every, "flatter").unit == "seed pairs"
     assert "the sign holds in 3 of 3 seed pairs" in _finding(every, "flatter").markdown()
-    # Holm over every verdict: the adjusted p's are Holm's over the tested findings' p's.
+    # Holm within each experiment: the adjusted p's are Holm's over the family's tested p's.
     tested = [f for f in every.values() if f.testable]
     assert len(tested) == 15  # 17 checks; the plateau's two are not measured (no id_scales)
-    np.testing.assert_allclose([f.adjusted for f in tested], st.holm([f.p for f in tested]))
+    sizes = {"experiment 1": 4, "experiment 2": 5, "experiment 3": 6}
+    for family, size in sizes.items():
+        mine = [f for f in tested if f.family == family]
+        assert len(mine) == size and all(f.family_size == size for f in mine)
+        np.testing.assert_allclose([f.adjusted for f in mine], st.holm([f.p for f in mine]))
+        assert all(f"tested checks of {family})" in f.markdown() for f in mine)
     assert all(f.adjusted <= st.ALPHA for f in every.values() if f.agrees)
     # The near-duplicate shares are 0 at the last probe in all 6 runs: the sign test's p is 2^-6.
     assert _finding(every, "near-duplicates").p == pytest.approx(2**-6)
@@ -285,8 +291,10 @@ def test_render_states_seeds_vocabulary_and_protocol(tmp_path: Path) -> None:
     assert "mean over batches, with the std over batches" in text
     assert "of 3 seeds" in text and text.rstrip().endswith("Closing notes.")
     # The statistics section names each test and its reference, and the size of Holm's family.
-    for words in ("Student's t test over seeds", "Welch 1947", "Berger 1982", "held-out choice",
-                  "Bonferroni bound", "Westfall and Young (1993", "Holm 1979", "tested (15 here)"):
+    for words in ("Student's t test over seeds", "Welch 1947", "Berger 1982",
+                  "Bonferroni over the candidates", "Westfall and Young (1993", "Hothorn, Bretz",
+                  "Holm 1979", "one family per experiment",
+                  "(experiment 1: 4, experiment 2: 5, experiment 3: 6 tested here)"):
         assert words in text, words
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / image).stat().st_size > 5_000, image

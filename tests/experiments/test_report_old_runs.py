@@ -49,7 +49,9 @@ def test_every_agrees_of_the_old_runs_carries_an_adjusted_p_of_at_most_alpha(old
             assert finding.adjusted >= finding.p
             assert f"adjusted p = {st.fmt_p(finding.adjusted)}" in finding.markdown()
     # TwoNN's rise then fall (causal) holds in 3 of 3 seeds, but its peak was chosen among 14
-    # steps: the Bonferroni bound makes it not shown once Holm runs over the 15 tests.
+    # steps, and 3 seeds give its t tests 2 degrees of freedom: the Bonferroni bound over the 14
+    # makes it not shown once Holm runs over experiment 2's 5 tested checks.
     twonn = _one(old, "(twonn)", "(causal)")
     assert twonn.seeds_holding == 3 and twonn.verdict == "not shown"
-    assert "Bonferroni bound over 14 candidates" in twonn.observed
+    assert "Bonferroni over 14 candidates" in twonn.observed
+    assert twonn.family == "experiment 2" and twonn.family_size == 5

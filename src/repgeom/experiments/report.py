@@ -21,8 +21,8 @@ named as Hydra's sweep names them, ``<masking>-seed<k>``, each with at least::
 
 and optionally ``csv/version_*/hparams.yaml`` (or ``hparams.yaml``), where the training run saved
 ``model.vocab_size``. Every verdict is tested with the seed as the unit, corrected for a peak
-chosen on the data and by Holm over the verdicts of experiments 1-3 (the shuffled control's, in
-its own section, over its own; `repgeom.experiments.statistics`);
+chosen on the data and by Holm within each experiment (the shuffled control's, in its own
+section, over its own; `repgeom.experiments.statistics`, `report_sections.FAMILIES`);
 it reads agrees, not shown, not testable or not measured. Profiles and verdicts read blocks
 1..L only, never the final norm's output (which is reported as its own number).
 """
@@ -37,6 +37,7 @@ from repgeom.experiments import report_shuffled
 from repgeom.experiments.report_findings import Finding
 from repgeom.experiments.report_runs import MASKINGS, Run, find_runs, vocab_size
 from repgeom.experiments.report_sections import (
+    FAMILIES,
     common_bias,
     distribution_finding,
     distributions,
@@ -95,7 +96,8 @@ def render(args: SimpleNamespace) -> Path:
             "id": "2. Intrinsic dimension over training (Razzhigaev et al. 2023)",
             "attention": "3. Attention sharpening and Q/K drift (Godey et al. 2024, §3.3, §5)",
         }
-        tested = sum(f.testable for group in findings.values() for f in group)
+        tested = {FAMILIES[key]: sum(f.testable for f in group)
+                  for key, group in findings.items()}
         lines += ["## Experiments 1-3: runs and statistics", "", *setup_lines(facts, tested), ""]
         for key, title in titles.items():
             lines += [

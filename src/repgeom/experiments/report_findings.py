@@ -1,6 +1,7 @@
 """The report's claim checks (experiments 1-3): each paper claim reduced to one number per seed
-and tested over seeds (`repgeom.experiments.statistics`), then corrected by Holm over every
-verdict printed (`adjust`).
+and tested over seeds (`repgeom.experiments.statistics`), then corrected by Holm within its
+family (`adjust`): one family per experiment, the claims of one paper's experiment, so that the
+chance of any false "agrees" among an experiment's verdicts is at most `statistics.ALPHA`.
 
 Layout of a check: the metric's readings as a (seed, step, block) cube of blocks 1..L (`cube`);
 a contrast between two steps is paired, per seed, over the blocks read at both steps in every seed
@@ -33,7 +34,7 @@ class Finding:
     """One claim, the check that tests it, what our runs gave, and the verdict.
 
     `p` is the check's p (one-sided, corrected for a data-chosen peak); `adjusted` its
-    Holm-adjusted p over every verdict printed (`adjust`). ``seeds_holding`` of ``n_seeds`` runs
+    Holm-adjusted p within its `family` (`adjust`). ``seeds_holding`` of ``n_seeds`` runs
     (or pairs of runs, `unit`) show the effect's sign on their own: information, not the verdict.
     """
 
@@ -47,6 +48,10 @@ class Finding:
     measured: bool = True
     """False: the tables do not hold what the check needs (the verdict says "not measured")."""
     adjusted: float = math.nan
+    family: str = ""
+    """The family Holm ran over (``experiment 2``), set by `adjust`."""
+    family_size: int = 0
+    """How many tested checks that family holds."""
 
     @property
     def testable(self) -> bool:
@@ -79,23 +84,35 @@ class Finding:
         if self.verdict == "not measured":
             stat = ""
         elif self.testable:
-            stat = f"; p = {st.fmt_p(self.p)}, adjusted p = {st.fmt_p(self.adjusted)}"
+            stat = (f"; p = {st.fmt_p(self.p)}, adjusted p = {st.fmt_p(self.adjusted)} (Holm "
+                    f"over {self.family_text})")
         elif self.n_seeds is not None and self.n_seeds >= st.MIN_SEEDS:
             stat = "; p = n/a (no test: see above)"
         else:
             n = "no seeds" if self.n_seeds is None else f"{self.n_seeds} {self.unit}"
             stat = f"; p = n/a ({n}: at least {st.MIN_SEEDS} are needed for a test)"
+        if self.family and not self.testable:
+            stat += f"; family: {self.family}, not counted by its Holm correction"
         return (
             f"- *Claim:* {self.claim}\n  *Check:* {self.check}\n"
             f"  *Ours:* {self.observed}{count}{stat} → **{self.verdict}**"
         )
 
+    @property
+    def family_text(self) -> str:
+        """``the 5 tested checks of experiment 2``."""
+        size = f"the {self.family_size} tested check{'s' if self.family_size != 1 else ''}"
+        return f"{size} of {self.family}" if self.family else size
 
-def adjust(findings: Sequence[Finding]) -> None:
-    """Holm (1979) over the testable findings: sets each one's `adjusted` p in place."""
+
+def adjust(findings: Sequence[Finding], family: str) -> None:
+    """Holm (1979) over the testable findings of one `family`: sets each one's `adjusted` p,
+    `family` and `family_size` in place."""
     ps = [f.p if f.testable else math.nan for f in findings]
+    size = sum(f.testable for f in findings)
     for finding, adjusted in zip(findings, st.holm(ps), strict=True):
         finding.adjusted = float(adjusted)
+        finding.family, finding.family_size = family, size
 
 
 def fmt_intervals(index: Sequence, intervals: Sequence[Interval], name: str = "block") -> str:
@@ -164,10 +181,9 @@ def _bell_finding(stacked: pd.DataFrame, last: int, n: int) -> Finding:
                        f"the model has {len(blocks)} blocks: no interior block, the shape cannot "
                        "be tested", math.nan, 0, n)
     check = ("final causal profile over blocks 1..L: peak − first block > 0 and peak − last block "
-             "> 0 per seed, the peak being the interior block most above both ends; "
-             "intersection-union test (Berger 1982) of the two one-sided t tests over seeds, the "
-             "peak's choice corrected (held-out + Bonferroni below 5 seeds, sign-flip max-T from "
-             "5)")
+             "> 0 per seed; intersection-union test (Berger 1982) of the two one-sided t tests "
+             "over seeds at the interior block most above both ends, its choice corrected by "
+             "Bonferroni over the interior blocks")
     nans = nan_text(values, [steps.index(last)])
     if not (np.isfinite(profile[:, 0]).all() and np.isfinite(profile[:, -1]).all()):
         return Finding(claim, check, f"the first or last block is not read in every seed at "
@@ -182,9 +198,10 @@ def _bell_finding(stacked: pd.DataFrame, last: int, n: int) -> Finding:
     return Finding(
         claim, check,
         f"final causal profile (step {last}, mean [95% interval]) "
-        f"{fmt_intervals(blocks, means)}; peak at block {blocks[peak]} (the interior block most "
-        f"above both ends; the mean profile's largest is block "
-        f"{blocks[int(np.argmax([c.mean for c in means]))]}); "
+        f"{fmt_intervals(blocks, means)}; peak at block {blocks[peak]} (the interior block "
+        f"most above both ends; the mean profile's largest is block "
+        f"{blocks[int(np.argmax([c.mean for c in means]))]}); uncorrected intervals at the "
+        "chosen block: "
         f"{effect_text('peak − first block', top.start, top.p_start)}, "
         f"{effect_text('peak − last block', top.end, top.p_end)}; {top.detail}; last block "
         f"(block {blocks[-1]}) {means[-1]}{norm_text}; {nans}",

@@ -3,8 +3,8 @@ near-duplicate check, and the sentence on which scale the papers read.
 
 "Rises, then falls" is a compound claim about a peak chosen on the data: per seed, the layer
 mean's peak − start and peak − end, each paired over the blocks read at both steps in every seed
-(`report_findings.paired`), tested by `statistics.peak_test` (intersection-union, corrected for the
-choice of the peak's step among the interior steps).
+(`report_findings.paired`), tested by `statistics.peak_test` (intersection-union at each
+interior step, the peak's choice among them corrected by Bonferroni).
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding 
     check = ("per seed, the layer mean (blocks 1..L) at a peak step minus that at the first "
              "probe, and minus that at the last, each paired over the blocks read at both steps "
              "in every seed; both above 0: intersection-union test (Berger 1982) of one-sided t "
-             "tests over seeds, the peak being the interior step most above both ends, its "
-             "choice corrected (held-out + Bonferroni below 5 seeds, sign-flip max-T from 5); "
-             "an end not read in every seed is not measured, never moved")
+             "tests over seeds at the interior step most above both ends, its choice corrected by "
+             "Bonferroni over the candidate steps; an end not read in every "
+             "seed is not measured, never moved")
     n = len(tables[m])
     if not all(metric in set(t["metric"]) for t in tables[m]):
         if metric != "id_plateau":
@@ -141,6 +141,7 @@ def _rise_then_fall_finding(tables, names, m, metric, shares, batch) -> Finding 
         claim, check,
         f"start {mean[0]} (step {steps[0]}), peak {mean[peak]} at step {steps[peak]}, end "
         f"{mean[last]} (step {steps[last]}), layer means over the blocks every seed reads; "
+        "uncorrected intervals at the chosen step: "
         f"{effect_text('peak − start', top.start, top.p_start, info['start'])}, "
         f"{effect_text('peak − end', top.end, top.p_end, info['end'])}; {top.detail}; "
         f"{len(candidates)} candidate steps; {nans}{note}",
