@@ -52,8 +52,8 @@ def attention_implementation(family: str) -> str:
     record = FAMILIES.get(family)
     if record is None or record.qk is None or not record.qk.at_product:
         return "eager"
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
 
     AttentionInterface.register(ATTENTION, _eager_keeping_qk)
     AttentionMaskInterface.register(ATTENTION, eager_mask)  # the masks eager attention reads
