@@ -42,6 +42,7 @@ def test_new_family_gets_query_key_rows(tmp_path, tiny_hf_folder, text_file, fam
         assert one["value"].notna().all(), (family, metric)
 
 
+@pytest.mark.slow
 def test_probe_py_writes_query_key_rows_for_a_saved_olmo2(tmp_path, tiny_hf_folder, text_file):
     """`python probe.py hf=<folder saved with save_pretrained>`, as a user runs it."""
     folder = tiny_hf_folder("olmo2")
