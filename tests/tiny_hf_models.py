@@ -166,6 +166,13 @@ FAMILIES = {
                                              layer_types=["sliding_attention", "full_attention"],
                                              **_GEMMA_IDS),
                     _GEMMA_TOKENS, "<s> $A"),
+    # EmbeddingGemma's layout: Gemma 3 with bidirectional attention (windows |t - j| < W).
+    "gemma3_text-bidirectional": (
+        "Gemma3TextConfig", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8,
+                                 query_pre_attn_scalar=16, sliding_window=4,
+                                 layer_types=["sliding_attention", "full_attention"],
+                                 use_bidirectional_attention=True, **_GEMMA_IDS),
+        _GEMMA_TOKENS, "<s> $A"),
     "phi3": ("Phi3Config", dict(_LLAMALIKE, num_key_value_heads=2, pad_token_id=0, bos_token_id=2,
                                 eos_token_id=3, rope_parameters=dict(
                                     rope_type="default", rope_theta=10000.0,

@@ -29,8 +29,9 @@ from repgeom.models.hf import hf_capture, load_hf_model, tokenize_windows
 FIRST = ["gpt2", "gpt2-scaled", "bert", "roberta", "xlm-roberta-xl", "gpt_neox", "bloom", "opt",
          "opt-post", "llama", "mistral", "t5:encoder", "t5:decoder"]  # fmt: skip
 AT_PRODUCT = ["olmo", "olmo2", "olmo3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-              "phi3", "smollm3", "falcon", "falcon-mq", "falcon-rw"]  # fmt: skip
-ENCODERS = {"bert", "roberta", "xlm-roberta-xl", "t5:encoder"}
+              "gemma3_text-bidirectional", "phi3", "smollm3", "falcon", "falcon-mq",
+              "falcon-rw"]  # fmt: skip
+ENCODERS = {"bert", "roberta", "xlm-roberta-xl", "t5:encoder", "gemma3_text-bidirectional"}
 WINDOW = 16
 
 
@@ -105,14 +106,15 @@ def position_bias(case: str, owner: nn.Module, H: int, T: int, D: int):
 
 def allowed_keys(mask, causal: bool, window: int | None):
     """(B, 1, T, T): padding keys out; the future out for decoders; keys ``window`` or more
-    positions back out on a sliding-window layer."""
+    positions away out on a sliding-window layer (back for a decoder, either way for an
+    encoder: Gemma 3's bidirectional windows)."""
     T = mask.size(1)
     allowed = mask.bool()[:, None, None, :].expand(-1, 1, T, -1)
     distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # t - j
     if causal:
         allowed = allowed & (distance >= 0)
     if window is not None:
-        allowed = allowed & (distance < window)
+        allowed = allowed & (distance.abs() < window)
     return allowed
 
 

@@ -106,6 +106,9 @@ class Family:
     name: str
     is_decoder: bool | None
     qk: QKHooks | None = None
+    encoder_if: str = ""
+    """A config flag that, when true, makes a model of this family bidirectional (Gemma 3's
+    ``use_bidirectional_attention``: EmbeddingGemma), whatever `is_decoder` says."""
 
 
 def _family(name: str, is_decoder: bool | None, attention: str, projections: tuple[str, ...],
@@ -113,9 +116,9 @@ def _family(name: str, is_decoder: bool | None, attention: str, projections: tup
     return Family(name, is_decoder, QKHooks((attention,), projections, split, **qk))
 
 
-def _at_product(name: str, attention: str) -> Family:
+def _at_product(name: str, attention: str, **family: Any) -> Family:
     """A decoder whose queries and keys are read where its attention function receives them."""
-    return Family(name, True, QKHooks((attention,), at_product=True))
+    return Family(name, True, QKHooks((attention,), at_product=True), **family)
 
 
 FAMILIES: dict[str, Family] = {
@@ -143,7 +146,8 @@ FAMILIES: dict[str, Family] = {
         _at_product("qwen3", "Qwen3Attention"),
         _at_product("gemma", "GemmaAttention"),
         _at_product("gemma2", "Gemma2Attention"),
-        _at_product("gemma3_text", "Gemma3Attention"),
+        # Gemma 3's masks follow use_bidirectional_attention (Gemma 1/2's do not: causal).
+        _at_product("gemma3_text", "Gemma3Attention", encoder_if="use_bidirectional_attention"),
         _at_product("phi3", "Phi3Attention"),
         _at_product("smollm3", "SmolLM3Attention"),
         _at_product("falcon", "FalconAttention"),
@@ -162,6 +166,8 @@ def is_decoder_from_config(config: Any) -> bool | None:
     if getattr(config, "is_decoder", False):  # e.g. BERT configured as a causal decoder
         return True
     family = FAMILIES.get(config.model_type)
+    if family is not None and family.encoder_if and getattr(config, family.encoder_if, False):
+        return False
     if family is not None and family.is_decoder is not None:
         return family.is_decoder
     architectures = getattr(config, "architectures", None) or []
