@@ -320,6 +320,14 @@ def load_hf_model(
         )
     if not encoder_decoder and stack is not None:
         raise ValueError(f"stack={stack!r}: hf={name!r} has one stack of layers; pass stack=None")
+    if getattr(config, "text_config", None) is not None and not hasattr(
+            config, "num_hidden_layers"):
+        raise ValueError(
+            f"hf={name!r} is a multimodal model ({config.model_type}: a text_config inside its "
+            "config); repgeom probes a text model's stack of blocks: save its language model "
+            "alone (model.language_model.save_pretrained(folder), with the tokenizer) and probe "
+            "that folder, or a text-only release of the family (Gemma 3 1B is gemma3_text)"
+        )
     tok = load_tokenizer_or_explain(name, tokenizer, revision=revision,
                                     retry_budget_s=retry_budget_s)
     kwargs: dict[str, Any] = {"revision": revision,
