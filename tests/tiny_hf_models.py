@@ -3,8 +3,9 @@
 `build_tiny_hf(family, folder)` writes a 2-layer model of that family with `save_pretrained` and
 a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
 `PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
-for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral and OPT (whose BOS is
-"</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX and BLOOM. The shared fixture
+for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral, Gemma, Phi-3 and OPT
+(whose BOS is "</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX, BLOOM, OLMo, Qwen, SmolLM3
+and Falcon (whose real tokenizers may differ: the tokens only decide which positions count). The shared fixture
 `tiny_hf_folder` (tests/conftest.py) and the analyses' tests build their models with it.
 """
 
@@ -35,6 +36,12 @@ _ROBERTALIKE = (
     "<s> $A </s>",
 )
 """Config, special tokens and template shared by RoBERTa and XLM-RoBERTa-XL."""
+_EOS_ONLY = dict(eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>")
+"""OLMo, Qwen, SmolLM3 and Falcon tokenizers add no special token to a text."""
+_GEMMA_IDS = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
+_GEMMA_TOKENS = dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+_FALCON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, bos_token_id=6,
+               eos_token_id=6)
 FAMILIES = {
     "gpt2": (
         "GPT2Config",
@@ -131,6 +138,59 @@ FAMILIES = {
         dict(eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
         "$A </s>",
     ),
+    # The families read at the product (`repgeom.models.hf.qk`). Each exercises what sets it
+    # apart: OLMo's clip_qkv clamp, OLMo-2/3's QK-norm over the whole projection (and OLMo-3's
+    # sliding-window layers), Qwen2's q/k biases, Qwen3's per-head QK-norm, Gemma's head_dim
+    # apart from hidden/heads, Gemma 2's soft-cap and query_pre_attn_scalar, Gemma 3's per-head
+    # QK-norm and local/global layers, Phi-3's fused qkv_proj with partial rotary, SmolLM3's
+    # NoPE layer, and Falcon's three layouts of query_key_value.
+    "olmo": ("OlmoConfig", dict(_LLAMALIKE, num_key_value_heads=2, clip_qkv=0.5, pad_token_id=0,
+                                eos_token_id=6), _EOS_ONLY, None),
+    "olmo2": ("Olmo2Config", dict(_LLAMALIKE, num_key_value_heads=2, pad_token_id=0,
+                                  eos_token_id=6), _EOS_ONLY, None),
+    "olmo3": ("Olmo3Config", dict(_LLAMALIKE, num_key_value_heads=2, pad_token_id=0,
+                                  eos_token_id=6, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"]),
+              _EOS_ONLY, None),
+    "qwen2": ("Qwen2Config", dict(_LLAMALIKE, num_key_value_heads=2, eos_token_id=6), _EOS_ONLY,
+              None),
+    "qwen3": ("Qwen3Config", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8, eos_token_id=6),
+              _EOS_ONLY, None),
+    "gemma": ("GemmaConfig", dict(_LLAMALIKE, num_key_value_heads=1, head_dim=16, **_GEMMA_IDS),
+              _GEMMA_TOKENS, "<s> $A"),
+    "gemma2": ("Gemma2Config", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8,
+                                    query_pre_attn_scalar=16, attn_logit_softcapping=2.0,
+                                    sliding_window=4, **_GEMMA_IDS),
+               _GEMMA_TOKENS, "<s> $A"),
+    "gemma3_text": ("Gemma3TextConfig", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8,
+                                             query_pre_attn_scalar=16, sliding_window=4,
+                                             layer_types=["sliding_attention", "full_attention"],
+                                             **_GEMMA_IDS),
+                    _GEMMA_TOKENS, "<s> $A"),
+    # EmbeddingGemma's layout: Gemma 3 with bidirectional attention (windows |t - j| < W).
+    "gemma3_text-bidirectional": (
+        "Gemma3TextConfig", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8,
+                                 query_pre_attn_scalar=16, sliding_window=4,
+                                 layer_types=["sliding_attention", "full_attention"],
+                                 use_bidirectional_attention=True, **_GEMMA_IDS),
+        _GEMMA_TOKENS, "<s> $A"),
+    "phi3": ("Phi3Config", dict(_LLAMALIKE, num_key_value_heads=2, pad_token_id=0, bos_token_id=2,
+                                eos_token_id=3, rope_parameters=dict(
+                                    rope_type="default", rope_theta=10000.0,
+                                    partial_rotary_factor=0.5)),
+             dict(bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"),
+             "<s> $A"),
+    "smollm3": ("SmolLM3Config", dict(_LLAMALIKE, num_key_value_heads=2, no_rope_layers=[1, 0],
+                                      pad_token_id=0, bos_token_id=6, eos_token_id=6),
+                _EOS_ONLY, None),
+    # Falcon-40B/180B: grouped queries per key head (new_decoder_architecture).
+    "falcon": ("FalconConfig", dict(_FALCON, new_decoder_architecture=True, num_kv_heads=2),
+               _EOS_ONLY, None),
+    # Falcon-7B: one key head for all queries (multi_query).
+    "falcon-mq": ("FalconConfig", dict(_FALCON, multi_query=True), _EOS_ONLY, None),
+    # Falcon-RW: a head per key, ALiBi on the scores instead of rotary, biases.
+    "falcon-rw": ("FalconConfig", dict(_FALCON, multi_query=False, alibi=True, bias=True,
+                                       parallel_attn=False), _EOS_ONLY, None),
     # A family without query/key hooks in repgeom.
     "electra": (
         "ElectraConfig",

@@ -32,6 +32,23 @@ def test_missing_path_is_a_clear_error(tmp_path, monkeypatch, relative):
         load_hf_model(path)
 
 
+def test_multimodal_model_is_a_clear_error(tmp_path, tiny_hf_folder):
+    """Gemma 3 4B and up (model_type gemma3) hold their language model beside a vision tower:
+    named, with the way to probe the language model, instead of an AttributeError deep in the
+    probe."""
+    from transformers import AutoModel, Gemma3Config
+
+    text = dict(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, intermediate_size=64)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=39, boi_token_index=38, eoi_token_index=37)
+    AutoModel.from_config(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"multimodal model \(gemma3.*language_model"):
+        load_hf_model(tmp_path, tokenizer=tiny_hf_folder("gemma3_text"))
+
+
 def test_home_folder_is_expanded(tiny_hf_folder, monkeypatch):
     folder = tiny_hf_folder("gpt2")
     monkeypatch.setenv("HOME", os.path.dirname(folder))

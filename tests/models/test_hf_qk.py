@@ -134,3 +134,70 @@ def test_opt_queries_are_unscaled_projections(tiny_hf, tiny_text):
         torch.testing.assert_close(
             cap.queries[layer], split_heads(x @ proj.weight.T + proj.bias, H)
         )
+
+
+# --------------------------------------------------------------------------------------------
+# Families read at the product (repgeom.models.hf.qk.ATTENTION)
+
+
+@torch.no_grad()
+def test_olmo_queries_and_keys_are_clamped_then_rotated(tiny_hf, tiny_text):
+    """OLMo clamps q, k and v to [-clip_qkv, clip_qkv] after the projection, then rotates q and
+    k (scores scaled by 1/sqrt(D) alone: nothing folded into Q)."""
+    hf, cap, H = by_hand_case(tiny_hf, tiny_text, "olmo")
+    cfg = hf.model.config
+    clip, D, theta = cfg.clip_qkv, cfg.hidden_size // H, cfg.rope_parameters["rope_theta"]
+    for layer, block in enumerate(hf.model.layers):
+        x = block.input_layernorm(cap.hidden[layer])
+        q = x @ block.self_attn.q_proj.weight.T
+        assert float((q.abs() > clip).float().mean()) > 0.1  # the tiny config does clamp
+        expected = rope(split_heads(q.clamp(-clip, clip), H), D, theta)
+        torch.testing.assert_close(cap.queries[layer], expected)
+        unclamped = rope(split_heads(q, H), D, theta)
+        assert not torch.allclose(cap.queries[layer], unclamped, atol=1e-3)
+
+
+@torch.no_grad()
+def test_smollm3_nope_layer_has_no_rotary(tiny_hf, tiny_text):
+    """SmolLM3 skips the rotary embedding on its NoPE layers (``no_rope_layers[i] == 0``): there
+    Q is the projection itself; on a rotary layer it is not."""
+    hf, cap, H = by_hand_case(tiny_hf, tiny_text, "smollm3")
+    assert hf.model.config.no_rope_layers == [1, 0]
+    for layer, block in enumerate(hf.model.layers):
+        x = block.input_layernorm(cap.hidden[layer])
+        q = split_heads(x @ block.self_attn.q_proj.weight.T, H)
+        assert torch.allclose(cap.queries[layer], q, atol=1e-6) == (layer == 1)
+
+
+@torch.no_grad()
+def test_qwen3_queries_are_normalised_per_head(tiny_hf, tiny_text):
+    """Qwen3's q_norm is an RMSNorm over each head's D dims, before rotary: up to the rotation,
+    which keeps each rotated pair's summed squares, Q is the model's q_norm of each head's
+    projection, and not the projection itself."""
+    hf, cap, H = by_hand_case(tiny_hf, tiny_text, "qwen3")
+    for layer, block in enumerate(hf.model.layers):
+        x = block.input_layernorm(cap.hidden[layer])
+        q = split_heads(x @ block.self_attn.q_proj.weight.T, H)
+        normed = block.self_attn.q_norm(q)  # the model's own norm, per head
+        # rotary turns pairs of dims (i, i + D/2): their summed squares are kept
+        torch.testing.assert_close(pairs(cap.queries[layer]), pairs(normed))
+        assert not torch.allclose(pairs(cap.queries[layer]), pairs(q), atol=1e-3)
+
+
+def pairs(t):
+    """Summed squares of each rotary pair of dims (i, i + D/2) of (..., D)."""
+    half = t.size(-1) // 2
+    return t[..., :half] ** 2 + t[..., half:] ** 2
+
+
+def test_family_read_at_the_product_needs_its_attention_implementation(tiny_hf, tiny_text,
+                                                                       tiny_hf_folder):
+    import dataclasses
+
+    from transformers import AutoModel
+
+    hf = tiny_hf("olmo2")
+    plain = AutoModel.from_pretrained(tiny_hf_folder("olmo2"), attn_implementation="eager")
+    ids, mask = tokenize_windows(hf, tiny_text, window=WINDOW, n_windows=2)
+    with pytest.raises(RuntimeError, match="load the model with load_hf_model"):
+        hf_capture(dataclasses.replace(hf, model=plain.eval()), ids, mask)

@@ -252,6 +252,27 @@ def served(monkeypatch):
         hub.__exit__(None, None, None)
 
 
+def test_all_reads_smollm3_stages_as_one_trajectory() -> None:
+    """SmolLM3's checkpoints (HuggingFaceTB/SmolLM3-3B-checkpoints, model card: "stage1-step-40000";
+    stage 1 to step 3,450,000, stage 2 to 4,200,000, stage 3 to 4,720,000) count one run's steps
+    across its stages: every stage is listed. A step-named name without a stage beside them,
+    whose count is not known, is left out and said."""
+    names = ["stage1-step-0", "stage1-step-40000", "stage1-step-3440000", "stage2-step-3480000",
+             "stage2-step-4200000", "stage3-step-4240000", "stage3-step-4720000", "lc-step-4000"]
+    listing = revisions.step_revisions("HuggingFaceTB/smollm3-like",
+                                       revisions.Refs("smollm3-like", tuple(names), (), "test"))
+    assert listing.found == sorted((revisions.step_of(n), n) for n in names[:-1])
+    [(reason, left_out)] = listing.ignored.items()
+    assert left_out == ["lc-step-4000"] and reason.startswith("no stage in the name")
+    # A stage that counts anew ends the trajectory there, the stages after it included.
+    names = ["stage1-step0", "stage1-step900", "stage2-step1000", "stage3-step5", "stage4-step10"]
+    listing = revisions.step_revisions("olmo-like",
+                                       revisions.Refs("olmo-like", tuple(names), (), "test"))
+    assert [n for _, n in listing.found] == names[:3]
+    assert listing.ignored == {"a later training stage than stage 2 (steps counted anew: give "
+                               "them as a list)": names[3:]}
+
+
 def test_all_reads_olmo_names_one_stage_and_lists_what_it_leaves_out(tmp_path, served) -> None:
     w = _weights_folder(tmp_path, "w", b"weights")
     names = ["stage1-step0-tokens0B", "stage1-step1000-tokens3B", "stage1-step2000-tokens7B",

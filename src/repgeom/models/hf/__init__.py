@@ -28,7 +28,8 @@ hub itself (calls, downloads, the shared cache, revisions) is `repgeom.models.hu
   being mismeasured.
 - attention probabilities: `output_attentions`; the model is loaded with eager attention, the only
   implementation that materialises them.
-- queries and keys: forward hooks on the attention projections of the families below, split into
+- queries and keys: forward hooks on the attention projections of the first families below,
+  or the arguments of their attention function for the others (`repgeom.models.hf.qk`), split into
   heads, rotated by the model's own rotary function where the family uses one, and with
   grouped-query key heads repeated to the number of query heads. A "query" is defined so that
   ``softmax(Q @ K.T / sqrt(D) + bias + mask)`` is exactly the model's attention, where ``bias``
@@ -57,7 +58,16 @@ hub itself (calls, downloads, the shared cache, revisions) is `repgeom.models.hu
                                                  not scale its scores (``scaling = 1``); its
                                                  relative position bias, added to the scores, is
                                                  not part of Q K^T (cross-attention not hooked)
+  olmo, olmo2,    the attention function's       the ``query`` and ``key`` the module passes to
+  olmo3, qwen2,   arguments (at the product:     its eager attention, after its QK-norm, clamp,
+  qwen3, gemma,   ``repgeom.models.hf.qk``)      bias, fused split and rotary; its ``scaling``
+  gemma2,                                        folded into Q (Gemma 2/3's
+  gemma3_text,                                   ``query_pre_attn_scalar``); Gemma 2's soft-cap
+  phi3, smollm3,                                 is applied after the product, not in Q K^T;
+  falcon                                         Falcon-RW's ALiBi is on the scores
   ==============  =============================  ==============================================
+
+  docs/probing.md has the same table with what sets each family apart.
 
   The rotary cos/sin are read from the attention module's ``position_embeddings`` argument (a
   forward pre-hook with ``with_kwargs=True``) and applied with ``apply_rotary_pos_emb`` from the

@@ -52,8 +52,8 @@ def hf_capture(
     Capture
         On the model's device, in its dtype. ``hidden`` is the residual stream before the final
         norm, ``final_norm`` that norm's output (None for post-LN families); see the module
-        docstring. ``queries``/``keys`` are empty for families other than gpt2, bert, roberta,
-        xlm-roberta-xl, gpt_neox, bloom, opt, llama, mistral and t5 (one warning per model).
+        docstring. ``queries``/``keys`` are empty for families without a record in
+        `repgeom.models.hf.families.FAMILIES` (one warning per model, naming those with one).
 
     Notes
     -----

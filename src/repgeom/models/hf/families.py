@@ -1,8 +1,11 @@
 """The model families repgeom knows, one record each, and encoder or decoder from a config.
 
 A family (``config.model_type``) is one `Family` entry in `FAMILIES`: whether it is a decoder,
-and where its queries and keys are (the attention modules, the projections hooked on them, how
-their outputs split into heads, whether a rotary embedding turns them). Its blocks and final
+and where its queries and keys are: either the projections hooked on its attention modules (how
+their outputs split into heads, whether a rotary embedding turns them), or, for the families
+added since (OLMo 1-3, Qwen2/3, Gemma 1-3, Phi-3, SmolLM3, Falcon), the query and key states its
+attention modules hand to transformers' attention function, after every norm, clamp, bias and
+rotary the model applies (`repgeom.models.hf.qk`). Its blocks and final
 norm are found by one rule for every family (`repgeom.models.hf.residual`), an encoder-decoder
 model's two stacks by another (`repgeom.models.hf.stacks`); the families our checkpoints are
 exported as are named in `repgeom.models.export_hf`. Adding a family is one entry here.
@@ -75,13 +78,19 @@ def _qk_t5(attn: nn.Module, out: dict) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(frozen=True)
 class QKHooks:
-    """Where a family's queries and keys are read (`repgeom.models.hf.qk.QKRecorder`)."""
+    """Where a family's queries and keys are read (`repgeom.models.hf.qk.QKRecorder`).
+
+    With ``at_product`` they are the ``query`` and ``key`` arguments of the attention function
+    the modules call (`repgeom.models.hf.qk.ATTENTION`), and ``projections``, ``split`` and
+    ``rotary`` are unused.
+    """
 
     attention: tuple[str, ...]  # class names of the self-attention modules, one per layer
-    projections: tuple[str, ...]  # their submodules whose outputs are hooked
-    split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]]
+    projections: tuple[str, ...] = ()  # their submodules whose outputs are hooked
+    split: Callable[[nn.Module, dict], tuple[torch.Tensor, torch.Tensor]] | None = None
     rotary: bool = False
     cross: tuple[str, ...] = ()  # attribute names of same-class cross-attention modules, skipped
+    at_product: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,11 +106,19 @@ class Family:
     name: str
     is_decoder: bool | None
     qk: QKHooks | None = None
+    encoder_if: str = ""
+    """A config flag that, when true, makes a model of this family bidirectional (Gemma 3's
+    ``use_bidirectional_attention``: EmbeddingGemma), whatever `is_decoder` says."""
 
 
 def _family(name: str, is_decoder: bool | None, attention: str, projections: tuple[str, ...],
             split: Callable, **qk: Any) -> Family:
     return Family(name, is_decoder, QKHooks((attention,), projections, split, **qk))
+
+
+def _at_product(name: str, attention: str, **family: Any) -> Family:
+    """A decoder whose queries and keys are read where its attention function receives them."""
+    return Family(name, True, QKHooks((attention,), at_product=True), **family)
 
 
 FAMILIES: dict[str, Family] = {
@@ -120,6 +137,20 @@ FAMILIES: dict[str, Family] = {
         _family("mistral", True, "MistralAttention", ("q_proj", "k_proj"), _qk_proj,
                 rotary=True),
         _family("t5", None, "T5Attention", ("q", "k"), _qk_t5, cross=("EncDecAttention",)),
+        # Read at the product: what follows the projections differs from family to family
+        # (QK-norm, clip_qkv, fused or grouped projections, NoPE layers; docs/probing.md).
+        _at_product("olmo", "OlmoAttention"),
+        _at_product("olmo2", "Olmo2Attention"),
+        _at_product("olmo3", "Olmo3Attention"),
+        _at_product("qwen2", "Qwen2Attention"),
+        _at_product("qwen3", "Qwen3Attention"),
+        _at_product("gemma", "GemmaAttention"),
+        _at_product("gemma2", "Gemma2Attention"),
+        # Gemma 3's masks follow use_bidirectional_attention (Gemma 1/2's do not: causal).
+        _at_product("gemma3_text", "Gemma3Attention", encoder_if="use_bidirectional_attention"),
+        _at_product("phi3", "Phi3Attention"),
+        _at_product("smollm3", "SmolLM3Attention"),
+        _at_product("falcon", "FalconAttention"),
     )
 }
 """Every known family by ``config.model_type``. A family not here still gets hidden states and
@@ -135,6 +166,8 @@ def is_decoder_from_config(config: Any) -> bool | None:
     if getattr(config, "is_decoder", False):  # e.g. BERT configured as a causal decoder
         return True
     family = FAMILIES.get(config.model_type)
+    if family is not None and family.encoder_if and getattr(config, family.encoder_if, False):
+        return False
     if family is not None and family.is_decoder is not None:
         return family.is_decoder
     architectures = getattr(config, "architectures", None) or []

@@ -56,8 +56,13 @@ def load_with_head(name: str, kwargs: dict[str, Any], causal: bool | None) -> tu
 
 def head_of(full: Any) -> Callable[[torch.Tensor], torch.Tensor]:
     """The function the causal-LM model applies to its base model's last hidden state: its
-    output embedding (``lm_head``, ``embed_out``, ...)."""
-    return full.get_output_embeddings()
+    output embedding (``lm_head``, ``embed_out``, ...), soft-capped as Gemma 2 and 3 cap their
+    logits where the config says so (``final_logit_softcapping``: cap · tanh(logits / cap))."""
+    head = full.get_output_embeddings()
+    cap = getattr(full.config, "final_logit_softcapping", None)
+    if cap is None:
+        return head
+    return lambda states: torch.tanh(head(states) / cap) * cap
 
 
 def check_head(full: Any, head: Callable, final: torch.Tensor, input_ids: torch.Tensor,

@@ -14,6 +14,7 @@ from repgeom.models.hf.families import (
     is_decoder_by_experiment,
     is_decoder_from_config,
 )
+from repgeom.models.hf.qk import attention_implementation
 from repgeom.models.hf.stacks import STACKS
 
 
@@ -24,7 +25,9 @@ class HFModel:
     Attributes
     ----------
     model : transformers.PreTrainedModel
-        The base model (``AutoModel``, or the base of ``lm``), in eval mode, eager attention.
+        The base model (``AutoModel``, or the base of ``lm``), in eval mode, eager attention
+        (for the families whose queries and keys are read at the product, the family's eager
+        attention that also hands them to repgeom: `repgeom.models.hf.qk.ATTENTION`).
     tokenizer : transformers.PreTrainedTokenizerBase
     family : str
         ``config.model_type`` (``"gpt2"``, ``"bert"``, ``"gpt_neox"``, ...).
@@ -317,9 +320,18 @@ def load_hf_model(
         )
     if not encoder_decoder and stack is not None:
         raise ValueError(f"stack={stack!r}: hf={name!r} has one stack of layers; pass stack=None")
+    if getattr(config, "text_config", None) is not None and not hasattr(
+            config, "num_hidden_layers"):
+        raise ValueError(
+            f"hf={name!r} is a multimodal model ({config.model_type}: a text_config inside its "
+            "config); repgeom probes a text model's stack of blocks: save its language model "
+            "alone (model.language_model.save_pretrained(folder), with the tokenizer) and probe "
+            "that folder, or a text-only release of the family (Gemma 3 1B is gemma3_text)"
+        )
     tok = load_tokenizer_or_explain(name, tokenizer, revision=revision,
                                     retry_budget_s=retry_budget_s)
-    kwargs: dict[str, Any] = {"revision": revision, "attn_implementation": "eager"}
+    kwargs: dict[str, Any] = {"revision": revision,
+                              "attn_implementation": attention_implementation(config.model_type)}
     if dtype is not None:
         kwargs["dtype"] = dtype
     if encoder_decoder:

@@ -11,8 +11,8 @@ carries a step number after one of the words of `STEP_NAME`:
 
 - Pythia ``step1000``, also ``step_1000``, ``step-1000``, ``checkpoint-1000``;
 - Bloom ``global_step1000``; ``ckpt_1000``; Megatron ``iter_0001000``;
-- OLMo ``step1000-tokens4B`` and OLMo-2 ``stage1-step140000-tokens294B`` (the token count
-  after the step is allowed; `stage_of` reads the stage);
+- OLMo ``step1000-tokens4B``, OLMo-2 and OLMo-3 ``stage1-step140000-tokens294B`` (the token
+  count after the step is allowed; `stage_of` reads the stage), SmolLM3 ``stage1-step-40000``;
 - possibly after a prefix (``run1/step1000``).
 
 Tags such as ``v1.0`` are not steps. ``main`` is the final checkpoint: `hf_revisions=all` ends
@@ -186,17 +186,38 @@ class Listing:
                 for reason, names in self.ignored.items() if names]
 
 
+def _continuing_stages(stepped: Sequence[tuple[str, int | None]]) -> tuple[set[int], int]:
+    """The stages of one trajectory, and the last of them: from the first, each next stage
+    whose steps go on from the last step of the stages before it (SmolLM3's
+    ``stage2-step-3480000`` after ``stage1-step-3440000``), up to the first stage that counts its
+    steps anew (OLMo-2's ``stage2-ingredient1-step500`` after ``stage1-step928000``)."""
+    steps: dict[int, list[int]] = {}
+    for name, step in stepped:
+        if step is not None and STAGE.search(name):
+            steps.setdefault(stage_of(name), []).append(step)
+    order = sorted(steps)
+    kept, last = {order[0]}, max(steps[order[0]])
+    for stage in order[1:]:
+        if min(steps[stage]) < last:
+            break
+        kept.add(stage)
+        last = max(steps[stage])
+    return kept, max(kept)
+
+
 def step_revisions(repo_id: str, refs: Refs | None = None, *,
                    retry: Retrier | None = None) -> Listing:
     """Every step-named branch or tag of `repo_id`, sorted by step (`Listing`).
 
     Where two names carry the same step (a branch and a tag ``step1000``, or ``step1000`` and
     ``checkpoint-1000``), the branch comes first and the first name in the hub's order is kept.
-    Where names carry OLMo-2 stages (``stage1-...``, ``stage2-ingredient1-...``), each stage
-    counts its steps from 0 again (stage 2 anneals from stage 1 in several parallel runs), so
-    one trajectory is the first stage's; the later stages are listed as left out (give them as a
-    list). ``main`` ends the trajectory when no step-named revision holds its weights
-    (`final_main`).
+    Where names carry stages (``stage1-...``), a later stage joins the trajectory when its steps
+    go on from the stages before it (SmolLM3: ``stage1-step-40000`` ... ``stage2-step-3480000``
+    ..., one count of steps over its three pre-training stages), and from the first stage that
+    counts its steps from 0 again (OLMo-2's ``stage2-ingredient1-...``: stage 2 anneals from
+    stage 1 in several parallel runs) the later stages are listed as left out (give them as a
+    list); so are step-named revisions without a stage beside them (whose count is not known).
+    ``main`` ends the trajectory when no step-named revision holds its weights (`final_main`).
 
     Every hub call (the listing, the file lists of ``main`` and the last step) goes through
     `retry`, the run's one retry budget.
@@ -214,15 +235,20 @@ def step_revisions(repo_id: str, refs: Refs | None = None, *,
     refs = list_refs(repo_id, retry=retry) if refs is None else refs
     ignored: dict[str, list[str]] = {}
     stepped = [(name, step_of(name)) for name in refs.names]
-    first_stage = min((stage_of(n) for n, s in stepped if s is not None), default=1)
+    staged = any(STAGE.search(n) for n, s in stepped if s is not None)
+    stages, anew = _continuing_stages(stepped) if staged else ({1}, None)
     by_step: dict[int, str] = {}
     for name, step in stepped:
         if step is None:
             if name != MAIN:
                 ignored.setdefault("no training step in the name", []).append(name)
-        elif stage_of(name) != first_stage:
-            ignored.setdefault(f"a later training stage than stage {first_stage} (steps "
-                               "counted anew: give them as a list)", []).append(name)
+        elif staged and STAGE.search(name) is None:
+            ignored.setdefault("no stage in the name, beside names with one (which stage's "
+                               "steps it counts is not known: give it in a list)",
+                               []).append(name)
+        elif stage_of(name) not in stages:
+            ignored.setdefault(f"a later training stage than stage {anew} (steps counted "
+                               "anew: give them as a list)", []).append(name)
         elif step in by_step:
             ignored.setdefault("a second name for a step already listed", []).append(name)
         else:

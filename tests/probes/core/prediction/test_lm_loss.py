@@ -94,7 +94,8 @@ HF_SMALL = ["n_states=96", "settings.max_order=8", "settings.state_batch_size=96
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gpt2", "opt"])  # opt: a BOS token first, left out
+@pytest.mark.parametrize("family", ["gpt2", "opt", "gemma2"])  # opt: a BOS token first,
+# left out; gemma2: logits soft-capped (final_logit_softcapping)
 def test_probe_py_hf_lm_loss_equals_the_models_own_loss(family, tiny_hf_folder, text_file,
                                                          tmp_path) -> None:
     """`probe.py hf=<tiny decoder>`: lm_loss is AutoModelForCausalLM's own loss (its forward
