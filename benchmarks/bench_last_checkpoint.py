@@ -5,7 +5,7 @@ improves at some validations and not at others, and counts, per validation, the 
 checkpoints written (through the Trainer's checkpoint plugin, so every write is seen) and the
 links made, for:
 
-- ``ours``: best.ckpt (`ModelCheckpoint`, top 1) + `repgeom.checkpoint_link.LastCheckpoint`
+- ``ours``: best.ckpt (`ModelCheckpoint`, top 1) + `repgeom.callbacks.checkpoint_policy.LastCheckpoint`
   with ``link: true`` (conf/callbacks/default.yaml);
 - ``ours, link: false``: the same, last.ckpt always a whole file;
 - ``second ModelCheckpoint``: best.ckpt + a plain `ModelCheckpoint(monitor=None,
@@ -34,7 +34,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from repgeom.checkpoint_link import AtomicCheckpointIO, LastCheckpoint
+from repgeom.callbacks.checkpoint_policy import AtomicCheckpointIO, LastCheckpoint
 
 SCORES = (3.0, 2.0, 2.5, 1.0, 1.5, 1.2)
 """val/bpc at the validations of steps 2, 4, ..., 12: improves at 2, 4 and 8 only."""

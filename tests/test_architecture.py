@@ -1,7 +1,7 @@
 """The package's layers, read from its source with `ast`: imports run downwards only.
 
     console, resources, files, peak_flops  <  metrics  <  data, models, loggers, options,
-    callbacks (Lightning's adapters), checkpoint_link  <  probes  <  analyses  <  experiments  <
+    callbacks (Lightning's adapters)  <  probes  <  analyses  <  experiments  <
     train, dashboard  <  cli (commands)
 
 and inside probes: core (what one probe is)  <  report (what a table says)  <  run (running
@@ -24,7 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = {
     "console": 0, "resources": 0, "files": 0, "peak_flops": 0,
     "metrics": 1,
-    "data": 2, "models": 2, "loggers": 2, "options": 2, "callbacks": 2, "checkpoint_link": 2,
+    "data": 2, "models": 2, "loggers": 2, "options": 2, "callbacks": 2,
     "probes": 3,
     "analyses": 4,
     "experiments": 5,

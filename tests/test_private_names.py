@@ -32,20 +32,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "repgeom"
 OURS = "repgeom"
 
-_CHECKPOINT_WORK = ("replaced by issue 47's checkpoint/offload work: checkpoint_link.py's "
-                    "ModelCheckpoint overrides give way to public options and a CheckpointIO")
-
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("checkpoint_link.py", "_save_last_checkpoint"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_save_checkpoint"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_link_checkpoint"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_remove_checkpoint"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_should_save_on_train_epoch_end"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_should_skip_saving_checkpoint"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_monitor_candidates"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_last_global_step_saved"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_last_checkpoint_saved"): _CHECKPOINT_WORK,
-    ("checkpoint_link.py", "_should_remove_checkpoint"): _CHECKPOINT_WORK,
     ("probes/run/offload/training_side.py", "_offline"): (
         "replaced by issue 47's checkpoint/offload work (public: the W&B run's `offline`, as "
         "train.py reads it)"),

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
-from repgeom.checkpoint_link import AtomicCheckpointIO
+from repgeom.callbacks.checkpoint_policy import AtomicCheckpointIO
 from repgeom.console import quiet_console
 from repgeom.loggers import (  # noqa: F401 - public names of train.py's engine
     build_loggers,

@@ -1,4 +1,4 @@
-"""repgeom.checkpoint_link: every checkpoint written whole or not at all (`AtomicCheckpointIO`),
+"""repgeom.callbacks.checkpoint_policy: every checkpoint written whole or not at all (`AtomicCheckpointIO`),
 and last.ckpt as the newest state (`LastCheckpoint`; Lightning 2.6 kept the best one there), a
 link to best.ckpt when the validation wrote it (issue 41: no second write), a whole file
 otherwise; what a kill leaves removed at the next start (issue 47)."""
@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from repgeom.checkpoint_link import (
+from repgeom.callbacks.checkpoint_policy import (
     AtomicCheckpointIO,
     LastCheckpoint,
     StartFence,
@@ -157,7 +157,7 @@ def test_the_default_callbacks_write_best_in_place_and_link_last(tmp_path) -> No
     callbacks = compose_train(tmp_path).callbacks
     assert callbacks.checkpoint._target_ == "lightning.pytorch.callbacks.ModelCheckpoint"
     assert callbacks.checkpoint.enable_version_counter is False
-    assert callbacks.last_checkpoint._target_ == "repgeom.checkpoint_link.LastCheckpoint"
+    assert callbacks.last_checkpoint._target_ == "repgeom.callbacks.checkpoint_policy.LastCheckpoint"
     assert callbacks.last_checkpoint.link is True
 
 
@@ -338,7 +338,7 @@ def test_a_kill_mid_write_of_any_save_leaves_nothing_after_the_next_start(
     run = tmp_path / "run"
     tests = str(Path(__file__).parent)
     code = (f"import sys; sys.path[:0] = [{tests!r}]\n"
-            "from test_checkpoint_link import _train_killed_mid_write\n"
+            "from test_checkpoint_policy import _train_killed_mid_write\n"
             f"_train_killed_mid_write({killed!r}, {str(run)!r})")
     env = {**os.environ, "TMPDIR": tmpdir, "PYTHONPATH": os.pathsep.join(sys.path)}
     try:
