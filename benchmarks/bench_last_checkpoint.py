@@ -5,7 +5,8 @@ improves at some validations and not at others, and counts, per validation, the 
 checkpoints written (through the Trainer's checkpoint plugin, so every write is seen) and the
 links made, for:
 
-- ``ours``: best.ckpt (`ModelCheckpoint`, top 1) + `repgeom.callbacks.checkpoint_policy.LastCheckpoint`
+- ``ours``: best.ckpt (`ModelCheckpoint`, top 1) +
+  `repgeom.callbacks.checkpoint_policy.LastCheckpoint`
   with ``link: true`` (conf/callbacks/default.yaml);
 - ``ours, link: false``: the same, last.ckpt always a whole file;
 - ``second ModelCheckpoint``: best.ckpt + a plain `ModelCheckpoint(monitor=None,

@@ -5,8 +5,9 @@ a character-level tokenizer (a `tokenizers` BPE model with no merges, wrapped in
 `PreTrainedTokenizerFast`) whose special tokens and template copy the real family's: CLS ... SEP
 for BERT and ELECTRA, <s> ... </s> for RoBERTa, BOS first for Llama/Mistral, Gemma, Phi-3 and OPT
 (whose BOS is "</s>"), EOS last for T5, nothing for GPT-2, GPT-NeoX, BLOOM, OLMo, Qwen, SmolLM3
-and Falcon (whose real tokenizers may differ: the tokens only decide which positions count). The shared fixture
-`tiny_hf_folder` (tests/conftest.py) and the analyses' tests build their models with it.
+and Falcon (whose real tokenizers may differ: the tokens only decide which positions count).
+The shared fixture `tiny_hf_folder` (tests/conftest.py) and the analyses' tests build their
+models with it.
 """
 
 from __future__ import annotations

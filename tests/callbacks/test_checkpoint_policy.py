@@ -1,7 +1,7 @@
-"""repgeom.callbacks.checkpoint_policy: every checkpoint written whole or not at all (`AtomicCheckpointIO`),
-and last.ckpt as the newest state (`LastCheckpoint`; Lightning 2.6 kept the best one there), a
-link to best.ckpt when the validation wrote it (issue 41: no second write), a whole file
-otherwise; what a kill leaves removed at the next start (issue 47)."""
+"""repgeom.callbacks.checkpoint_policy: every checkpoint written whole or not at all
+(`AtomicCheckpointIO`), and last.ckpt as the newest state (`LastCheckpoint`; Lightning 2.6
+kept the best one there), a link to best.ckpt when the validation wrote it (issue 41: no second
+write), a whole file otherwise; what a kill leaves removed at the next start (issue 47)."""
 
 import logging
 import os
@@ -157,7 +157,8 @@ def test_the_default_callbacks_write_best_in_place_and_link_last(tmp_path) -> No
     callbacks = compose_train(tmp_path).callbacks
     assert callbacks.checkpoint._target_ == "lightning.pytorch.callbacks.ModelCheckpoint"
     assert callbacks.checkpoint.enable_version_counter is False
-    assert callbacks.last_checkpoint._target_ == "repgeom.callbacks.checkpoint_policy.LastCheckpoint"
+    policy = "repgeom.callbacks.checkpoint_policy"
+    assert callbacks.last_checkpoint._target_ == f"{policy}.LastCheckpoint"
     assert callbacks.last_checkpoint.link is True
 
 
