@@ -80,6 +80,7 @@ class Hand:
                                                lock=kind)
         self.go, self.parked = threading.Semaphore(0), threading.Semaphore(0)
         self.at, self.outcome = "new", None
+        self.ended_while_trained = False  # it ended while the newest training start lived
         self.kill = self.full = self.paused = False
         self.idle = 0  # passes since its last write or sleep
         self.thread = threading.Thread(target=self._main, name=f"worker-{name}", daemon=True)
@@ -106,6 +107,7 @@ class Hand:
         except BaseException as error:  # noqa: BLE001 - the driver judges it
             self.outcome = ("error", error)
         finally:
+            self.ended_while_trained = self.world.trainer_alive()
             self.at = "end"
             self.parked.release()
 
@@ -324,6 +326,17 @@ class World:
             "model": {}, "vocab": {}, "masking": {}}, "gen": -1})
         writer.wait()
         self.hung = (writer, i + 1, start_no)
+
+    def close_hung(self, *, finished: bool) -> None:
+        """The hung start reaches its end while the newer one trains: it finishes (its own last
+        step) or fails, and ends; being superseded, it must write nothing of the run's state."""
+        if self.hung is None:
+            return
+        writer = self.hung[0]
+        try:
+            writer.close(final_step=self.steps[-1] if finished else None)
+        finally:
+            self.hung = None
 
     def end_hung(self) -> None:
         """The hung start dies at last (the kernel lets go of its start lock)."""

@@ -63,7 +63,7 @@ RULES = 24
 STEPS = (0, 1, 2, 3, 4, 5)
 DRAWN = ["train", "train", "train", "kill_trainer", "requeue", "finish", "corrupt", "disk", "time",
          "start", "start", "run", "run", "run", "run", "kill", "pause", "unpause", "hang",
-         "hung_train", "hung_train", "hung_dies"]
+         "hung_train", "hung_train", "hung_dies", "hung_closes", "bad_marker"]
 """The rules an event is drawn from (a rule twice: twice as likely)."""
 LOCK_KINDS = ["flock", "file"]
 
@@ -80,6 +80,11 @@ def _live(world: World) -> list[Hand]:
 
 def _ended(world: World) -> None:
     for hand in world.hands:
+        if hand.outcome and hand.ended_while_trained and (
+                hand.outcome[0] == "done" or isinstance(hand.outcome[1], TrainingDiedError)):
+            raise Violation(f"worker {hand.name} ended ({hand.outcome[0]}: "
+                            f"{str(hand.outcome[1])[:200]}) while the newest training start "
+                            "lives")
         if hand.outcome and hand.outcome[0] == "error" and not _allowed(hand.outcome[1]):
             error = hand.outcome[1]
             raise Violation(f"worker {hand.name} crashed: {type(error).__name__}: "
@@ -92,8 +97,9 @@ def _corrupt(world: World, rng: random.Random) -> None:
     candidates = []
     for step, path in snapshots.snapshots(world.folder)[0]:
         marker = snapshots.read_json(path / snapshots.COMPLETE)
-        if marker is not None and probed.get(str(step)) != marker.get("time"):
-            candidates.append((step, path, float(marker["time"])))
+        if marker is not None and isinstance(marker.get("time"), float) and \
+                probed.get(str(step)) != marker["time"]:
+            candidates.append((step, path, marker["time"]))
     if not candidates:
         return
     step, path, written = rng.choice(candidates)
@@ -101,6 +107,33 @@ def _corrupt(world: World, rng: random.Random) -> None:
     data = part.read_bytes()
     part.write_bytes(data[: len(data) // 2])
     world.corrupted[step] = written
+
+
+BAD_FIELDS = [("time", float("nan")), ("time", float("inf")), ("time", "soon"), ("time", None),
+              ("step", "x"), ("number", 1.5), ("bytes", -1), ("start", 7)]
+"""A marker's field made bad (None: the key removed): NaN and infinity, which Python's json
+reads without complaint, a wrong type, a missing key."""
+
+
+def _bad_marker(world: World, rng: random.Random) -> None:
+    """A complete snapshot not yet probed gets a marker with one bad field."""
+    state = snapshots.read_json(world.folder / snapshots.WORKER) or {}
+    probed = state.get("done") or {}
+    candidates = []
+    for step, path in snapshots.snapshots(world.folder)[0]:
+        marker = snapshots.read_json(path / snapshots.COMPLETE)
+        if marker is not None and isinstance(marker.get("time"), float) and \
+                probed.get(str(step)) != marker["time"]:
+            candidates.append((step, path, marker))
+    if not candidates:
+        return
+    step, path, marker = rng.choice(candidates)
+    key, value = rng.choice(BAD_FIELDS)
+    bad = {k: v for k, v in marker.items() if k != key}
+    if value is not None:
+        bad[key] = value
+    (path / snapshots.COMPLETE).write_text(json.dumps(bad))  # NaN, Infinity: as json writes them
+    world.corrupted[step] = marker["time"]
 
 
 def _event(world: World, rng: random.Random, n: int) -> str:
@@ -121,6 +154,10 @@ def _event(world: World, rng: random.Random, n: int) -> str:
         world.hung_step()
     elif rule == "hung_dies":
         world.end_hung()
+    elif rule == "hung_closes":
+        world.close_hung(finished=rng.random() < 0.5)
+    elif rule == "bad_marker":
+        _bad_marker(world, rng)
     elif rule == "finish" and rng.random() < 0.3:
         world.finish_training()
     elif rule == "corrupt":
