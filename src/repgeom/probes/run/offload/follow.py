@@ -1,41 +1,15 @@
 """The probe worker that follows a training run: ``python probe.py follow=<run folder>``.
 
-It probes each complete snapshot the training callback writes (``probe.offload``,
-`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's own
-spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint: `probe_gpt`
-on `probe_set` of `validation_windows_for`), and records it with the callback's own `ProbeRecorder`:
-the same table ``<run>/probes/probes.{parquet,csv}``, phases, figures, and W&B scalars on the
-``probe/step`` axis in a run of the training run's W&B group. So its table equals the one the
-in-process probe writes on the same weights.
-
-- Never an incomplete snapshot (no ``complete.json``): it is skipped, and named when the run
-  ends. So are the steps whose snapshots training skipped for lack of disk space (``done.json``
-  lists them): they have no probe rows, and never will, since those weights are gone.
-- Each snapshot is read once (`read_checkpoint`, the model built from what it read), between
-  two reads of its ``complete.json``: a snapshot that changed meanwhile is not recorded under
-  its step. A probed snapshot is deleted (``keep_snapshots=true`` keeps it), and only the one
-  probed (the same ``complete.json``); the steps probed are in ``snapshots/worker.json``,
-  written after the table, so after a kill -9 the same command goes on where it stopped and ends
-  with the table an uninterrupted worker writes.
-- It stops when the run writes ``done.json``, after the end-of-run work (the pairwise rows
-  against the final step, the figures, the summary and ``phases.csv``); ``worker.json`` says
-  when that work is done, so a worker killed during it does it again when rerun. Or it stops
-  when the run died: no new snapshot and no live training process for ``follow_timeout_s``
-  seconds, where live means a fresh heartbeat in ``training.json`` and a training step that
-  moved within that time (a deadlocked trainer's heartbeat thread still beats; a trainer on
-  another node is judged on the worker's own clock, from when it saw them change, since two
-  nodes' clocks may differ by more than the timeout); at once when the
-  run is certainly gone (its state ``failed``, or its pid gone on this host).
-- One worker per run (`repgeom.probes.run.offload.lock`: a lease file with a heartbeat, always,
-  and flock as well on a local file system): a second one waits for the first to finish (at most
-  ``follow_timeout_s``, then it says which one holds the run). ``worker.json`` is read only once
-  the run is held, and every write into place and deletion is fenced by the lease's token
-  (`Follower.fenced`): a worker that lost the run writes nothing more.
-- A complete snapshot that cannot be read or loaded is quarantined
-  (`repgeom.probes.run.offload.quarantine`): recorded, named once, skipped, and listed in
-  ``probes/skipped.json``; the worker goes on to the later steps.
-- Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
-  the training step of the heartbeat. Nothing is dropped.
+It probes each complete snapshot the training callback writes
+(`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's
+own spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint), and
+records it with the callback's own `ProbeRecorder`, so its table equals the in-process one. It
+holds the run's lease (`repgeom.probes.run.offload.lease`) and fences every write with it; a
+snapshot whose marker is malformed, or that cannot be read or loaded, is quarantined
+(`repgeom.probes.run.offload.quarantine`). It stops at the newest start's ``done.json``, or when
+the trainer died (`lease.Life`: at once when it failed or is gone, else after
+``follow_timeout_s`` without a heartbeat, progress or new snapshot). docs/probing.md ("Probes off
+the training clock", "The run folder") states each guarantee once.
 """
 
 from __future__ import annotations
@@ -59,9 +33,8 @@ from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import quarantine, snapshots
-from repgeom.probes.run.offload.liveness import TrainingDiedError, training_alive
-from repgeom.probes.run.offload.lock import WorkerLock
-from repgeom.probes.run.offload.state import read_done, read_worker_state
+from repgeom.probes.run.offload.lease import Life, WorkerLock, training_alive
+from repgeom.probes.run.offload.state import read_done, read_worker_state, run_done
 from repgeom.probes.run.offload.worker_process import (  # noqa: F401 - used as follow.<name>
     BEATS_PER_TIMEOUT,
     WORKER_STOP_S,
@@ -74,6 +47,10 @@ from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
 """Seconds between two looks at the snapshot folder while nothing is waiting."""
+
+
+class TrainingDiedError(RuntimeError):
+    """The followed run stopped without its done marker; the message says what was probed."""
 
 
 @dataclass
@@ -170,7 +147,7 @@ class Follower:
         probed: list[int] = []
         last_news = time.monotonic()
         while True:
-            finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
+            finished = run_done(self.folder)  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
             # probed; deleting it was cut (settled: not one on its way back)
             for path in snapshots.leftovers(self.folder, min_age_s=snapshots.SETTLED_S):
@@ -195,19 +172,18 @@ class Follower:
                 return self._finish(probed, sorted({*(s for s, _ in incomplete),
                                                     *self.quarantined}),
                                     {s: p for s, p in incomplete})
-            alive, why = training_alive(self.folder, self.timeout_s, watch=self._beats)
-            beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-            # A failed run or a vanished process on this host is gone for sure: stop now, once
-            # a last look has found nothing new (the done marker is written before "finished").
-            certain = not alive and (beat.get("state") == "failed" or why.endswith("is gone"))
-            if alive:
+            verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
+            # A failed run or a vanished process is gone for sure: stop now, once a last look
+            # has found nothing new (the done marker is written before "finished").
+            certain = verdict.life.certain
+            if verdict.life is Life.ALIVE:
                 last_news = time.monotonic()
-            elif certain and (self.folder / snapshots.DONE).is_file():
+            elif certain and run_done(self.folder):
                 continue
             elif certain or time.monotonic() - last_news > self.timeout_s:
                 self._finish_wandb()
                 raise TrainingDiedError(
-                    f"{self.run_dir} stopped without finishing: {why}"
+                    f"{self.run_dir} stopped without finishing: {verdict.why}"
                     + ("" if certain else f", and no new snapshot for {self.timeout_s:.0f} s "
                        "(follow_timeout_s)") + ". Probed steps "
                     f"{sorted(self.done) or 'none'}; resume training with its own command, then "
@@ -270,16 +246,16 @@ class Follower:
         started = time.perf_counter()
         before = quarantine.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
-        loaded, failed = self._read(path) if unreadable is None else (None, None)
+        failed = None if unreadable is None else (path / snapshots.COMPLETE, unreadable)
+        if failed is None and marker is not None:  # every field, before the weights are read
+            failed = snapshots.marker_problem(path, marker)
+        loaded, read_failed = self._read(path) if failed is None and marker else (None, None)
+        failed = failed or read_failed
         model, masking = loaded if loaded is not None else (None, None)
         if quarantine.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
             return False
-        if unreadable is None and snapshots.marker_time(marker) is None:
-            unreadable = f"its time is not a number: {marker.get('time')!r}"
-        if unreadable is not None:
-            failed = (path / snapshots.COMPLETE, unreadable)
         if failed is not None:  # the same files before and after: broken for good
             self._quarantine(step, before, *failed)
             return False
@@ -439,11 +415,10 @@ def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
     TrainingDiedError
         The run stopped without its done marker (no heartbeat, no new snapshot for
         `timeout_s` seconds); everything that was complete is probed first.
-    repgeom.probes.run.offload.lock.LockLostError
+    repgeom.probes.run.offload.lease.LockLostError
         Another worker took the run over (this one's lease heartbeat was judged stale).
 
-    `lock` is ``follow_lock``: ``auto`` (flock on a local file system, a lease file on a shared
-    one), ``flock`` or ``file`` (`repgeom.probes.run.offload.lock`).
+    `lock` is ``follow_lock`` (``auto``, ``flock`` or ``file``): every kind takes the lease.
     """
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

@@ -1,12 +1,11 @@
-"""The files of ``<run>/probes/snapshots/`` (`repgeom.probes.run.offload.snapshots` describes
-them): their names, how snapshots are listed, and how one is deleted. Shared by the training side
-(`repgeom.probes.run.offload.snapshots`), the worker (`repgeom.probes.run.offload.follow`) and its
-lock (`repgeom.probes.run.offload.lock`)."""
+"""The files of ``<run>/probes/snapshots/`` (docs/probing.md, "The run folder"): their names and
+fields (`problem`), how snapshots are listed, and how one is deleted."""
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import time
@@ -27,6 +26,51 @@ TRAINING = "training.json"
 DONE = "done.json"
 RUN = "run.json"
 WORKER = "worker.json"
+
+NUMBER, WHOLE, TEXT, OBJECT, FLAG = "a finite number", "a whole number", "a text", "an object", \
+    "true or false"
+COMPLETE_FIELDS = {"step": WHOLE, "time": NUMBER, "rank": WHOLE, "pid": WHOLE, "start": TEXT,
+                   "number": WHOLE, "bytes": WHOLE}
+TRAINING_FIELDS = {"pid": WHOLE, "step": WHOLE, "step_time": NUMBER, "time": NUMBER,
+                   "state": TEXT, "heartbeat_s": NUMBER, "number": WHOLE, "lease": FLAG}
+DONE_FIELDS = {"step": WHOLE, "time": NUMBER, "skipped_for_space": OBJECT, "number": WHOLE}
+"""Every field of each marker, and what it must be: a missing key, a wrong type, NaN or an
+infinity (which Python's json reads without complaint) makes the marker malformed."""
+_IS = {NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+       and math.isfinite(v),
+       WHOLE: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+       TEXT: lambda v: isinstance(v, str), OBJECT: lambda v: isinstance(v, dict),
+       FLAG: lambda v: isinstance(v, bool)}
+
+
+def problem(record: Any, fields: dict[str, str]) -> str | None:
+    """What is wrong with `record` (a marker read) against `fields`, or None."""
+    if not isinstance(record, dict):
+        return "it is not a JSON object"
+    for key, kind in fields.items():
+        if key not in record:
+            return f"{key} is missing"
+        if not _IS[kind](record[key]):
+            return f"{key} is not {kind}: {record[key]!r}"
+    return None
+
+
+def marker_problem(path: Path, marker: Any) -> tuple[Path, str] | None:
+    """What is wrong with the snapshot in `path`, whose ``complete.json`` reads `marker`, and in
+    which file: a field (`COMPLETE_FIELDS`), another step than its folder's, or a weights file
+    of another size than the marker records (cut short); None when it is whole."""
+    bad = problem(marker, COMPLETE_FIELDS)
+    if bad is None and marker["step"] != step_of(path):
+        bad = f"step is {marker['step']}, in the folder of step {step_of(path)}"
+    if bad is not None:
+        return path / COMPLETE, f"its marker is malformed: {bad}"
+    try:
+        size = (path / WEIGHTS).stat().st_size
+    except OSError:
+        return None  # gone: `read_checkpoint` says so
+    if size != marker["bytes"]:
+        return path / WEIGHTS, f"it holds {size} bytes, its marker says {marker['bytes']}"
+    return None
 
 
 def snapshot_dir(run_dir: str | os.PathLike) -> Path:
@@ -114,19 +158,15 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def snapshot_time(path: Path) -> float | None:
-    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it; 0.0 for a
-    marker without one); None when it cannot be read or is not a number."""
+    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it)."""
     return marker_time(read_json(path / COMPLETE))
 
 
 def marker_time(marker: Any) -> float | None:
-    """`snapshot_time` of a ``complete.json`` already read (None: unreadable)."""
-    if not isinstance(marker, dict):
-        return None
-    try:
-        return float(marker.get("time", 0.0))
-    except (TypeError, ValueError):
-        return None
+    """`snapshot_time` of a ``complete.json`` already read; None when it is unreadable or its
+    time is not a finite number (NaN never equals itself: it could never be recorded as done)."""
+    time_ = marker.get("time") if isinstance(marker, dict) else None
+    return float(time_) if _IS[NUMBER](time_) else None
 
 
 def remove_snapshot(path: Path, *, written: float | None = None,

@@ -1,57 +1,11 @@
-"""Probes off the training clock: the weights at each probe step, handed to a probe worker.
-
-With ``probe.offload=snapshots`` (or ``worker``) the training callback does not probe; at each
-probe step it copies the weights (`SnapshotWriter.snapshot`, before the next optimizer step can
-change them) and a background thread writes them into the run folder, while training goes on. A
-worker (``probe.py follow=<run>``, `repgeom.probes.run.offload.follow`) probes each snapshot as it
-appears, into the same table. The files, all under ``<run>/probes/snapshots/`` (a folder repgeom
-creates and marks with `MARKER`; nothing else in the run folder is touched):
-
-- ``step_<N>/weights.ckpt``: the model after N optimizer steps, as a checkpoint
-  `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
-  ``state_dict``, ``global_step``, the probe's spec and the data's state);
-- ``step_<N>/complete.json``: written after the weights (both fsynced), with the time that names
-  this snapshot. Both are written in a hidden folder ``.step_<N>.<id>.tmp`` that is renamed to
-  ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
-- a complete ``step_<N>`` is never rewritten by the training start that wrote it (its marker
-  names that start and its number, `repgeom.probes.run.offload.starts`). A requeued or resumed
-  start that replays step N replaces a snapshot of an earlier, abandoned start: the replay's
-  weights are the run's weights at N now, and the old ones, if not probed yet, would put the
-  abandoned trajectory into the table. It never replaces a newer start's (an older start still
-  alive, on a hung node, writes the abandoned trajectory). The new snapshot carries a new time,
-  so the worker probes it (again); a worker reading the old one meanwhile sees its marker change
-  and records nothing from it. A start removes a half-written ``.step_<N>.<number>-<id>.tmp``
-  only of an older start that has ended (`starts.gone`), never a live start's write. A worker
-  deletes a snapshot by renaming it to ``.step_<N>.<id>.removed`` first (it vanishes at once,
-  never half-deleted under a training process's eyes), and puts back one that turns out to be a
-  newer snapshot than the one it probed;
-- ``training.json``: the training process (pid, host, boot and pid namespace
-  (`repgeom.probes.run.offload.host`), step, the time that step was reached,
-  time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
-  ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
-  preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
-  worker tells a live run from a dead one, and a run that makes progress from a stuck one;
-- ``done.json``: training ended: the final step, and the steps whose snapshots were skipped for
-  lack of space (``skipped_for_space``, step -> why, over every start of the run), so the worker
-  can say why they have no probe rows. Where it (or the ``finished`` state) cannot be
-  written, train.py fails with `RunNotRecordedError`, which says why and how to finish the run:
-  a rerun of the same command writes both without training (`SnapshotWriter.finish`);
-- ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
-- ``worker.json``: the worker's own progress (steps probed), for its resume.
-
-Consistency: the copy is made inside ``on_train_batch_end`` of step N, before the next optimizer
-step. On a GPU it goes into pinned CPU buffers on a side stream, and the next
-``optimizer.step`` waits for that copy on the GPU (`SnapshotWriter.before_optimizer_step`, no CPU
-sync), so the forward and backward of step N+1 overlap the copy; the writer thread waits for the
-copy's CUDA event before writing. Memory: one set of buffers; a snapshot that comes while the
-previous one is still being written waits for it (at most one waits), so snapshots never pile up.
-
-Full disk: before each write the writer checks the free space, as downloads do
-(`repgeom.models.hub.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
-are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
-names the folder and the free space, the half-written step folder is removed, and training goes
-on. The skipped steps are in `SnapshotWriter.skipped`, and at the end in ``done.json``: a step's
-weights are gone once training moves on, so nothing can probe that step later.
+"""Probes off the training clock: the training side (rank 0) of ``probe.offload``. At each probe
+step `SnapshotWriter.snapshot` copies the weights (before the next optimizer step: on a GPU into
+pinned buffers on a side stream the next ``optimizer.step`` waits for) and a background thread
+writes them, whole or not at all, as ``<run>/probes/snapshots/step_<N>/``; a heartbeat thread
+keeps ``training.json``; `close` records how the start ended. The files, the rules between
+overlapping starts (`repgeom.probes.run.offload.starts`), the fence of a superseded start and the
+full-disk behaviour are described once, in docs/probing.md ("Probes off the training clock",
+"The run folder"); a worker (`repgeom.probes.run.offload.follow`) probes the snapshots.
 """
 
 from __future__ import annotations
@@ -69,8 +23,7 @@ from typing import Any
 
 import torch
 
-from repgeom.probes.run.offload import starts
-from repgeom.probes.run.offload.host import host_identity
+from repgeom.probes.run.offload import lease, starts
 from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
     COMPLETE,
     DONE,
@@ -84,6 +37,7 @@ from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's nam
     WORKER,
     WRITING,
     leftovers,
+    marker_problem,
     marker_time,
     read_json,
     remove_snapshot,
@@ -187,6 +141,7 @@ class SnapshotWriter:
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
         self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
         self._start_lock: Any = None  # held while this start lives (`starts.gone` asks it)
+        self._lease: Any = None  # this start's lease while it lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
     # -- the run's files ------------------------------------------------------------------------
@@ -201,6 +156,11 @@ class SnapshotWriter:
                               "probe worker; deleted once probed.\n")
         self._release()
         self.number, self._start_lock = starts.claim(self.folder)
+        try:
+            self._lease = lease.hold_start(self.folder, self.number)
+        except Exception as error:  # noqa: BLE001 - judged by its heartbeat alone then
+            log.warning("no lease for this training start (%s): a worker judges it by its "
+                        "heartbeat alone", error)
         for _, path in snapshots(self.folder)[1]:
             writer = writer_of(path)
             if writer is None or (writer < self.number and starts.gone(self.folder, writer, path)):
@@ -221,14 +181,25 @@ class SnapshotWriter:
         if step != self.step or busy:
             self.step, self.step_time = int(step), time.time()
 
+    def is_current(self) -> bool:
+        """Whether this start is still the run's newest: the fence every write of the run's
+        shared state checks (snapshots, ``training.json``, ``done.json``); a callback may ask it
+        too. A writer that claimed no start (`finish` of a finished run, rerun) is current."""
+        return self.number < 0 or starts.newest(self.folder) <= self.number
+
     def _beat(self, state: str) -> None:
+        """``training.json`` in `state`, unless a newer start has begun (it writes its own)."""
+        if not self.is_current():
+            self._say_superseded()
+            return
         write_json(self.folder / TRAINING, {
-            "pid": os.getpid(), **host_identity(), "step": int(self.step),
-            "step_time": self.step_time, "time": time.time(), "state": state,
-            "heartbeat_s": self.heartbeat_s})
+            "pid": os.getpid(), "step": int(self.step), "step_time": self.step_time,
+            "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s,
+            "number": max(self.number, starts.newest(self.folder), 0),
+            "lease": self._lease is not None})
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        while not self._stop.wait(self.heartbeat_s) and self.is_current():
             try:
                 self._beat("running")
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
@@ -258,10 +229,15 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             self._release()  # nothing of this start is being written any more
-            if final_step is None or failed:
-                self._try_beat("stopped" if stopped and not failed else "failed")
-            else:
-                self.finish(final_step, skipped)
+            try:
+                if final_step is None or failed:
+                    self._try_beat("stopped" if stopped and not failed else "failed")
+                else:
+                    self.finish(final_step, skipped)
+            finally:
+                if self._lease is not None:  # after its last word: then it is gone
+                    self._lease.release()
+                    self._lease = None
 
     def _release(self) -> None:
         if self._start_lock is not None:
@@ -283,11 +259,15 @@ class SnapshotWriter:
             ``training.json`` is set to ``stopped`` if it can be: the run comes back when rerun.
         """
         self.progress(final_step)
+        if not self.is_current():  # a superseded start's end is not the run's
+            self._say_superseded()
+            return
         path = self.folder / DONE
         try:
             gaps = {**(skipped or {}), **self.skipped}
             write_json(path, {"step": int(final_step), "time": time.time(),
-                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
+                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())},
+                              "number": max(self.number, starts.newest(self.folder), 0)})
             path = self.folder / TRAINING
             self._beat("finished")
         except OSError as error:
@@ -393,15 +373,19 @@ class SnapshotWriter:
 
     def _superseded(self, step: int) -> bool:
         """Whether a newer training start of this run has begun: this one (still alive, on a
-        hung node, say) then writes no more snapshots: its weights are an abandoned
-        trajectory's (`starts`). Said once."""
-        if starts.newest(self.folder) <= self.number:
+        hung node, say) then writes no more snapshots (its weights are an abandoned
+        trajectory's), nor the run's state."""
+        if self.is_current():
             return False
+        self._say_superseded()
+        return True
+
+    def _say_superseded(self) -> None:
         if not self._said_superseded:
             self._said_superseded = True
             log.warning("a newer training start of this run has begun (start %d here): this "
-                        "start writes no more snapshots, from step %d on", self.number, step)
-        return True
+                        "start writes nothing more into %s (no snapshot, heartbeat or end of "
+                        "run)", self.number, self.folder)
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""

@@ -10,12 +10,15 @@ probes again what such a field recorded as probed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from repgeom.files import read_json
+from repgeom.probes.run.offload import starts
+from repgeom.probes.run.offload.layout import DONE, DONE_FIELDS, problem
 
 
 def _warn(path: Path, name: str, value: Any, wanted: str) -> None:
@@ -48,10 +51,17 @@ def _quarantine_entry(value: Any) -> dict[str, Any]:
     return value
 
 
+def _finite(raw: Any) -> float:
+    """`raw` as a finite float; a ValueError for NaN, an infinity, a bool or a text."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise ValueError(raw)
+    return float(raw)
+
+
 def _number(path: Path, name: str, raw: Any, default: float) -> float:
     try:
-        return float(raw)
-    except (TypeError, ValueError):
+        return _finite(raw)
+    except ValueError:
         _warn(path, name, raw, "a number")
         return default
 
@@ -91,7 +101,7 @@ def read_worker_state(path: Path) -> WorkerState:
         _warn(path, "options", options, "an object")
         options = {}
     return WorkerState(
-        done=_by_step(path, "done", raw.get("done"), float, "a time"),
+        done=_by_step(path, "done", raw.get("done"), _finite, "a time"),
         seconds=_number(path, "seconds", raw.get("seconds", 0.0), 0.0),
         phase_alerts=raw.get("phase_alerts", []), spec=spec, options=options,
         finished=_step(path, "finished", raw.get("finished")),
@@ -99,11 +109,29 @@ def read_worker_state(path: Path) -> WorkerState:
                              "an object with generation, file and reason"))
 
 
+_SAID: set[tuple[str, str]] = set()
+
+
 def read_done(path: Path) -> tuple[int | None, dict[int, str]] | None:
     """``done.json`` at `path`: the final step and the steps training skipped for lack of space
-    (step -> why); None when it is missing or not an object."""
+    (step -> why); None when it is missing, malformed (`DONE_FIELDS`; warned), or written by a
+    start older than the newest (a superseded start's end is not the run's)."""
     raw = read_json(path)
     if raw is None:
         return None
+    bad = problem(raw, DONE_FIELDS)
+    if bad is not None:
+        if (str(path), bad) not in _SAID:  # once, not at every look
+            _SAID.add((str(path), bad))
+            print(f"warning: {path} is malformed ({bad}); the run is not taken for done",
+                  flush=True)
+        return None
+    if raw["number"] < starts.newest(path.parent):
+        return None
     return (_step(path, "step", raw.get("step")),
             _by_step(path, "skipped_for_space", raw.get("skipped_for_space"), str, "a reason"))
+
+
+def run_done(folder: Path) -> bool:
+    """Whether the run of the snapshot folder `folder` is done: its newest start's ``done.json``."""
+    return (folder / DONE).is_file() and read_done(folder / DONE) is not None

@@ -57,6 +57,11 @@ class Offloading:
         # the end-of-run status could not be written: raised by `teardown`
         self.not_recorded: snapshots.RunNotRecordedError | None = None
 
+    def is_current(self) -> bool:
+        """Whether this training start is still the run's newest (no requeue has begun a newer
+        one): the fence of every write into the run's shared state; True while not writing."""
+        return self.writer is None or self.writer.is_current()
+
     def setup(self, run_dir: Path) -> None:
         """A new fit of the run in `run_dir`."""
         self.run_dir = run_dir
@@ -114,6 +119,7 @@ class Offloading:
         cannot be written (kept for `teardown` to raise), our worker is stopped instead."""
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        current = writer.is_current()
         try:
             writer.close(final_step=final_step, stopped=stopped, skipped=self.skipped_for_space)
         except snapshots.RunNotRecordedError as error:
@@ -131,6 +137,9 @@ class Offloading:
                            "(a step's weights are not kept once training moves on); see the "
                            "warnings of the start that skipped them")
         if self.worker is None:
+            return
+        if not current:  # superseded: the newer start's worker probes the run
+            self._stop_worker("the newer training start of this run and its worker go on")
             return
         if final_step is None:  # training failed or is not recorded: the worker is stopped
             self._stop_worker(again)
