@@ -1,20 +1,9 @@
-"""Snapshots that cannot be probed: recorded with their error, skipped, and named beside the
-table, never tried again for ever (issue 38).
-
-A complete snapshot (its ``complete.json`` present) whose marker or weights cannot be read or
-loaded (cut short, unreadable, a weights file that is not a checkpoint) is not being replaced:
-the training side renames a whole snapshot into place, so a worker that finds the same files
-before and after its read (`generation`: the marker's time and the two files' inode, size, mtime
-and ctime) has found one broken for good. The worker records it in ``worker.json``
-(``quarantined``: step -> its generation, file and reason), warns once naming the file, and goes
-on to the later steps. The same generation is never tried again, by this worker or a rerun; one
-the trainer writes again (a new time), or a file repaired or given other permissions (a new
-mtime or ctime), is a new generation, tried again.
-
-``probes/skipped.json`` (`SKIPPED`, the file `repgeom.probes.run.trajectory` writes for hub
-revisions, in its format: label -> step, reason) names every step of the run without probe rows,
-and why: quarantined, incomplete (training killed while writing it), or skipped by training for
-lack of disk space.
+"""Snapshots that cannot be probed (docs/probing.md, "Quarantine"): a complete snapshot whose
+marker is malformed, or whose files cannot be read or loaded, and that did not change while it
+was read (`generation`), is broken for good; the worker records it in ``worker.json``, warns once
+and skips it, and ``probes/skipped.json`` (`write_skipped`, the format of
+`repgeom.probes.run.trajectory`'s) names every step without probe rows and why. A new generation
+(the trainer's rewrite, a repaired file) is tried again.
 """
 
 from __future__ import annotations

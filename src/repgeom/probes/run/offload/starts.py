@@ -1,34 +1,10 @@
-"""The training starts of one run, in the order they began: which start is the newest, and which
-older ones are gone, so that two starts alive at once (a requeue on another node while the old
-start still runs on a hung one; two containers) never undo each other's snapshots.
-
-Each start claims the next number in ``<run>/probes/snapshots/starts/``: it creates
-``<number>.lock`` with ``O_EXCL`` (atomic on local file systems and NFSv3+), so no two starts get
-the same number and a later start always gets a larger one, whatever the hosts' clocks say. It
-then holds an exclusive ``flock`` on that file for its whole life (`repgeom.files.try_lock`); the
-kernel releases it when the process dies (on NFS, when the server ends the dead client's lease).
-The rules the snapshot writer (`repgeom.probes.run.offload.snapshots`) keeps with them:
-
-- **newest wins:** a complete snapshot names its start's number; a start never replaces a
-  snapshot of a newer start (its own weights belong to an abandoned trajectory), and replaces an
-  older start's (the replay's weights are the run's now);
-- **a superseded start writes no more:** once a newer start has claimed its number, an older
-  start still alive writes no snapshot (checked before each write and before its rename): a step
-  the newer start has not written yet, or whose snapshot a worker probed and deleted, must not
-  get the abandoned trajectory's weights;
-- **only the dead's temporaries are swept:** a start removes a half-written snapshot of an older
-  start only when it can take that start's lock (the start is gone). Where the lock is held, the
-  temporary stays: a live start is still writing it. Where the lock cannot be asked (Lustre
-  without ``-o flock``, NFS mounted ``nolock``), a temporary untouched for `STALE_S` counts as
-  its start's leftover (no snapshot takes that long to write).
-
-The lock files stay (a few bytes a start): deleting a lock file races with a process that opens
-it to lock it. Limitations: on the NFS server itself, and on clients mounted with
-``local_lock=flock`` or ``local_lock=all``, ``flock`` does not see other nodes' locks, so a start
-may take another node's live start for gone and remove its write in progress; that start's
-snapshot then fails and its training stops with the error (never a wrong snapshot). The order is
-the order the starts claimed their numbers (in ``on_train_start``), which is the order they
-resumed unless a start hangs between restoring its checkpoint and claiming.
+"""The training starts of one run, in the order they began (docs/probing.md, "Overlapping
+starts"): each claims the next number in ``<run>/probes/snapshots/starts/`` (``<number>.lock``
+created with ``O_EXCL``, so numbers follow the order of the claims whatever the hosts' clocks
+say) and holds an exclusive ``flock`` on it while it lives. The newest start wins (`keeps`,
+`install`); a superseded one writes nothing more (`SnapshotWriter.is_current`); a start sweeps
+only the temporaries of starts that have ended (`gone`). The lock files stay: deleting one races
+with a process that opens it to lock it.
 """
 
 from __future__ import annotations
