@@ -27,7 +27,7 @@ from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint
 from repgeom.probes.core import table
 from repgeom.probes.run.callback import ProbeCallback
 from repgeom.probes.run.offload import follow as follow_module
-from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload import snapshots, worker_process
 from repgeom.probes.run.offload.follow import (
     Follower,
     TrainingDiedError,
@@ -679,7 +679,7 @@ def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Pat
 
 
 def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: Path) -> None:
-    from repgeom.probes.run.offload.follow import start_worker
+    from repgeom.probes.run.offload.worker_process import start_worker
 
     (tmp_path / "probes").mkdir()
     options = {"threads": 1, "device": "cpu", "cpus": [0], "timeout_s": 600,
@@ -689,7 +689,7 @@ def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: 
         # start_new_session (no preexec_fn): its own session and process group
         assert os.getsid(process.pid) == process.pid
         assert os.sched_getaffinity(process.pid) == {0}
-        from repgeom.probes.run.offload.follow import stop_worker
+        from repgeom.probes.run.offload.worker_process import stop_worker
 
         started = time.monotonic()
         # it waits for a run that never starts (600 s); stopped after the stated limit
@@ -974,7 +974,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
     run_dir = tmp_path / "run"
     overrides = ["logger=csv", *PROBE, "probe.offload=worker", "probe.worker.threads=1"]
     workers: list[subprocess.Popen] = []
-    original_start = follow_module.start_worker
+    original_start = worker_process.start_worker
 
     def start_worker(*args, **kwargs):
         workers.append(original_start(*args, **kwargs))
@@ -982,7 +982,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
 
     folder = snapshots.snapshot_dir(run_dir)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(worker_process, "start_worker", start_worker)
         patch.setattr(*_full_at(snapshots.DONE))
         with pytest.raises(snapshots.RunNotRecordedError) as raised:
             train(compose_train(run_dir, overrides))
@@ -999,7 +999,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
     # The same command with space: no training (the run is finished), the status written, and
     # a worker that probes what the stopped one left.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(worker_process, "start_worker", start_worker)
         result = train(compose_train(run_dir, overrides))
     assert result.trainer.global_step == 20 and len(workers) == 2
     assert workers[1].poll() == 0  # waited for, and done

@@ -34,15 +34,8 @@ from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import quarantine, snapshots
 from repgeom.probes.run.offload.lease import Life, WorkerLock, training_alive
-from repgeom.probes.run.offload.state import read_done, read_worker_state, run_done
-from repgeom.probes.run.offload.worker_process import (  # noqa: F401 - used as follow.<name>
-    BEATS_PER_TIMEOUT,
-    WORKER_STOP_S,
-    check_heartbeat,
-    start_worker,
-    stop_worker,
-    worker_command,
-)
+from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
+from repgeom.probes.run.offload.worker_process import check_heartbeat
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
@@ -55,9 +48,9 @@ class TrainingDiedError(RuntimeError):
 
 @dataclass
 class FollowResult:
-    """What a worker did: the steps it probed (this start), why it stopped, the table, the
-    steps it skipped (incomplete or quarantined snapshots), the steps training skipped for lack
-    of space (step -> why), and the quarantined ones (step -> the file and why)."""
+    """What a worker did: the steps it probed, why it stopped, the table, the steps it skipped
+    (incomplete or quarantined), those training skipped for lack of space (step -> why), and the
+    quarantined ones (step -> the file and why)."""
 
     run_dir: Path
     probed: list[int]
@@ -67,11 +60,6 @@ class FollowResult:
     plots: list[Path] = field(default_factory=list)
     no_space: dict[int, str] = field(default_factory=dict)
     quarantined: dict[int, str] = field(default_factory=dict)
-
-
-def _written(path: Path) -> float | None:
-    """When the snapshot in `path` was completed (its marker's ``time``); None if unreadable."""
-    return snapshots.snapshot_time(path)
 
 
 class Follower:
@@ -88,33 +76,19 @@ class Follower:
             raise FileNotFoundError(
                 f"follow={str(run_dir)!r}: no such folder; give the run folder of a train.py run "
                 "with probe.offload=snapshots (it may not exist yet: start the worker after "
-                "training has created its folder)"
-            )
+                "training has created its folder)")
         self.folder = snapshots.snapshot_dir(self.run_dir)
-        self.device = device
-        self.timeout_s = float(timeout_s)
-        self.keep = keep_snapshots
-        self.use_wandb = wandb
+        self.device, self.timeout_s = device, float(timeout_s)
+        self.keep, self.use_wandb = keep_snapshots, wandb
         self.lock = WorkerLock(self.folder, kind=lock)
-        # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
-        # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
-        self.done: dict[int, float] = {}
-        self.seconds = 0.0
-        self._phase_state: Any = []
-        self._spec_state: dict | None = None  # the recorder's, for an end-of-run work alone
-        self._options: dict = {}
-        self.finished: int | None = None  # the final step whose end-of-run work is done
-        # step -> {"generation", "file", "reason"}: a snapshot that cannot be probed (quarantine)
-        self.quarantined: dict[int, dict[str, Any]] = {}
+        self._load_state(WorkerState())  # `worker.json` (`WorkerState`) is read once held
         self.recorder: ProbeRecorder | None = None
         self.probes: ProbeSet | None = None
         self.spec: ProbeSpec | None = None
         self.runs: list = []
         self._beats: dict[str, Any] = {}  # another host's heartbeat, judged on this clock
 
-    def _load_state(self) -> None:
-        """``worker.json``, read once this worker holds the run (and so after any takeover)."""
-        state = read_worker_state(self.folder / snapshots.WORKER)  # bad fields: empty, warned
+    def _load_state(self, state: WorkerState) -> None:
         self.done, self.seconds = state.done, state.seconds
         self._phase_state, self._spec_state = state.phase_alerts, state.spec
         self._options, self.finished = state.options, state.finished
@@ -135,7 +109,7 @@ class Follower:
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)  # judged by its beats
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
-            self._load_state()
+            self._load_state(read_worker_state(self.folder / snapshots.WORKER))
             print(f"Following {self.run_dir}: probing its snapshots as they appear "
                   f"({len(self.done)} probed before)", flush=True)
             with self.fenced():
@@ -157,7 +131,7 @@ class Follower:
                 if step in self.quarantined and (
                         self.quarantined[step]["generation"] == quarantine.generation(path)):
                     continue  # cannot be probed, and not rewritten since: skipped
-                written = _written(path)
+                written = snapshots.snapshot_time(path)
                 if written is None or self.done.get(step) != written:
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
@@ -173,9 +147,7 @@ class Follower:
                                                     *self.quarantined}),
                                     {s: p for s, p in incomplete})
             verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
-            # A failed run or a vanished process is gone for sure: stop now, once a last look
-            # has found nothing new (the done marker is written before "finished").
-            certain = verdict.life.certain
+            certain = verdict.life.certain  # stop at once, after a last look found nothing new
             if verdict.life is Life.ALIVE:
                 last_news = time.monotonic()
             elif certain and run_done(self.folder):
@@ -187,8 +159,7 @@ class Follower:
                     + ("" if certain else f", and no new snapshot for {self.timeout_s:.0f} s "
                        "(follow_timeout_s)") + ". Probed steps "
                     f"{sorted(self.done) or 'none'}; resume training with its own command, then "
-                    f"run this worker again (it goes on from there)"
-                )
+                    f"run this worker again (it goes on from there)")
             time.sleep(POLL_S)
 
     # -- one snapshot ---------------------------------------------------------------------------
@@ -220,24 +191,21 @@ class Follower:
         """The model of the snapshot in `path` and its masking (for the loss rows; its weights
         file read once), or None and the file and error that stopped it. Errors of the run's own
         setup (`_prepare`) are raised."""
+        weights, ckpt = path / snapshots.WEIGHTS, None
         try:
-            ckpt = read_checkpoint(path / snapshots.WEIGHTS)
-        except MemoryError:
-            raise
-        except FileNotFoundError:
-            return None, (path / snapshots.WEIGHTS, f"the snapshot {path} is complete but has no "
-                          f"{snapshots.WEIGHTS}")
-        except Exception as error:  # cut short, unreadable, not a checkpoint
-            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
-        if self.recorder is None:
-            self._prepare(path, ckpt)
-        try:
+            ckpt = read_checkpoint(weights)
+            if self.recorder is None:
+                self._prepare(path, ckpt)
             loaded = gpt_from_checkpoint(ckpt, self.device)
             return (loaded.model, checkpoint_masking(ckpt, loaded.vocab)), None
         except MemoryError:
             raise
-        except Exception as error:  # a checkpoint whose weights do not fit its model
-            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
+        except Exception as error:  # cut short, unreadable, not a checkpoint, not its model
+            if ckpt is not None and self.recorder is None:
+                raise  # the run's own setup (`_prepare`)
+            gone = isinstance(error, FileNotFoundError) and ckpt is None
+            return None, (weights, f"the snapshot {path} is complete but has no {weights.name}"
+                          if gone else f"{type(error).__name__}: {error}")
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
         """Probe and record one snapshot, then delete it; False when it changed or vanished
@@ -305,7 +273,7 @@ class Follower:
     def _remove(self, path: Path, probed: float) -> None:
         """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time);
         a newer one found in its place meanwhile is put back (`snapshots.remove_snapshot`)."""
-        if _written(path) == probed:
+        if snapshots.snapshot_time(path) == probed:
             snapshots.remove_snapshot(path, written=probed)
 
     def _save(self) -> None:
@@ -383,7 +351,7 @@ def work_left(run_dir: Path) -> bool:
     state = read_worker_state(folder / snapshots.WORKER)
     broken = {k: v["generation"] for k, v in state.quarantined.items()}
     waiting = [s for s, path in snapshots.snapshots(folder)[0] if state.done.get(s) !=
-               _written(path) and broken.get(s) != quarantine.generation(path)]
+               snapshots.snapshot_time(path) and broken.get(s) != quarantine.generation(path)]
     return bool(waiting) or state.finished != done[0]
 
 

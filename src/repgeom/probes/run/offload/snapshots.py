@@ -23,34 +23,15 @@ from typing import Any
 
 import torch
 
-from repgeom.probes.run.offload import lease, starts
-from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
-    COMPLETE,
-    DONE,
-    MARKER,
-    REMOVED,
-    RUN,
-    SETTLED_S,
-    SNAPSHOT_DIR,
-    TRAINING,
-    WEIGHTS,
-    WORKER,
-    WRITING,
-    leftovers,
-    marker_problem,
-    marker_time,
-    read_json,
-    remove_snapshot,
-    snapshot_dir,
-    snapshot_time,
-    snapshots,
-    step_dir,
-    step_of,
-    write_json,
-    writer_of,
-)
+from repgeom.probes.run.offload import layout, lease, starts
 
 log = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    """The layout's names (`repgeom.probes.run.offload.layout`) as ``snapshots.<name>`` too."""
+    return getattr(layout, name)
+
 OFFLOAD_MODES = ("snapshots", "worker")
 """``probe.offload``'s values besides null (in-process): write snapshots; also start a worker."""
 
@@ -124,7 +105,7 @@ class SnapshotWriter:
             raise ValueError(f"probe.worker.min_free_gb must be >= 0 GB, got {min_free_gb}")
         self.min_free_bytes = int(min_free_gb * 1e9)
         self.skipped: dict[int, str] = {}  # step -> why its snapshot was not written
-        self.folder = snapshot_dir(run_dir)
+        self.folder = layout.snapshot_dir(run_dir)
         self.heartbeat_s = heartbeat_s
         self.step = 0  # the training step, for the heartbeat (`progress`)
         self.step_time = time.time()  # when training reached `step`: the worker judges progress
@@ -150,7 +131,7 @@ class SnapshotWriter:
         """Claim this start's number, prepare the folder (incomplete snapshots of ended starts
         and an old done marker removed), write ``run.json`` and start the heartbeat."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        marker = self.folder / MARKER
+        marker = self.folder / layout.MARKER
         if not marker.is_file():
             marker.write_text("Made by repgeom (probe.offload): snapshots of the weights for a "
                               "probe worker; deleted once probed.\n")
@@ -161,14 +142,14 @@ class SnapshotWriter:
         except Exception as error:  # noqa: BLE001 - judged by its heartbeat alone then
             log.warning("no lease for this training start (%s): a worker judges it by its "
                         "heartbeat alone", error)
-        for _, path in snapshots(self.folder)[1]:
-            writer = writer_of(path)
+        for _, path in layout.snapshots(self.folder)[1]:
+            writer = layout.writer_of(path)
             if writer is None or (writer < self.number and starts.gone(self.folder, writer, path)):
-                remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
-        for path in leftovers(self.folder, min_age_s=SETTLED_S):
-            remove_snapshot(path)  # probed, and its worker killed while deleting it
-        (self.folder / DONE).unlink(missing_ok=True)
-        write_json(self.folder / RUN, run_info)
+                layout.remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
+        for path in layout.leftovers(self.folder, min_age_s=layout.SETTLED_S):
+            layout.remove_snapshot(path)  # probed, and its worker killed while deleting it
+        (self.folder / layout.DONE).unlink(missing_ok=True)
+        layout.write_json(self.folder / layout.RUN, run_info)
         self._stop.clear()
         self._beat("running")
         self._heartbeat = threading.Thread(target=self._beat_loop, name="snapshot-heartbeat",
@@ -192,7 +173,7 @@ class SnapshotWriter:
         if not self.is_current():
             self._say_superseded()
             return
-        write_json(self.folder / TRAINING, {
+        layout.write_json(self.folder / layout.TRAINING, {
             "pid": os.getpid(), "step": int(self.step), "step_time": self.step_time,
             "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s,
             "number": max(self.number, starts.newest(self.folder), 0),
@@ -262,13 +243,13 @@ class SnapshotWriter:
         if not self.is_current():  # a superseded start's end is not the run's
             self._say_superseded()
             return
-        path = self.folder / DONE
+        path = self.folder / layout.DONE
         try:
             gaps = {**(skipped or {}), **self.skipped}
-            write_json(path, {"step": int(final_step), "time": time.time(),
+            layout.write_json(path, {"step": int(final_step), "time": time.time(),
                               "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())},
                               "number": max(self.number, starts.newest(self.folder), 0)})
-            path = self.folder / TRAINING
+            path = self.folder / layout.TRAINING
             self._beat("finished")
         except OSError as error:
             self._try_beat("stopped")
@@ -279,12 +260,12 @@ class SnapshotWriter:
         try:
             self._beat(state)
         except OSError as error:
-            log.warning("could not mark %s %r (%s)", self.folder / TRAINING, state,
+            log.warning("could not mark %s %r (%s)", self.folder / layout.TRAINING, state,
                         error.strerror or error)
 
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
-        return [step for step, _ in snapshots(self.folder)[0]]
+        return [step for step, _ in layout.snapshots(self.folder)[0]]
 
     # -- the snapshot ---------------------------------------------------------------------------
 
@@ -349,9 +330,9 @@ class SnapshotWriter:
                meta: dict[str, Any]) -> None:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
-        folder = step_dir(self.folder, step)
-        if self._superseded(step) or starts.keeps(read_json(folder / COMPLETE), self.number,
-                                                  self.start_id):
+        folder = layout.step_dir(self.folder, step)
+        marker = layout.read_json(folder / layout.COMPLETE)
+        if self._superseded(step) or starts.keeps(marker, self.number, self.start_id):
             return  # a newer start writes the run's snapshots; ours stays immutable
         needed = sum(t.nbytes for t in weights.values())
         free = _free_bytes(self.folder)
@@ -361,7 +342,7 @@ class SnapshotWriter:
             return
         # a random id, not the pid: two starts of one run (a requeue on another node, two
         # containers) may share a pid, and one must never write into or remove the other's
-        tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{WRITING}"
+        tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{layout.WRITING}"
         try:
             self._write_files(folder, tmp, step, weights, meta)
         except Exception as error:
@@ -403,12 +384,12 @@ class SnapshotWriter:
         tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
         checkpoint = {**meta, "global_step": int(step),
                       "state_dict": {f"model.{k}": v for k, v in weights.items()}}
-        path = tmp / WEIGHTS
+        path = tmp / layout.WEIGHTS
         with open(path, "wb") as handle:
             torch.save(checkpoint, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        write_json(tmp / COMPLETE, {"step": int(step), "time": time.time(),
+        layout.write_json(tmp / layout.COMPLETE, {"step": int(step), "time": time.time(),
                                     "rank": int(self.rank), "pid": os.getpid(),
                                     "start": self.start_id, "number": self.number,
                                     "bytes": path.stat().st_size})

@@ -1,12 +1,7 @@
-"""The training process's side of ``probe.offload`` (rank 0): the snapshot writer and its
-heartbeat, our own probe worker (``probe.offload=worker``), and the end of the run's records.
-
-`repgeom.probes.run.callback.ProbeCallback` owns one `Offloading` and calls it from its
-Lightning hooks: `start` when training really starts, `snapshot` at each probe step, `end` when
-training ends or fails, `teardown` after a fit that did not raise. The snapshots themselves are
-written by `repgeom.probes.run.offload.snapshots`, and probed by the worker,
-``probe.py follow=<run>`` (`repgeom.probes.run.offload.follow`).
-"""
+"""The training process's side of ``probe.offload`` (rank 0): `Offloading`, which
+`repgeom.probes.run.callback.ProbeCallback` calls from its Lightning hooks (`start`, `snapshot`,
+`end`, `teardown`): the snapshot writer (`repgeom.probes.run.offload.snapshots`), our own probe
+worker (``probe.offload=worker``) and the end of the run's records."""
 
 from __future__ import annotations
 
@@ -21,23 +16,16 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import WorkerConf
-from repgeom.probes.run.offload import follow, snapshots
+from repgeom.probes.run.offload import follow, snapshots, worker_process
+from repgeom.probes.run.offload.state import run_done
 
 log = logging.getLogger(__name__)
 
 
 class Offloading:
-    """Rank 0's half of the probes taken off the training clock.
-
-    Parameters
-    ----------
-    mode : {None, "snapshots", "worker"}
-        ``probe.offload`` (`snapshots.check_offload`); None: nothing is offloaded and every
-        method but `skipped` is never called.
-    worker : dict or None
-        ``probe.worker``, the worker's options (`repgeom.probes.core.spec.WorkerConf`); an
-        unknown option is a ValueError naming the known ones.
-    """
+    """Rank 0's half of the probes taken off the training clock: `mode` is ``probe.offload``
+    (None: only `skipped` is called), `worker` ``probe.worker`` (`WorkerConf`; an unknown option
+    is a ValueError naming the known ones)."""
 
     def __init__(self, mode: str | None, worker: dict[str, Any] | None) -> None:
         self.mode = snapshots.check_offload(mode)
@@ -48,8 +36,8 @@ class Offloading:
             raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
                              f"{sorted(WorkerConf().__dict__)}")
         if self.mode == "worker":  # probe.py follow= checks its own follow_timeout_s
-            follow.check_heartbeat(float(self.options["heartbeat_s"]),
-                                   float(self.options["timeout_s"]))
+            worker_process.check_heartbeat(float(self.options["heartbeat_s"]),
+                                           float(self.options["timeout_s"]))
         self.run_dir: Path | None = None
         self.writer: snapshots.SnapshotWriter | None = None  # while training runs
         self.worker: subprocess.Popen | None = None  # probe.offload=worker
@@ -85,7 +73,7 @@ class Offloading:
         self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
         self.writer.start({"wandb": _wandb_info(trainer), "schedule": schedule})
         if self.mode == "worker":
-            self.worker = follow.start_worker(self.run_dir, self.options)
+            self.worker = worker_process.start_worker(self.run_dir, self.options)
             print(f"Probe worker started (pid {self.worker.pid}, device "
                   f"{self.options['device']}, {self.options['threads']} "
                   f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
@@ -167,7 +155,7 @@ class Offloading:
             return
         self._record_finished_run(trainer)
         if self.mode == "worker" and follow.work_left(self.run_dir):
-            self.worker = follow.start_worker(self.run_dir, self.options)
+            self.worker = worker_process.start_worker(self.run_dir, self.options)
             print(f"This run is finished, its probing is not: probe worker started (pid "
                   f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
             folder = snapshots.snapshot_dir(self.run_dir)
@@ -178,7 +166,7 @@ class Offloading:
         start could not (a full disk at its end); only in a snapshot folder of ours."""
         folder = snapshots.snapshot_dir(self.run_dir)
         state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
-        recorded = (folder / snapshots.DONE).is_file() and state == "finished"
+        recorded = run_done(folder) and state == "finished"
         if recorded or trainer.global_step < trainer.max_steps or not (
                 folder / snapshots.MARKER).is_file():
             return
@@ -189,13 +177,13 @@ class Offloading:
               f"now, is written: {folder / snapshots.DONE}")
 
     def _stop_worker(self, again: str) -> None:
-        """Stop our worker, if any, within `follow.WORKER_STOP_S`; `again` says how it resumes."""
+        """Stop our worker, if any (`worker_process.WORKER_STOP_S`); `again`: how it resumes."""
         if self.worker is None:
             return
         worker, self.worker = self.worker, None
         print(f"Stopping the probe worker (pid {worker.pid}), at most "
-              f"{follow.WORKER_STOP_S:.0f} s; {again}")
-        follow.stop_worker(worker, 0.0)
+              f"{worker_process.WORKER_STOP_S:.0f} s; {again}")
+        worker_process.stop_worker(worker, 0.0)
 
     def _wait_for_worker(self, *, left: int) -> None:
         """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""
@@ -203,7 +191,7 @@ class Offloading:
         limit = float(self.options["wait_timeout_s"])
         print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left; at "
               f"most {limit:.0f} s (probe.worker.wait_timeout_s), then it is stopped")
-        code = follow.stop_worker(worker, limit)
+        code = worker_process.stop_worker(worker, limit)
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         if code is None:
             rank_zero_warn(f"the probe worker did not finish within {limit:.0f} s "
