@@ -6,7 +6,7 @@ own spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a che
 records it with the callback's own `ProbeRecorder`, so its table equals the in-process one. It
 holds the run's lease (`repgeom.probes.run.offload.lease`) and fences every write with it; a
 snapshot whose marker is malformed, or that cannot be read or loaded, is quarantined
-(`repgeom.probes.run.offload.quarantine`). It stops at the newest start's ``done.json``, or when
+(`repgeom.probes.run.offload.state`). It stops at the newest start's ``done.json``, or when
 the trainer died (`lease.Life`: at once when it failed or is gone, else after
 ``follow_timeout_s`` without a heartbeat, progress or new snapshot). docs/probing.md ("Probes off
 the training clock", "The run folder") states each guarantee once.
@@ -32,7 +32,8 @@ from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
-from repgeom.probes.run.offload import quarantine, snapshots
+from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload import state as records
 from repgeom.probes.run.offload.lease import Life, WorkerLock, training_alive
 from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
 from repgeom.probes.run.offload.worker_process import check_heartbeat
@@ -129,7 +130,7 @@ class Follower:
             todo = []
             for step, path in complete:
                 if step in self.quarantined and (
-                        self.quarantined[step]["generation"] == quarantine.generation(path)):
+                        self.quarantined[step]["generation"] == records.generation(path)):
                     continue  # cannot be probed, and not rewritten since: skipped
                 written = snapshots.snapshot_time(path)
                 if written is None or self.done.get(step) != written:
@@ -212,7 +213,7 @@ class Follower:
         while being read (nothing recorded: the next look sees what is there now), or when it
         cannot be read or loaded (quarantined: recorded, named, skipped)."""
         started = time.perf_counter()
-        before = quarantine.generation(path)
+        before = records.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
         failed = None if unreadable is None else (path / snapshots.COMPLETE, unreadable)
         if failed is None and marker is not None:  # every field, before the weights are read
@@ -220,7 +221,7 @@ class Follower:
         loaded, read_failed = self._read(path) if failed is None and marker else (None, None)
         failed = failed or read_failed
         model, masking = loaded if loaded is not None else (None, None)
-        if quarantine.generation(path) != before or (marker is None and unreadable is None):
+        if records.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
             return False
@@ -259,7 +260,7 @@ class Follower:
         once naming its file, and go on."""
         self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
         print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
-              f"{reason}. It is named in {table.probe_dir(self.run_dir) / quarantine.SKIPPED}; "
+              f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
               "if training writes this step again, the new snapshot is probed", flush=True)
         self._save()
         self._write_skipped({})
@@ -268,7 +269,7 @@ class Follower:
         """``skipped.json``: the quarantined steps and `more` (incomplete, no space)."""
         steps = {s: {"reason": q["reason"], "file": q["file"]}
                  for s, q in self.quarantined.items()}
-        quarantine.write_skipped(self.run_dir, {**more, **steps})
+        records.write_skipped(self.run_dir, {**more, **steps})
 
     def _remove(self, path: Path, probed: float) -> None:
         """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time);
@@ -297,7 +298,7 @@ class Follower:
                   "probed", flush=True)
         if self.quarantined:
             print(f"warning: steps {sorted(self.quarantined)} were skipped: their snapshots "
-                  f"cannot be read (named in {quarantine.SKIPPED} beside the table)", flush=True)
+                  f"cannot be read (named in {records.SKIPPED} beside the table)", flush=True)
         try:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
@@ -351,7 +352,7 @@ def work_left(run_dir: Path) -> bool:
     state = read_worker_state(folder / snapshots.WORKER)
     broken = {k: v["generation"] for k, v in state.quarantined.items()}
     waiting = [s for s, path in snapshots.snapshots(folder)[0] if state.done.get(s) !=
-               snapshots.snapshot_time(path) and broken.get(s) != quarantine.generation(path)]
+               snapshots.snapshot_time(path) and broken.get(s) != records.generation(path)]
     return bool(waiting) or state.finished != done[0]
 
 

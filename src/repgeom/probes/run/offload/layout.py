@@ -36,7 +36,7 @@ TRAINING_FIELDS = {"pid": WHOLE, "step": WHOLE, "step_time": NUMBER, "time": NUM
 DONE_FIELDS = {"step": WHOLE, "time": NUMBER, "skipped_for_space": OBJECT, "number": WHOLE}
 """Every field of each marker, and what it must be: a missing key, a wrong type, NaN or an
 infinity (which Python's json reads without complaint) makes the marker malformed."""
-_IS = {NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+is_a = {NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool)
        and math.isfinite(v),
        WHOLE: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
        TEXT: lambda v: isinstance(v, str), OBJECT: lambda v: isinstance(v, dict),
@@ -50,7 +50,7 @@ def problem(record: Any, fields: dict[str, str]) -> str | None:
     for key, kind in fields.items():
         if key not in record:
             return f"{key} is missing"
-        if not _IS[kind](record[key]):
+        if not is_a[kind](record[key]):
             return f"{key} is not {kind}: {record[key]!r}"
     return None
 
@@ -166,7 +166,7 @@ def marker_time(marker: Any) -> float | None:
     """`snapshot_time` of a ``complete.json`` already read; None when it is unreadable or its
     time is not a finite number (NaN never equals itself: it could never be recorded as done)."""
     time_ = marker.get("time") if isinstance(marker, dict) else None
-    return float(time_) if _IS[NUMBER](time_) else None
+    return float(time_) if is_a[NUMBER](time_) else None
 
 
 def remove_snapshot(path: Path, *, written: float | None = None,

@@ -24,20 +24,12 @@ from filelock import SoftFileLease, Timeout
 from repgeom.files import read_json
 from repgeom.probes.run.offload.layout import TRAINING, TRAINING_FIELDS, problem
 
-LOCK_KINDS = ("auto", "flock", "file")
-"""``follow_lock``'s values, kept for old command lines: every kind takes the lease alone."""
+LOCK_KINDS = ("auto", "flock", "file")  # ``follow_lock``: every kind takes the lease alone
 LEASE_NAME = "worker.lease"
-LEASE_HEARTBEAT_S = 5.0
-LEASE_STALE_S = 60.0
-"""A lease unchanged for this long (the waiter's clock) is stale; all workers use this value."""
-START_LEASE_S = 3600.0
-"""A training start's lease: asked only whether its holder is gone from this host (a fresh
-instance never has the time to judge it by age); every start and worker use this value."""
+LEASE_HEARTBEAT_S, LEASE_STALE_S = 5.0, 60.0  # every worker must use the same stale time
+START_LEASE_S = 3600.0  # a start's lease: only asked whether its process is gone (`start_gone`)
 POLL_S = 0.5
-LEASE_READS = 3
-LEASE_READ_GAP_S = 0.2
-"""A holder reads its marker up to this many times, this far apart, before it counts a marker it
-cannot read as lost: one ESTALE or EIO on a shared file system is not a takeover."""
+LEASE_READS, LEASE_READ_GAP_S = 3, 0.2  # one ESTALE or EIO on a shared file system is no loss
 
 
 class LockLostError(RuntimeError):
@@ -64,7 +56,6 @@ class WorkerLock:
         return self.folder / LEASE_NAME
 
     def holder(self) -> str:
-        """Who holds the lease, as its marker says."""
         owner = self.lease.owner if self.lease is not None else None
         return "an unknown holder" if owner is None else f"pid {owner.pid} on {owner.hostname}"
 
@@ -118,7 +109,7 @@ class WorkerLock:
                 "that worker")
 
     def release(self) -> None:
-        """Let go of the lease (idempotent); filelock removes the marker only while it is ours."""
+        """Let go (idempotent); filelock removes the marker only while it is ours."""
         lease, self.lease, self.token = self.lease, None, None
         if lease is not None and lease.is_locked:
             lease.release()
@@ -143,27 +134,18 @@ def start_gone(folder: Path, number: int) -> bool:
     lease = _start_lease(folder, number)
     try:
         lease.acquire(timeout=0)
-    except Timeout:
-        return False
-    except OSError:
+    except (Timeout, OSError):
         return False
     lease.release()
     return True
 
 
 class Life(enum.Enum):
-    """What the worker reads of the run's trainer (`training_alive`); the worker decides on it,
-    never on a message's wording."""
+    """What the worker reads of the run's trainer (`training_alive`): it decides on this, never
+    on a message's wording. STOPPED: a signal (a SLURM requeue; it may come back); GONE: its
+    process no longer runs; SILENT: no heartbeat, STUCK: no progress, for the timeout."""
 
-    ALIVE = "alive"
-    NOT_STARTED = "not started"
-    FINISHED = "finished"
-    STOPPED = "stopped"  # a signal ended it (a SLURM requeue): it may come back
-    FAILED = "failed"
-    GONE = "gone"  # its process no longer runs (or let go of its lease): certain
-    SILENT = "silent"  # no heartbeat for the timeout
-    STUCK = "stuck"  # it beats, but its step has not moved for the timeout
-    MALFORMED = "malformed"  # training.json is not what a trainer writes
+    ALIVE, NOT_STARTED, FINISHED, STOPPED, FAILED, GONE, SILENT, STUCK, MALFORMED = range(9)
 
     @property
     def certain(self) -> bool:
@@ -178,8 +160,7 @@ class Verdict:
 
 
 STATES = {"running": Life.ALIVE, "finished": Life.FINISHED, "stopped": Life.STOPPED,
-          "failed": Life.FAILED}
-"""``training.json``'s states and what each says of the trainer."""
+          "failed": Life.FAILED}  # training.json's states
 
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None,

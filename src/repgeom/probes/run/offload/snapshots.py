@@ -66,9 +66,10 @@ def _disk_full(error: BaseException) -> OSError | None:
         error = error.__cause__ or error.__context__
     return None
 
+
+
 class RunNotRecordedError(RuntimeError):
-    """Training finished, but its end-of-run status (``done.json``, ``training.json``) could
-    not be written: the run is not recorded as done, and a worker would wait for it."""
+    """Training finished, but ``done.json`` or ``training.json`` could not be written."""
 
 
 def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
@@ -86,17 +87,9 @@ def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
 
 
 class SnapshotWriter:
-    """Copies the weights at a probe step and writes them in a background thread (rank 0 only).
-
-    Parameters
-    ----------
-    run_dir : Path
-        The training run's folder.
-    heartbeat_s : float
-        Seconds between two writes of ``training.json`` (the worker's sign that training lives).
-    min_free_gb : float
-        Free disk space (GB) a snapshot must leave; a snapshot that would leave less is skipped.
-    """
+    """Copies the weights at a probe step and writes them in a background thread (rank 0 only)
+    into `run_dir`; ``training.json`` every `heartbeat_s`; a snapshot that would leave less than
+    `min_free_gb` GB free is skipped."""
 
     def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
@@ -176,8 +169,11 @@ class SnapshotWriter:
         layout.write_json(self.folder / layout.TRAINING, {
             "pid": os.getpid(), "step": int(self.step), "step_time": self.step_time,
             "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s,
-            "number": max(self.number, starts.newest(self.folder), 0),
-            "lease": self._lease is not None})
+            "number": self._number(), "lease": self._lease is not None})
+
+    def _number(self) -> int:
+        """This start's number; a writer that claimed none writes for the newest start."""
+        return max(self.number, starts.newest(self.folder), 0)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s) and self.is_current():
@@ -188,14 +184,10 @@ class SnapshotWriter:
 
     def close(self, *, final_step: int | None, stopped: bool = False,
               skipped: dict[int, str] | None = None) -> None:
-        """Wait for the last write, stop the heartbeat; with `final_step` record the run as
-        finished (`finish`, with the `skipped` steps of earlier starts), without it mark the run
-        ``failed`` (an exception ended it), or with `stopped` ``stopped`` (a signal ended it,
-        e.g. a SLURM requeue: it may come back).
-
-        Raises `RunNotRecordedError` when the finished run's status cannot be written (a full
-        or read-only disk); a failed or stopped state that cannot be written is only logged,
-        so the exception that ended training is the one raised."""
+        """Wait for the last write, stop the heartbeat, and record how this start ended: with
+        `final_step` finished (`finish`), else ``failed``, or ``stopped`` (a signal: it may come
+        back); a superseded start records nothing. Only `finish` raises (`RunNotRecordedError`):
+        the exception that ended training is the one raised."""
         failed = False
         try:
             self.wait()
@@ -226,19 +218,11 @@ class SnapshotWriter:
             self._start_lock = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
-        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
-        ``finished`` (the done marker first: a worker that sees "finished" finds it). Also what
-        a rerun of a finished run does when an earlier start could not write them. The done
-        marker lists the steps skipped for lack of space: `skipped` (earlier starts') and this
-        writer's own.
-
-        Raises
-        ------
-        RunNotRecordedError
-            A file could not be written (ENOSPC, EDQUOT, EROFS, ...); the message names it, the
-            folder, its free space and the fix. Nothing half-written stays (`write_json`), and
-            ``training.json`` is set to ``stopped`` if it can be: the run comes back when rerun.
-        """
+        """Record the run as finished at `final_step` (also a rerun's, where an earlier start
+        could not): ``done.json`` (with the steps skipped for space: `skipped` and this
+        writer's), then ``training.json`` ``finished``. A file that cannot be written raises
+        `RunNotRecordedError` naming it, its free space and the fix (``stopped`` is written if
+        it can be: the run comes back when rerun)."""
         self.progress(final_step)
         if not self.is_current():  # a superseded start's end is not the run's
             self._say_superseded()
@@ -246,9 +230,9 @@ class SnapshotWriter:
         path = self.folder / layout.DONE
         try:
             gaps = {**(skipped or {}), **self.skipped}
-            layout.write_json(path, {"step": int(final_step), "time": time.time(),
-                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())},
-                              "number": max(self.number, starts.newest(self.folder), 0)})
+            layout.write_json(path, {
+                "step": int(final_step), "time": time.time(), "number": self._number(),
+                "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
             path = self.folder / layout.TRAINING
             self._beat("finished")
         except OSError as error:
@@ -283,12 +267,9 @@ class SnapshotWriter:
         return waited
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
-        """Copy `model`'s weights now and write them as ``step_<step>`` in the background.
-
-        `meta` holds the rest of the checkpoint (``hyper_parameters``, ``callbacks``, the data's
-        state). A previous snapshot still being written is waited for first (its seconds are
-        returned): one set of buffers, at most one snapshot waiting.
-        """
+        """Copy `model`'s weights now and write them, with `meta` (the rest of the checkpoint),
+        as ``step_<step>`` in the background; a previous snapshot still being written is waited
+        for first (its seconds are returned): one set of buffers, at most one waiting."""
         waited = self.wait()
         started = time.perf_counter()
         weights, event = self._copy(model.state_dict())
