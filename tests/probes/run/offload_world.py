@@ -368,9 +368,6 @@ class World:
         if writer._heartbeat is not None:
             writer._heartbeat.join()
         writer._release()
-        if writer._lease is not None:
-            writer._lease.release()
-            writer._lease = None
         self.hung = None
 
     def kill_trainer(self, mid_write: bool) -> None:
@@ -380,10 +377,7 @@ class World:
         self.writer._stop.set()
         if self.writer._heartbeat is not None:
             self.writer._heartbeat.join()
-        self.writer._release()  # the kernel lets go of a dead process's start lock
-        if self.writer._lease is not None:  # and filelock finds its lease's process gone
-            self.writer._lease.release()
-            self.writer._lease = None
+        self.writer._release()  # filelock finds a dead process's start lease gone
         number, self.writer = self.writer.number, None
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         snapshots.write_json(self.folder / snapshots.TRAINING, {**beat, "pid": self.dead})

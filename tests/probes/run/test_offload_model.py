@@ -272,8 +272,6 @@ def play(root: Path, seed: int) -> tuple[list[str], str | None]:
         if world.writer is not None:  # the trainer ends: its start lock and lease let go
             world.writer._stop.set()
             world.writer._release()
-            if world.writer._lease is not None:
-                world.writer._lease.release()
         world.end_hung()
         shutil.rmtree(run_dir, ignore_errors=True)
     return rules, None

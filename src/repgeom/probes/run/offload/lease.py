@@ -182,7 +182,7 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
     life = STATES[beat["state"]]
     if life is not Life.ALIVE:
         return Verdict(life, f"the training process {beat['state']}")
-    if beat["lease"] and start_gone(folder, beat["number"]):
+    if start_gone(folder, beat["number"]):
         return Verdict(Life.GONE, f"the training process (pid {beat['pid']}) is gone")
     if watch is not None:
         seen = time.monotonic()

@@ -114,8 +114,7 @@ class SnapshotWriter:
         self._heartbeat: threading.Thread | None = None
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
         self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
-        self._start_lock: Any = None  # held while this start lives (`starts.gone` asks it)
-        self._lease: Any = None  # this start's lease while it lives (`lease.start_gone` asks it)
+        self._lease: Any = None  # held while this start lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
     # -- the run's files ------------------------------------------------------------------------
@@ -129,12 +128,8 @@ class SnapshotWriter:
             marker.write_text("Made by repgeom (probe.offload): snapshots of the weights for a "
                               "probe worker; deleted once probed.\n")
         self._release()
-        self.number, self._start_lock = starts.claim(self.folder)
-        try:
-            self._lease = lease.hold_start(self.folder, self.number)
-        except Exception as error:  # noqa: BLE001 - judged by its heartbeat alone then
-            log.warning("no lease for this training start (%s): a worker judges it by its "
-                        "heartbeat alone", error)
+        self.number = starts.claim(self.folder)
+        self._lease = lease.hold_start(self.folder, self.number)
         for _, path in layout.snapshots(self.folder)[1]:
             writer = layout.writer_of(path)
             if writer is None or (writer < self.number and starts.gone(self.folder, writer, path)):
@@ -169,7 +164,7 @@ class SnapshotWriter:
         layout.write_json(self.folder / layout.TRAINING, {
             "pid": os.getpid(), "step": int(self.step), "step_time": self.step_time,
             "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s,
-            "number": self._number(), "lease": self._lease is not None})
+            "number": self._number()})
 
     def _number(self) -> int:
         """This start's number; a writer that claimed none writes for the newest start."""
@@ -201,21 +196,18 @@ class SnapshotWriter:
                 self._heartbeat = None
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
-            self._release()  # nothing of this start is being written any more
             try:
                 if final_step is None or failed:
                     self._try_beat("stopped" if stopped and not failed else "failed")
                 else:
                     self.finish(final_step, skipped)
             finally:
-                if self._lease is not None:  # after its last word: then it is gone
-                    self._lease.release()
-                    self._lease = None
+                self._release()  # after its last word: this start has ended
 
     def _release(self) -> None:
-        if self._start_lock is not None:
-            self._start_lock.close()
-            self._start_lock = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
         """Record the run as finished at `final_step` (also a rerun's, where an earlier start

@@ -1,7 +1,5 @@
-"""The probe worker as a process of its own (``probe.offload=worker``): its command, its start by
-train.py on the training node (own session, cores, threads) and its bounded stop, and the check
-that a worker's timeout holds enough of the trainer's heartbeats
-(`repgeom.probes.run.offload.follow` is what the process runs)."""
+"""The probe worker as a process of its own (``probe.offload=worker``): its command, its start
+by train.py (own session, cores, threads), its bounded stop, and `check_heartbeat`."""
 
 from __future__ import annotations
 
@@ -13,10 +11,8 @@ from typing import Any
 
 from repgeom.probes.core import table
 
-BEATS_PER_TIMEOUT = 2
-"""The fewest heartbeats that fit in ``follow_timeout_s``: one late beat is not a death."""
-WORKER_STOP_S = 30.0
-"""Seconds a worker stopped by train.py (SIGTERM) gets to exit before it is killed."""
+BEATS_PER_TIMEOUT = 2  # the fewest heartbeats in follow_timeout_s: one late beat is no death
+WORKER_STOP_S = 30.0  # seconds a worker stopped by train.py (SIGTERM) has before SIGKILL
 
 
 def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
