@@ -34,9 +34,8 @@ from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
 from repgeom.probes.run.offload import snapshots
 from repgeom.probes.run.offload import state as records
-from repgeom.probes.run.offload.lease import Life, WorkerLock, training_alive
+from repgeom.probes.run.offload.lease import Life, WorkerLock, check_heartbeat, training_alive
 from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
-from repgeom.probes.run.offload.worker_process import check_heartbeat
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5

@@ -29,6 +29,7 @@ LEASE_NAME = "worker.lease"
 LEASE_HEARTBEAT_S, LEASE_STALE_S = 5.0, 60.0  # every worker must use the same stale time
 START_LEASE_S = 3600.0  # a start's lease: only asked whether its process is gone (`start_gone`)
 POLL_S = 0.5
+BEATS_PER_TIMEOUT = 2  # the fewest heartbeats in follow_timeout_s: one late beat is no death
 LEASE_READS, LEASE_READ_GAP_S = 3, 0.2  # one ESTALE or EIO on a shared file system is no loss
 
 
@@ -200,3 +201,15 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
         return Verdict(Life.STUCK, f"the training process beats but has been at step "
                                    f"{beat['step']} for {stuck:.0f} s (no progress)")
     return Verdict(Life.ALIVE)
+
+
+def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
+    """A ValueError unless `timeout_s` holds `BEATS_PER_TIMEOUT` heartbeats of `heartbeat_s`."""
+    if timeout_s < BEATS_PER_TIMEOUT * heartbeat_s:
+        raise ValueError(
+            f"the worker's timeout ({timeout_s:g} s: probe.worker.timeout_s, or probe.py's "
+            f"follow_timeout_s) must be at least {BEATS_PER_TIMEOUT} heartbeats of the training "
+            f"run (probe.worker.heartbeat_s={heartbeat_s:g} s), or a late beat reads as a dead "
+            f"run; raise the timeout to >= {BEATS_PER_TIMEOUT * heartbeat_s:g} s or lower "
+            "heartbeat_s"
+        )

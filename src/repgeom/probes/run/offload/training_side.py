@@ -1,12 +1,15 @@
 """The training process's side of ``probe.offload`` (rank 0): `Offloading`, which
 `repgeom.probes.run.callback.ProbeCallback` calls from its Lightning hooks (`start`, `snapshot`,
 `end`, `teardown`): the snapshot writer (`repgeom.probes.run.offload.snapshots`), our own probe
-worker (``probe.offload=worker``) and the end of the run's records."""
+worker (``probe.offload=worker``: `start_worker`, `stop_worker`) and the end of the run's
+records."""
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,12 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import WorkerConf
-from repgeom.probes.run.offload import follow, snapshots, worker_process
+from repgeom.probes.run.offload import follow, snapshots
+from repgeom.probes.run.offload.lease import check_heartbeat
 from repgeom.probes.run.offload.state import run_done
 
 log = logging.getLogger(__name__)
+WORKER_STOP_S = 30.0  # seconds a worker stopped by train.py (SIGTERM) has before SIGKILL
 
 
 class Offloading:
@@ -36,7 +41,7 @@ class Offloading:
             raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
                              f"{sorted(WorkerConf().__dict__)}")
         if self.mode == "worker":  # probe.py follow= checks its own follow_timeout_s
-            worker_process.check_heartbeat(float(self.options["heartbeat_s"]),
+            check_heartbeat(float(self.options["heartbeat_s"]),
                                            float(self.options["timeout_s"]))
         self.run_dir: Path | None = None
         self.writer: snapshots.SnapshotWriter | None = None  # while training runs
@@ -73,7 +78,7 @@ class Offloading:
         self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
         self.writer.start({"wandb": _wandb_info(trainer), "schedule": schedule})
         if self.mode == "worker":
-            self.worker = worker_process.start_worker(self.run_dir, self.options)
+            self.worker = start_worker(self.run_dir, self.options)
             print(f"Probe worker started (pid {self.worker.pid}, device "
                   f"{self.options['device']}, {self.options['threads']} "
                   f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
@@ -155,7 +160,7 @@ class Offloading:
             return
         self._record_finished_run(trainer)
         if self.mode == "worker" and follow.work_left(self.run_dir):
-            self.worker = worker_process.start_worker(self.run_dir, self.options)
+            self.worker = start_worker(self.run_dir, self.options)
             print(f"This run is finished, its probing is not: probe worker started (pid "
                   f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
             folder = snapshots.snapshot_dir(self.run_dir)
@@ -177,13 +182,13 @@ class Offloading:
               f"now, is written: {folder / snapshots.DONE}")
 
     def _stop_worker(self, again: str) -> None:
-        """Stop our worker, if any (`worker_process.WORKER_STOP_S`); `again`: how it resumes."""
+        """Stop our worker, if any (`WORKER_STOP_S`); `again`: how it resumes."""
         if self.worker is None:
             return
         worker, self.worker = self.worker, None
         print(f"Stopping the probe worker (pid {worker.pid}), at most "
-              f"{worker_process.WORKER_STOP_S:.0f} s; {again}")
-        worker_process.stop_worker(worker, 0.0)
+              f"{WORKER_STOP_S:.0f} s; {again}")
+        stop_worker(worker, 0.0)
 
     def _wait_for_worker(self, *, left: int) -> None:
         """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""
@@ -191,7 +196,7 @@ class Offloading:
         limit = float(self.options["wait_timeout_s"])
         print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left; at "
               f"most {limit:.0f} s (probe.worker.wait_timeout_s), then it is stopped")
-        code = worker_process.stop_worker(worker, limit)
+        code = stop_worker(worker, limit)
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         if code is None:
             rank_zero_warn(f"the probe worker did not finish within {limit:.0f} s "
@@ -229,3 +234,62 @@ def _plain(value: Any) -> Any:
     except ImportError:
         pass
     return str(value)
+
+
+def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
+                   ) -> list[str]:
+    """The command of a worker for `run_dir`: ``repgeom-probe follow=<run_dir> ...`` (probe.py
+    as the installed command, `repgeom.cli.probe`), its Hydra files in
+    ``<run_dir>/probes/worker/``."""
+    return [sys.executable, "-m", "repgeom.cli.probe",
+            f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
+            f"keep_snapshots={str(keep_snapshots).lower()}",
+            f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
+
+
+def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
+    """Start a worker process for `run_dir` on this node (``probe.offload=worker``).
+
+    `options` are ``probe.worker``'s: ``threads`` (its torch threads, OMP_NUM_THREADS),
+    ``device``, ``cpus`` (the cores it may run on, Linux), ``timeout_s``, ``keep_snapshots``.
+    Its output goes to ``<run_dir>/probes/worker.log``.
+    """
+    threads = int(options.get("threads") or 1)
+    check_heartbeat(float(options.get("heartbeat_s") or 10.0),
+                    float(options.get("timeout_s") or 600.0))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    cpus = options.get("cpus")
+    affinity = None if cpus is None else {int(c) for c in cpus}
+    if affinity is not None and not hasattr(os, "sched_setaffinity"):
+        raise ValueError("probe.worker.cpus needs Linux (os.sched_setaffinity); leave it null")
+    log_path = table.probe_dir(run_dir) / "worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = worker_command(run_dir, device=str(options.get("device") or "cpu"),
+                             timeout_s=float(options.get("timeout_s") or 600.0),
+                             keep_snapshots=bool(options.get("keep_snapshots")))
+    with open(log_path, "ab") as log:
+        # start_new_session, not preexec_fn: preexec_fn is unsafe once threads run (the
+        # heartbeat, Lightning's) (https://docs.python.org/3/library/subprocess.html#popen-
+        # constructor); the worker's own session also keeps a Ctrl-C for train.py from it: it
+        # stops on the failed state or when train.py's pid is gone, or train.py stops it
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    if affinity is not None:  # before its interpreter has started any thread of its own
+        os.sched_setaffinity(process.pid, affinity)
+    return process
+
+
+def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
+    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
+    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
+    try:
+        return process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        pass
+    process.terminate()
+    try:
+        process.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return None
