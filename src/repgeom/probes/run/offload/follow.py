@@ -63,9 +63,8 @@ class FollowResult:
 
 
 class Follower:
-    """One worker on one run folder (`follow`). Its progress (``worker.json``) is read only once
-    it holds the run (`run`): a worker started while another finishes reads what that one left,
-    never an older state it would write back."""
+    """One worker on one run folder (`follow`); its progress (``worker.json``) is read only once
+    it holds the run, never an older state it would write back."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
                  keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
@@ -96,8 +95,7 @@ class Follower:
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[None]:
-        """Every rename into place and deletion inside runs `WorkerLock.check` just before it
-        (`repgeom.files.fenced`): a worker that lost the run writes nothing more."""
+        """Every rename into place and deletion inside checks the lease (`WorkerLock.check`)."""
         with files.fenced(self.lock.check):
             yield
 
@@ -188,9 +186,8 @@ class Follower:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
-        """The model of the snapshot in `path` and its masking (for the loss rows; its weights
-        file read once), or None and the file and error that stopped it. Errors of the run's own
-        setup (`_prepare`) are raised."""
+        """The model of the snapshot in `path` and its masking, or None and the file and error
+        that stopped it; errors of the run's own setup (`_prepare`) are raised."""
         weights, ckpt = path / snapshots.WEIGHTS, None
         try:
             ckpt = read_checkpoint(weights)
@@ -208,9 +205,8 @@ class Follower:
                           if gone else f"{type(error).__name__}: {error}")
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
-        """Probe and record one snapshot, then delete it; False when it changed or vanished
-        while being read (nothing recorded: the next look sees what is there now), or when it
-        cannot be read or loaded (quarantined: recorded, named, skipped)."""
+        """Probe, record and delete one snapshot; False when it changed or vanished while read
+        (nothing recorded), or is quarantined (a bad marker, unreadable, not loadable)."""
         started = time.perf_counter()
         before = records.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
@@ -255,8 +251,7 @@ class Follower:
         return True
 
     def _quarantine(self, step: int, generation: str, file: Path, reason: str) -> None:
-        """Record a snapshot that cannot be probed (``worker.json``, ``skipped.json``), warn
-        once naming its file, and go on."""
+        """Record a snapshot that cannot be probed, and warn once naming its file."""
         self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
         print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
               f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
@@ -271,8 +266,7 @@ class Follower:
         records.write_skipped(self.run_dir, {**more, **steps})
 
     def _remove(self, path: Path, probed: float) -> None:
-        """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time);
-        a newer one found in its place meanwhile is put back (`snapshots.remove_snapshot`)."""
+        """Delete the snapshot in `path` if it is the one probed (at time `probed`)."""
         if snapshots.snapshot_time(path) == probed:
             snapshots.remove_snapshot(path, written=probed)
 
@@ -376,17 +370,9 @@ def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
            wandb: bool = True, lock: str = "auto") -> FollowResult:
-    """Probe the snapshots of the training run in `run_dir` until it is done (see the module).
-
-    Raises
-    ------
-    TrainingDiedError
-        The run stopped without its done marker (no heartbeat, no new snapshot for
-        `timeout_s` seconds); everything that was complete is probed first.
-    repgeom.probes.run.offload.lease.LockLostError
-        Another worker took the run over (this one's lease heartbeat was judged stale).
-
-    `lock` is ``follow_lock`` (``auto``, ``flock`` or ``file``): every kind takes the lease.
-    """
+    """Probe the snapshots of the run in `run_dir` until it is done (see the module); raises
+    `TrainingDiedError` when it stopped without its done marker (what was complete probed
+    first), `lease.LockLostError` when another worker took the run over. `lock`:
+    ``follow_lock``, every kind of which takes the lease."""
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

@@ -1,15 +1,7 @@
 """Who holds a run, and whether its trainer lives, on `filelock.SoftFileLease` (docs/probing.md,
-"The run folder"): one probe worker per run (`WorkerLock`), and each training start's own lease
-(`hold_start`, `start_gone`).
-
-A lease is a marker file holding its holder's pid, host (with its pid namespace), process start
-and a random token, touched by filelock's heartbeat thread every `LEASE_HEARTBEAT_S`. A waiter
-takes it over once it has seen it unchanged for `LEASE_STALE_S` on its own monotonic clock (no
-clock is compared across hosts), or at once when the holder is on this host and its process is
-gone. The token is the fencing token: `WorkerLock.check` raises `LockLostError` once the marker
-names another token or filelock reported the lease compromised, and the worker runs it
-(`repgeom.files.fenced`) just before each rename into place and each deletion.
-"""
+"The run folder"): one probe worker per run (`WorkerLock`, whose token fences every write of the
+worker), each training start's own lease (`hold_start`, `start_gone`), and what the worker reads
+of its trainer (`training_alive`, `Life`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The worker's records in the run folder, read field by field: ``snapshots/worker.json`` (its
-progress), ``snapshots/done.json`` (the run's end), and ``probes/skipped.json`` with the
-quarantine's `generation` (docs/probing.md, "Quarantine").
-
-A file that is not a JSON object reads as missing (`repgeom.files.read_json`); a field of the
-wrong type, NaN or an infinity reads as empty, with one warning naming the file and the field: a
-worker never crashes on it, and at worst probes again what such a field recorded as probed.
-"""
+"""The worker's records, read field by field: ``snapshots/worker.json`` (its progress; a bad
+field reads as empty, warned once: never a crash), ``snapshots/done.json`` (the run's end) and
+``probes/skipped.json`` with the quarantine's `generation` (docs/probing.md, "Quarantine")."""
 
 from __future__ import annotations
 

@@ -61,9 +61,7 @@ class Offloading:
         self.not_recorded = None
 
     def skipped(self) -> dict[int, str]:
-        """The steps whose snapshots were skipped for lack of space, those in flight included:
-        "done" in a checkpoint means the snapshot is on disk or was skipped (a gap a resume
-        keeps naming)."""
+        """The steps whose snapshots were skipped for lack of space, those in flight included."""
         if self.writer is None:
             return self.skipped_for_space
         self.writer.wait()
@@ -143,13 +141,10 @@ class Offloading:
         self._wait_for_worker(left=len(writer.waiting()))
 
     def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
-        """The end of a fit that did not raise: nothing left "running", no worker left behind.
-
-        A finished run whose status `end` could not write (a full disk) fails here, with
-        `snapshots.RunNotRecordedError`. A skipped fit (a finished run, rerun: not `trained`)
-        writes that status if an earlier start could not, then starts the worker only when the
-        run's probing is unfinished (its worker was stopped or killed before its end-of-run
-        work was done), and waits for it."""
+        """The end of a fit that did not raise: nothing left "running", no worker left behind; a
+        status `end` could not write raises `RunNotRecordedError` here. A skipped fit (a
+        finished run, rerun) writes that status if needed, and starts and waits for the worker
+        only when the run's probing is unfinished."""
         if self.not_recorded is not None:
             error, self.not_recorded = self.not_recorded, None
             raise error
@@ -238,8 +233,7 @@ def _plain(value: Any) -> Any:
 
 def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
                    ) -> list[str]:
-    """The command of a worker for `run_dir`: ``repgeom-probe follow=<run_dir> ...`` (probe.py
-    as the installed command, `repgeom.cli.probe`), its Hydra files in
+    """``repgeom-probe follow=<run_dir> ...`` (`repgeom.cli.probe`), its Hydra files in
     ``<run_dir>/probes/worker/``."""
     return [sys.executable, "-m", "repgeom.cli.probe",
             f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
@@ -248,12 +242,8 @@ def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapsho
 
 
 def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
-    """Start a worker process for `run_dir` on this node (``probe.offload=worker``).
-
-    `options` are ``probe.worker``'s: ``threads`` (its torch threads, OMP_NUM_THREADS),
-    ``device``, ``cpus`` (the cores it may run on, Linux), ``timeout_s``, ``keep_snapshots``.
-    Its output goes to ``<run_dir>/probes/worker.log``.
-    """
+    """Start a worker process for `run_dir` on this node with ``probe.worker``'s `options`
+    (threads, device, cpus, timeout_s, keep_snapshots); its log: ``probes/worker.log``."""
     threads = int(options.get("threads") or 1)
     check_heartbeat(float(options.get("heartbeat_s") or 10.0),
                     float(options.get("timeout_s") or 600.0))
@@ -268,10 +258,8 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
                              timeout_s=float(options.get("timeout_s") or 600.0),
                              keep_snapshots=bool(options.get("keep_snapshots")))
     with open(log_path, "ab") as log:
-        # start_new_session, not preexec_fn: preexec_fn is unsafe once threads run (the
-        # heartbeat, Lightning's) (https://docs.python.org/3/library/subprocess.html#popen-
-        # constructor); the worker's own session also keeps a Ctrl-C for train.py from it: it
-        # stops on the failed state or when train.py's pid is gone, or train.py stops it
+        # start_new_session, not preexec_fn (unsafe once threads run); its own session keeps a
+        # Ctrl-C for train.py from it: it stops on the failed state or its start's lease
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
     if affinity is not None:  # before its interpreter has started any thread of its own
