@@ -151,8 +151,9 @@ def _kill_lease(lock: lease_module.WorkerLock) -> None:
     if held is None or not held.is_locked:
         return
     path = lock.path
-    data, info = path.read_bytes(), path.stat()
-    ours = lease_token(lock.folder) == lock.token
+    ours = lease_token(lock.folder) == lock.token  # False where the marker is gone meanwhile
+    if ours:
+        data, info = path.read_bytes(), path.stat()
     lock.lease = None
     held.release()
     if ours and not path.exists():
