@@ -14,7 +14,7 @@ command is rerun until it exits 0 with every scheduled step in the table (at mos
   the same rows, and the largest relative difference of the values (the target is rtol 1e-6);
 - processes left behind: any process whose command line names the round's run folder, looked
   for until ``--linger-s`` seconds after the round (an orphaned worker stops within its poll
-  interval once its trainer's pid is gone).
+  interval once its trainer's start lease shows its process gone).
 
     python benchmarks/bench_offload_chaos.py                        # 5 rounds, seed 0
     python benchmarks/bench_offload_chaos.py --rounds 1 --kills 1   # a quick check

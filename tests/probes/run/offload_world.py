@@ -7,11 +7,11 @@ and renamed into place as the real one is), so that an event costs milliseconds.
 Each worker runs `Follower.run` in a thread of its own, and only one thread runs at a time: a
 worker stops ("parks") at its yield points, and the driver resumes it. The yield points are the
 worker's own steps, found through the names it calls: each pass over the snapshot folder
-(``snapshots.snapshots``), each sleep (``time.sleep`` of the worker and its lock: the clock of
+(``snapshots.snapshots``), each sleep (``time.sleep`` of the worker and its lease: the clock of
 the world moves by that much), and each write into place (`repgeom.files.check_fence`, just
 before the fenced rename; ``os.replace`` on code without fencing). At a yield point the driver
-can kill the worker (it raises, and its lock is left as kill -9 leaves it: the flock dropped by
-the kernel, the lease file kept), pause it (it is not resumed, and its lease does not beat), or
+can kill the worker (it raises, and its lease is left as kill -9 leaves it: the marker file kept,
+no heartbeat), pause it (it is not resumed, and its lease does not beat), or
 fill the disk (its next write fails with ENOSPC).
 
 "Never two holders" is checked where it matters, at each rename and deletion a worker performs
@@ -20,8 +20,11 @@ name that worker's token at that moment. A worker whose fence was skipped, or th
 and still writes, is caught as it writes, not only by who claims the lock between events.
 
 Clocks: the worker's monotonic clock is the world's (`World.clock`), moved by sleeps and by the
-driver, so "paused past the lease" is one call; a lease beats when the driver says so
-(`World.beat`), for every live, unpaused worker, as its heartbeat thread would.
+driver, so "paused past the lease" is one call; so is the clock on which filelock's
+`SoftFileLease` judges a lease stale (its recovery module's ``time``, patched: a private module
+of filelock, patched in this test only, because filelock offers no clock to inject). A lease
+beats when the driver says so (`World.beat`), for every live, unpaused worker, as its heartbeat
+thread would; filelock's own heartbeat thread waits longer than an example lasts.
 """
 
 from __future__ import annotations
@@ -39,12 +42,13 @@ import types
 from pathlib import Path
 from typing import Any
 
+import filelock._soft._exclusive._recovery as filelock_recovery
 import torch
 
 from repgeom import files
 from repgeom.probes.core import table
 from repgeom.probes.run.offload import follow as follow_module
-from repgeom.probes.run.offload import lock as lock_module
+from repgeom.probes.run.offload import lease as lease_module
 from repgeom.probes.run.offload import snapshots
 
 STALE_S = 60.0
@@ -80,6 +84,7 @@ class Hand:
                                                lock=kind)
         self.go, self.parked = threading.Semaphore(0), threading.Semaphore(0)
         self.at, self.outcome = "new", None
+        self.ended_while_trained = False  # it ended while the newest training start lived
         self.kill = self.full = self.paused = False
         self.idle = 0  # passes since its last write or sleep
         self.thread = threading.Thread(target=self._main, name=f"worker-{name}", daemon=True)
@@ -96,16 +101,13 @@ class Hand:
             if self.kill:
                 raise Killed
             self.outcome = ("done", self.follower.run())
-        except Killed:  # kill -9: the kernel drops its flock; its lease file stays
-            lock = self.follower.lock
-            if getattr(lock, "_handle", None) is not None:
-                lock._handle.close()
-                lock._handle = None
-            lock.held = False
+        except Killed:  # kill -9: its lease file stays, unbeaten
+            _kill_lease(self.follower.lock)
             self.outcome = ("killed", None)
         except BaseException as error:  # noqa: BLE001 - the driver judges it
             self.outcome = ("error", error)
         finally:
+            self.ended_while_trained = self.world.trainer_alive()
             self.at = "end"
             self.parked.release()
 
@@ -130,6 +132,33 @@ class Hand:
 
 def _hand() -> Hand | None:
     return getattr(_local, "hand", None)
+
+
+def lease_token(folder: Path) -> str | None:
+    """The token the lease marker in `folder` names (filelock's ``key=value`` lines), or None."""
+    try:
+        lines = (folder / lease_module.LEASE_NAME).read_text().splitlines()
+    except OSError:
+        return None
+    return next((line[6:] for line in lines if line.startswith("token=")), None)
+
+
+def _kill_lease(lock: lease_module.WorkerLock) -> None:
+    """kill -9 of a holder: its heartbeat stops and its marker stays as it was (here: released,
+    then written back with its bytes and times, as a dead process leaves it)."""
+    lock.held = False
+    held = lock.lease
+    if held is None or not held.is_locked:
+        return
+    path = lock.path
+    ours = lease_token(lock.folder) == lock.token  # False where the marker is gone meanwhile
+    if ours:
+        data, info = path.read_bytes(), path.stat()
+    lock.lease = None
+    held.release()
+    if ours and not path.exists():
+        path.write_bytes(data)
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 ROWS = "rows.json"
@@ -205,8 +234,9 @@ class World:
         monotonic = types.SimpleNamespace(
             monotonic=lambda: World.active.clock, sleep=_sleep, time=time.time,
             perf_counter=time.perf_counter)
-        patch.setattr(lock_module, "time", monotonic)
+        patch.setattr(lease_module, "time", monotonic)
         patch.setattr(follow_module, "time", monotonic)
+        patch.setattr(filelock_recovery, "time", monotonic)
         original_scan = snapshots.snapshots
         patch.setattr(snapshots, "snapshots", lambda folder: (_pass(), original_scan(folder))[1])
         if hasattr(files, "check_fence"):  # fenced code: the yield point is before the check
@@ -215,14 +245,14 @@ class World:
         else:
             original_replace = os.replace
             patch.setattr(os, "replace", lambda *a, **k: (_write(), original_replace(*a, **k))[1])
-        original_init, original_release = lock_module.WorkerLock.__init__, \
-            lock_module.WorkerLock.release
+        original_init, original_release = lease_module.WorkerLock.__init__, \
+            lease_module.WorkerLock.release
 
-        original_acquire = lock_module.WorkerLock.acquire
+        original_acquire = lease_module.WorkerLock.acquire
 
         def init(self, *args, **kwargs):
             original_init(self, *args, **kwargs)
-            self.heartbeat_s = 1e6  # beats come from the driver (`World.beat`)
+            self.heartbeat_s = STALE_S - 1  # real seconds: beats come from the driver
 
         def acquire(self, *args, **kwargs):
             original_acquire(self, *args, **kwargs)
@@ -231,23 +261,17 @@ class World:
         def release(self):
             self.held = False
             hand = _hand()
-            if hand is not None and hand.kill:  # kill -9: the kernel drops the flock only
-                if getattr(self, "_handle", None) is not None:
-                    self._handle.close()
-                    self._handle = None
-                if getattr(self, "_beat", None) is not None:
-                    self._stop.set()
-                    self._beat.join()
-                    self._beat = None
+            if hand is not None and hand.kill:  # kill -9: the marker stays, unbeaten
+                _kill_lease(self)
                 return
             original_release(self)
 
         for module, name in ((os, "replace"), (os, "rename"), (shutil, "rmtree")):
             patch.setattr(module, name, _performed(name, getattr(module, name)))
 
-        patch.setattr(lock_module.WorkerLock, "__init__", init)
-        patch.setattr(lock_module.WorkerLock, "release", release)
-        patch.setattr(lock_module.WorkerLock, "acquire", acquire)
+        patch.setattr(lease_module.WorkerLock, "__init__", init)
+        patch.setattr(lease_module.WorkerLock, "release", release)
+        patch.setattr(lease_module.WorkerLock, "acquire", acquire)
         patch.setattr(follow_module.Follower, "_prepare", _prepare)
         patch.setattr(follow_module, "gpt_from_checkpoint", _model)
         patch.setattr(follow_module, "probe_gpt", _probe)
@@ -325,6 +349,17 @@ class World:
         writer.wait()
         self.hung = (writer, i + 1, start_no)
 
+    def close_hung(self, *, finished: bool) -> None:
+        """The hung start reaches its end while the newer one trains: it finishes (its own last
+        step) or fails, and ends; being superseded, it must write nothing of the run's state."""
+        if self.hung is None:
+            return
+        writer = self.hung[0]
+        try:
+            writer.close(final_step=self.steps[-1] if finished else None)
+        finally:
+            self.hung = None
+
     def end_hung(self) -> None:
         """The hung start dies at last (the kernel lets go of its start lock)."""
         if self.hung is None:
@@ -343,7 +378,7 @@ class World:
         self.writer._stop.set()
         if self.writer._heartbeat is not None:
             self.writer._heartbeat.join()
-        self.writer._release()  # the kernel lets go of a dead process's start lock
+        self.writer._release()  # filelock finds a dead process's start lease gone
         number, self.writer = self.writer.number, None
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
         snapshots.write_json(self.folder / snapshots.TRAINING, {**beat, "pid": self.dead})
@@ -365,25 +400,24 @@ class World:
 
     def beat(self) -> None:
         """The heartbeat of every live, unpaused worker that holds the lease."""
-        lease = self.folder / lock_module.LEASE_NAME
-        holder = snapshots.read_json(lease) or {}
+        lease = self.folder / lease_module.LEASE_NAME
+        token = lease_token(self.folder)
         for hand in self.hands:
-            if hand.alive and not hand.paused and holder.get("token") == hand.follower.lock.token:
+            if hand.alive and not hand.paused and token is not None \
+                    and token == hand.follower.lock.token:
                 now = time.time_ns() + int(self.clock * 1e9)
                 os.utime(lease, ns=(now, now))
 
     def holders(self) -> list[str]:
-        """The workers that hold the run now: their lock was acquired, and the lease names them,
-        or (a worker that took no lease) they hold the flock."""
-        lease = snapshots.read_json(self.folder / lock_module.LEASE_NAME) or {}
+        """The workers that hold the run now: their lease was acquired, and the marker names
+        them."""
+        token = lease_token(self.folder)
         held = []
         for hand in self.hands:
             lock = hand.follower.lock
             if not hand.alive or not getattr(lock, "held", False):
                 continue
-            flock_only = getattr(lock, "_handle", None) is not None \
-                and getattr(lock, "_beat", 1) is None
-            if lease.get("token") == lock.token or flock_only:
+            if token is not None and token == lock.token:
                 held.append(f"{hand.name} ({hand.kind})")
         return held
 
@@ -439,17 +473,17 @@ def _holds(operation: str, path: Path) -> None:
     """Only the worker the lease names renames or deletes in the run folder (the lease file
     itself aside: a waiter moves a stale one away to take it over)."""
     hand = _hand()
-    if hand is None or lock_module.LEASE_NAME in path.name:
+    if hand is None or lease_module.LEASE_NAME in path.name:
         return
     world = hand.world
     if world.run_dir not in path.parents:
         return
-    lease = snapshots.read_json(world.folder / lock_module.LEASE_NAME) or {}
+    token = lease_token(world.folder)
     world.performed.append((hand.name, operation, path.name))
-    if lease.get("token") != hand.follower.lock.token:
+    if token is None or token != hand.follower.lock.token:
         world.violations.append(
             f"worker {hand.name} ({hand.kind}) ran {operation} on {path.name} while the lease "
-            f"names {lease.get('token', 'nobody')}, not its token: two holders of the run")
+            f"names {token or 'nobody'}, not its token: two holders of the run")
 
 
 def _sleep(seconds: float) -> None:

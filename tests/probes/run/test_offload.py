@@ -27,13 +27,9 @@ from repgeom.models.checkpoints import gpt_from_checkpoint, read_checkpoint
 from repgeom.probes.core import table
 from repgeom.probes.run.callback import ProbeCallback
 from repgeom.probes.run.offload import follow as follow_module
-from repgeom.probes.run.offload import snapshots
-from repgeom.probes.run.offload.follow import (
-    Follower,
-    TrainingDiedError,
-    follow,
-    training_alive,
-)
+from repgeom.probes.run.offload import snapshots, training_side
+from repgeom.probes.run.offload.follow import Follower, TrainingDiedError, follow
+from repgeom.probes.run.offload.lease import Life, Verdict, hold_start, training_alive
 from repgeom.probes.run.recorder import ProbeRecorder
 from repgeom.train import train
 
@@ -89,15 +85,21 @@ def _snapshot_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return {k.removeprefix("model."): v for k, v in state.items()}
 
 
+_LIVE: list = []  # the start leases of pretended live trainers (dropped, a lease is let go)
+
+
 def _pretend_training_runs(run_dir: Path, *, pid: int | None = None) -> None:
     """The run folder as a live training run leaves it: no done marker, a fresh heartbeat, a
-    step that just moved."""
+    step that just moved, and its start's lease held (by this process: a live one), unless
+    `pid` names a process that is gone (then its lease is let go, as filelock finds it)."""
     folder = snapshots.snapshot_dir(run_dir)
     (folder / snapshots.DONE).unlink(missing_ok=True)
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     snapshots.write_json(folder / snapshots.TRAINING, {
         **beat, "state": "running", "time": time.time(), "step_time": time.time(),
         "pid": pid or os.getpid()})
+    if pid is None:
+        _LIVE.append(hold_start(folder, beat["number"]))
 
 
 def test_each_snapshot_holds_the_weights_of_exactly_its_step(snapshot_run) -> None:
@@ -187,7 +189,8 @@ def test_the_worker_resumes_after_kill_9(snapshot_run, tmp_path: Path) -> None:
     probed = [int(s) for s in (snapshots.read_json(worker_state) or {}).get("done", {})]
     assert 2 <= len(probed) < len(STEPS), probed
     # Training ends; the same command goes on where the killed worker stopped.
-    snapshots.write_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE, {"step": 20})
+    snapshots.write_json(snapshots.snapshot_dir(run_dir) / snapshots.DONE, {
+        "step": 20, "time": time.time(), "number": 0, "skipped_for_space": {}})
     result = follow(run_dir, timeout_s=30)
     assert set(result.probed) == set(STEPS) - set(probed)
     resumed, whole = _sorted(table.read_table(run_dir)), _sorted(table.read_table(reference))
@@ -202,7 +205,7 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
     gone.wait()  # a pid that no longer runs: training was killed, its heartbeat still fresh
     _pretend_training_runs(run_dir, pid=gone.pid)
     folder = snapshots.snapshot_dir(run_dir)
-    assert training_alive(folder, 60)[0] is False
+    assert training_alive(folder, 60).life is Life.GONE
     started = time.monotonic()
     # A vanished pid on this host is certain: it stops once the complete snapshots are probed,
     # without waiting out the timeout (a stale heartbeat from another host waits for it).
@@ -213,11 +216,14 @@ def test_the_worker_stops_when_training_dies(snapshot_run, tmp_path: Path) -> No
     assert sorted(table.read_table(run_dir)["step"].unique()) == STEPS
     # A stale heartbeat (another host, or no process) counts as dead after the timeout too.
     beat = snapshots.read_json(folder / snapshots.TRAINING)
-    snapshots.write_json(folder / snapshots.TRAINING, {**beat, "host": "elsewhere",
-                                                   "time": time.time() - 30})
-    assert training_alive(folder, 10) == (False, "no heartbeat from the training process "
-                                                 "for 30 s")
-    assert training_alive(folder, 60)[0] is True
+    live = hold_start(folder, beat["number"])  # a start this host cannot prove gone
+    try:
+        snapshots.write_json(folder / snapshots.TRAINING, {**beat, "time": time.time() - 30})
+        assert training_alive(folder, 10) == Verdict(
+            Life.SILENT, "no heartbeat from the training process for 30 s")
+        assert training_alive(folder, 60).life is Life.ALIVE
+    finally:
+        live.release()
 
 
 def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_path: Path) -> None:
@@ -227,7 +233,7 @@ def test_a_second_worker_on_the_same_run_waits_for_the_first(snapshot_run, tmp_p
     training = snapshots.snapshot_dir(run_dir) / snapshots.TRAINING  # beats fit a 1-s timeout
     snapshots.write_json(training, {**snapshots.read_json(training), "heartbeat_s": 0.2})
     # The second waits for the first (follow_timeout_s), then says which one holds the run.
-    with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()}\)"):
+    with pytest.raises(RuntimeError, match=rf"another probe worker \(pid {os.getpid()} on "):
         follow(run_dir, timeout_s=1)
     first.lock.release()  # released: the next worker may follow
     assert follow(run_dir, timeout_s=30).stopped == "done"
@@ -261,8 +267,9 @@ def test_two_workers_started_on_one_run_probe_each_step_once(snapshot_run, tmp_p
 def test_a_worker_where_flock_is_refused_follows_at_once_with_the_lease(
     snapshot_run, tmp_path: Path, capsys
 ) -> None:
-    # NFS without lockd: flock answers ENOLCK. That is no other worker; the worker takes the
-    # lease file instead and probes at once, rather than waiting follow_timeout_s for nobody.
+    # NFS without lockd: flock answers ENOLCK. That is no other worker; the lease (filelock's
+    # SoftFileLease) needs no flock, and the worker probes at once, rather than waiting
+    # follow_timeout_s for nobody.
     import fcntl
 
     run_dir = _copy_run(snapshot_run[0], tmp_path / "run")
@@ -274,7 +281,7 @@ def test_a_worker_where_flock_is_refused_follows_at_once_with_the_lease(
         patch.setattr(fcntl, "flock", no_lockd)
         result = follow(run_dir, timeout_s=30, wandb=False)
     assert result.stopped == "done" and result.probed == STEPS
-    assert "using a lease file" in capsys.readouterr().out
+    assert "waiting for it" not in capsys.readouterr().out
     assert not (snapshots.snapshot_dir(run_dir) / "worker.lease").exists()  # released
 
 
@@ -336,10 +343,10 @@ def test_a_snapshot_rewritten_by_a_resumed_training_start_is_probed_again(
 def test_a_training_exception_marks_the_run_failed(tmp_path: Path) -> None:
     writer = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
     writer.start({"wandb": None})
-    assert training_alive(snapshots.snapshot_dir(tmp_path), 60)[0] is True
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60).life is Life.ALIVE
     writer.close(final_step=None)
-    assert training_alive(snapshots.snapshot_dir(tmp_path), 60) == (
-        False, "the training process failed")
+    assert training_alive(snapshots.snapshot_dir(tmp_path), 60) == Verdict(
+        Life.FAILED, "the training process failed")
     assert not (snapshots.snapshot_dir(tmp_path) / snapshots.DONE).exists()
 
 
@@ -653,14 +660,15 @@ def test_the_worker_judges_progress_not_only_the_heartbeat(tmp_path: Path) -> No
     # A deadlocked trainer: its heartbeat thread beats on, its step has not moved for 100 s.
     snapshots.write_json(folder / snapshots.TRAINING, {**beat, "time": time.time(),
                                                    "step_time": time.time() - 100})
-    alive, why = training_alive(folder, 60)
-    assert not alive and why.startswith("the training process beats but has been at step 7")
+    verdict = training_alive(folder, 60)
+    assert verdict.life is Life.STUCK
+    assert verdict.why.startswith("the training process beats but has been at step 7")
     # The heartbeat says when training reached its step (the callback reports each step).
     writer.progress(8)
     writer._beat("running")
     beat = snapshots.read_json(folder / snapshots.TRAINING)
     assert beat["step"] == 8 and abs(beat["step_time"] - time.time()) < 60
-    assert training_alive(folder, 60)[0] is True
+    assert training_alive(folder, 60).life is Life.ALIVE
     writer.close(final_step=None)
 
 
@@ -679,7 +687,7 @@ def test_the_heartbeat_must_fit_twice_in_the_timeout(snapshot_run, tmp_path: Pat
 
 
 def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: Path) -> None:
-    from repgeom.probes.run.offload.follow import start_worker
+    from repgeom.probes.run.offload.training_side import start_worker
 
     (tmp_path / "probes").mkdir()
     options = {"threads": 1, "device": "cpu", "cpus": [0], "timeout_s": 600,
@@ -689,7 +697,7 @@ def test_the_worker_gets_its_own_session_and_cores_and_a_bounded_wait(tmp_path: 
         # start_new_session (no preexec_fn): its own session and process group
         assert os.getsid(process.pid) == process.pid
         assert os.sched_getaffinity(process.pid) == {0}
-        from repgeom.probes.run.offload.follow import stop_worker
+        from repgeom.probes.run.offload.training_side import stop_worker
 
         started = time.monotonic()
         # it waits for a run that never starts (600 s); stopped after the stated limit
@@ -856,6 +864,7 @@ def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
     folder = snapshots.snapshot_dir(run_dir)
     (folder / snapshots.DONE).unlink()
     base = snapshots.read_json(folder / snapshots.TRAINING)
+    live = hold_start(folder, base["number"])  # its start's lease: no process this host can ask
     stop = threading.Event()
 
     def trainer_elsewhere() -> None:
@@ -868,7 +877,9 @@ def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
                 "time": time.time() + skew})
             if stop.wait(0.25):
                 return
-        snapshots.write_json(folder / snapshots.DONE, {"step": 20, "time": time.time() + skew})
+        snapshots.write_json(folder / snapshots.DONE, {
+            "step": 20, "time": time.time() + skew, "number": base["number"],
+            "skipped_for_space": {}})
         snapshots.write_json(folder / snapshots.TRAINING, {
             **base, "host": "node-elsewhere", "state": "finished", "time": time.time() + skew})
 
@@ -879,6 +890,7 @@ def test_a_live_trainer_on_a_host_whose_clock_is_behind_is_not_judged_dead(
     finally:
         stop.set()
         thread.join()
+        live.release()
     assert result.stopped == "done" and result.probed == STEPS
 
 
@@ -916,10 +928,12 @@ def test_a_complete_snapshot_without_its_weights_does_not_spin_the_worker(tmp_pa
     folder = snapshots.snapshot_dir(run_dir)
     snapshots.step_dir(folder, 1).mkdir(parents=True)
     (folder / snapshots.MARKER).write_text("repgeom")
-    snapshots.write_json(snapshots.step_dir(folder, 1) / snapshots.COMPLETE,
-                         {"step": 1, "time": time.time()})
-    snapshots.write_json(folder / snapshots.TRAINING,
-                         {"state": "failed", "pid": 1, "host": "elsewhere", "time": time.time()})
+    snapshots.write_json(snapshots.step_dir(folder, 1) / snapshots.COMPLETE, {
+        "step": 1, "time": time.time(), "rank": 0, "pid": 1, "start": "x", "number": 0,
+        "bytes": 100})
+    snapshots.write_json(folder / snapshots.TRAINING, {
+        "state": "failed", "pid": 1, "step": 1, "step_time": time.time(), "time": time.time(),
+        "heartbeat_s": 10.0, "number": 0})
     code = ("from repgeom.probes.run.offload.follow import follow; "
             f"follow({str(run_dir)!r}, timeout_s=5, wandb=False)")
     try:
@@ -974,7 +988,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
     run_dir = tmp_path / "run"
     overrides = ["logger=csv", *PROBE, "probe.offload=worker", "probe.worker.threads=1"]
     workers: list[subprocess.Popen] = []
-    original_start = follow_module.start_worker
+    original_start = training_side.start_worker
 
     def start_worker(*args, **kwargs):
         workers.append(original_start(*args, **kwargs))
@@ -982,7 +996,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
 
     folder = snapshots.snapshot_dir(run_dir)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(training_side, "start_worker", start_worker)
         patch.setattr(*_full_at(snapshots.DONE))
         with pytest.raises(snapshots.RunNotRecordedError) as raised:
             train(compose_train(run_dir, overrides))
@@ -999,7 +1013,7 @@ def test_a_full_disk_at_the_end_of_training_fails_clearly_and_a_rerun_records_th
     # The same command with space: no training (the run is finished), the status written, and
     # a worker that probes what the stopped one left.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(follow_module, "start_worker", start_worker)
+        patch.setattr(training_side, "start_worker", start_worker)
         result = train(compose_train(run_dir, overrides))
     assert result.trainer.global_step == 20 and len(workers) == 2
     assert workers[1].poll() == 0  # waited for, and done

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import shutil
@@ -50,12 +51,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from offload_world import STALE_S, Hand, Violation, World, read_rows
+from offload_world import STALE_S, Hand, Violation, World, lease_token, read_rows
 
 from repgeom.probes.core import table
 from repgeom.probes.run.offload import snapshots
 from repgeom.probes.run.offload.follow import TrainingDiedError
-from repgeom.probes.run.offload.lock import LockLostError
+from repgeom.probes.run.offload.lease import LockLostError
 
 SEED = 38
 EXAMPLES = 200
@@ -63,7 +64,7 @@ RULES = 24
 STEPS = (0, 1, 2, 3, 4, 5)
 DRAWN = ["train", "train", "train", "kill_trainer", "requeue", "finish", "corrupt", "disk", "time",
          "start", "start", "run", "run", "run", "run", "kill", "pause", "unpause", "hang",
-         "hung_train", "hung_train", "hung_dies"]
+         "hung_train", "hung_train", "hung_dies", "hung_closes", "bad_marker"]
 """The rules an event is drawn from (a rule twice: twice as likely)."""
 LOCK_KINDS = ["flock", "file"]
 
@@ -80,10 +81,20 @@ def _live(world: World) -> list[Hand]:
 
 def _ended(world: World) -> None:
     for hand in world.hands:
+        if hand.outcome and hand.ended_while_trained and (
+                hand.outcome[0] == "done" or isinstance(hand.outcome[1], TrainingDiedError)):
+            raise Violation(f"worker {hand.name} ended ({hand.outcome[0]}: "
+                            f"{str(hand.outcome[1])[:200]}) while the newest training start "
+                            "lives")
         if hand.outcome and hand.outcome[0] == "error" and not _allowed(hand.outcome[1]):
             error = hand.outcome[1]
             raise Violation(f"worker {hand.name} crashed: {type(error).__name__}: "
                             f"{str(error)[:300]}")
+
+
+def _finite(value: object) -> bool:
+    """A marker time left as the trainer wrote it (not made bad by `_bad_marker`)."""
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _corrupt(world: World, rng: random.Random) -> None:
@@ -92,8 +103,9 @@ def _corrupt(world: World, rng: random.Random) -> None:
     candidates = []
     for step, path in snapshots.snapshots(world.folder)[0]:
         marker = snapshots.read_json(path / snapshots.COMPLETE)
-        if marker is not None and probed.get(str(step)) != marker.get("time"):
-            candidates.append((step, path, float(marker["time"])))
+        if marker is not None and _finite(marker.get("time")) and \
+                probed.get(str(step)) != marker["time"]:
+            candidates.append((step, path, marker["time"]))
     if not candidates:
         return
     step, path, written = rng.choice(candidates)
@@ -101,6 +113,33 @@ def _corrupt(world: World, rng: random.Random) -> None:
     data = part.read_bytes()
     part.write_bytes(data[: len(data) // 2])
     world.corrupted[step] = written
+
+
+BAD_FIELDS = [("time", float("nan")), ("time", float("inf")), ("time", "soon"), ("time", None),
+              ("step", "x"), ("number", 1.5), ("bytes", -1), ("start", 7)]
+"""A marker's field made bad (None: the key removed): NaN and infinity, which Python's json
+reads without complaint, a wrong type, a missing key."""
+
+
+def _bad_marker(world: World, rng: random.Random) -> None:
+    """A complete snapshot not yet probed gets a marker with one bad field."""
+    state = snapshots.read_json(world.folder / snapshots.WORKER) or {}
+    probed = state.get("done") or {}
+    candidates = []
+    for step, path in snapshots.snapshots(world.folder)[0]:
+        marker = snapshots.read_json(path / snapshots.COMPLETE)
+        if marker is not None and _finite(marker.get("time")) and \
+                probed.get(str(step)) != marker["time"]:
+            candidates.append((step, path, marker))
+    if not candidates:
+        return
+    step, path, marker = rng.choice(candidates)
+    key, value = rng.choice(BAD_FIELDS)
+    bad = {k: v for k, v in marker.items() if k != key}
+    if value is not None:
+        bad[key] = value
+    (path / snapshots.COMPLETE).write_text(json.dumps(bad))  # NaN, Infinity: as json writes them
+    world.corrupted[step] = marker["time"]
 
 
 def _event(world: World, rng: random.Random, n: int) -> str:
@@ -121,6 +160,10 @@ def _event(world: World, rng: random.Random, n: int) -> str:
         world.hung_step()
     elif rule == "hung_dies":
         world.end_hung()
+    elif rule == "hung_closes":
+        world.close_hung(finished=rng.random() < 0.5)
+    elif rule == "bad_marker":
+        _bad_marker(world, rng)
     elif rule == "finish" and rng.random() < 0.3:
         world.finish_training()
     elif rule == "corrupt":
@@ -226,8 +269,9 @@ def play(root: Path, seed: int) -> tuple[list[str], str | None]:
         for hand in _live(world):
             hand.kill, hand.paused = True, False
             hand.resume()
-        if world.writer is not None:
+        if world.writer is not None:  # the trainer ends: its start lock and lease let go
             world.writer._stop.set()
+            world.writer._release()
         world.end_hung()
         shutil.rmtree(run_dir, ignore_errors=True)
     return rules, None
@@ -275,9 +319,8 @@ def test_the_two_holders_invariant_catches_a_worker_that_writes_without_the_leas
         world.clock += STALE_S + 1
         world.run_worker(second)  # ...so the second takes the run over
         world.check()
-        assert snapshots.read_json(world.folder / "worker.lease")["token"] == \
-            second.follower.lock.token
-        first.follower.lock._beat = None  # its fence now checks nothing (unfenced code)
+        assert lease_token(world.folder) == second.follower.lock.token
+        first.follower.lock.token = None  # its fence now checks nothing (unfenced code)
         world.train_step()
         first.paused = False
         with pytest.raises(Violation, match="worker first .* not its token: two holders"):

@@ -1,41 +1,15 @@
 """The probe worker that follows a training run: ``python probe.py follow=<run folder>``.
 
-It probes each complete snapshot the training callback writes (``probe.offload``,
-`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's own
-spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint: `probe_gpt`
-on `probe_set` of `validation_windows_for`), and records it with the callback's own `ProbeRecorder`:
-the same table ``<run>/probes/probes.{parquet,csv}``, phases, figures, and W&B scalars on the
-``probe/step`` axis in a run of the training run's W&B group. So its table equals the one the
-in-process probe writes on the same weights.
-
-- Never an incomplete snapshot (no ``complete.json``): it is skipped, and named when the run
-  ends. So are the steps whose snapshots training skipped for lack of disk space (``done.json``
-  lists them): they have no probe rows, and never will, since those weights are gone.
-- Each snapshot is read once (`read_checkpoint`, the model built from what it read), between
-  two reads of its ``complete.json``: a snapshot that changed meanwhile is not recorded under
-  its step. A probed snapshot is deleted (``keep_snapshots=true`` keeps it), and only the one
-  probed (the same ``complete.json``); the steps probed are in ``snapshots/worker.json``,
-  written after the table, so after a kill -9 the same command goes on where it stopped and ends
-  with the table an uninterrupted worker writes.
-- It stops when the run writes ``done.json``, after the end-of-run work (the pairwise rows
-  against the final step, the figures, the summary and ``phases.csv``); ``worker.json`` says
-  when that work is done, so a worker killed during it does it again when rerun. Or it stops
-  when the run died: no new snapshot and no live training process for ``follow_timeout_s``
-  seconds, where live means a fresh heartbeat in ``training.json`` and a training step that
-  moved within that time (a deadlocked trainer's heartbeat thread still beats; a trainer on
-  another node is judged on the worker's own clock, from when it saw them change, since two
-  nodes' clocks may differ by more than the timeout); at once when the
-  run is certainly gone (its state ``failed``, or its pid gone on this host).
-- One worker per run (`repgeom.probes.run.offload.lock`: a lease file with a heartbeat, always,
-  and flock as well on a local file system): a second one waits for the first to finish (at most
-  ``follow_timeout_s``, then it says which one holds the run). ``worker.json`` is read only once
-  the run is held, and every write into place and deletion is fenced by the lease's token
-  (`Follower.fenced`): a worker that lost the run writes nothing more.
-- A complete snapshot that cannot be read or loaded is quarantined
-  (`repgeom.probes.run.offload.quarantine`): recorded, named once, skipped, and listed in
-  ``probes/skipped.json``; the worker goes on to the later steps.
-- Falling behind is reported at each probe: the snapshots waiting and the lag in steps behind
-  the training step of the heartbeat. Nothing is dropped.
+It probes each complete snapshot the training callback writes
+(`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's
+own spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint), and
+records it with the callback's own `ProbeRecorder`, so its table equals the in-process one. It
+holds the run's lease (`repgeom.probes.run.offload.lease`) and fences every write with it; a
+snapshot whose marker is malformed, or that cannot be read or loaded, is quarantined
+(`repgeom.probes.run.offload.state`). It stops at the newest start's ``done.json``, or when
+the trainer died (`lease.Life`: at once when it failed or is gone, else after
+``follow_timeout_s`` without a heartbeat, progress or new snapshot). docs/probing.md ("Probes off
+the training clock", "The run folder") states each guarantee once.
 """
 
 from __future__ import annotations
@@ -58,29 +32,25 @@ from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
-from repgeom.probes.run.offload import quarantine, snapshots
-from repgeom.probes.run.offload.liveness import TrainingDiedError, training_alive
-from repgeom.probes.run.offload.lock import WorkerLock
-from repgeom.probes.run.offload.state import read_done, read_worker_state
-from repgeom.probes.run.offload.worker_process import (  # noqa: F401 - used as follow.<name>
-    BEATS_PER_TIMEOUT,
-    WORKER_STOP_S,
-    check_heartbeat,
-    start_worker,
-    stop_worker,
-    worker_command,
-)
+from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload import state as records
+from repgeom.probes.run.offload.lease import Life, WorkerLock, check_heartbeat, training_alive
+from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
 from repgeom.probes.run.recorder import ProbeRecorder
 
 POLL_S = 0.5
 """Seconds between two looks at the snapshot folder while nothing is waiting."""
 
 
+class TrainingDiedError(RuntimeError):
+    """The followed run stopped without its done marker; the message says what was probed."""
+
+
 @dataclass
 class FollowResult:
-    """What a worker did: the steps it probed (this start), why it stopped, the table, the
-    steps it skipped (incomplete or quarantined snapshots), the steps training skipped for lack
-    of space (step -> why), and the quarantined ones (step -> the file and why)."""
+    """What a worker did: the steps it probed, why it stopped, the table, the steps it skipped
+    (incomplete or quarantined), those training skipped for lack of space (step -> why), and the
+    quarantined ones (step -> the file and why)."""
 
     run_dir: Path
     probed: list[int]
@@ -92,15 +62,9 @@ class FollowResult:
     quarantined: dict[int, str] = field(default_factory=dict)
 
 
-def _written(path: Path) -> float | None:
-    """When the snapshot in `path` was completed (its marker's ``time``); None if unreadable."""
-    return snapshots.snapshot_time(path)
-
-
 class Follower:
-    """One worker on one run folder (`follow`). Its progress (``worker.json``) is read only once
-    it holds the run (`run`): a worker started while another finishes reads what that one left,
-    never an older state it would write back."""
+    """One worker on one run folder (`follow`); its progress (``worker.json``) is read only once
+    it holds the run, never an older state it would write back."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
                  keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
@@ -111,33 +75,19 @@ class Follower:
             raise FileNotFoundError(
                 f"follow={str(run_dir)!r}: no such folder; give the run folder of a train.py run "
                 "with probe.offload=snapshots (it may not exist yet: start the worker after "
-                "training has created its folder)"
-            )
+                "training has created its folder)")
         self.folder = snapshots.snapshot_dir(self.run_dir)
-        self.device = device
-        self.timeout_s = float(timeout_s)
-        self.keep = keep_snapshots
-        self.use_wandb = wandb
+        self.device, self.timeout_s = device, float(timeout_s)
+        self.keep, self.use_wandb = keep_snapshots, wandb
         self.lock = WorkerLock(self.folder, kind=lock)
-        # step -> the `time` of the snapshot probed: a resumed training start that rewrites a
-        # step's snapshot (from its own replay of the steps) makes it new, and it is probed again
-        self.done: dict[int, float] = {}
-        self.seconds = 0.0
-        self._phase_state: Any = []
-        self._spec_state: dict | None = None  # the recorder's, for an end-of-run work alone
-        self._options: dict = {}
-        self.finished: int | None = None  # the final step whose end-of-run work is done
-        # step -> {"generation", "file", "reason"}: a snapshot that cannot be probed (quarantine)
-        self.quarantined: dict[int, dict[str, Any]] = {}
+        self._load_state(WorkerState())  # `worker.json` (`WorkerState`) is read once held
         self.recorder: ProbeRecorder | None = None
         self.probes: ProbeSet | None = None
         self.spec: ProbeSpec | None = None
         self.runs: list = []
         self._beats: dict[str, Any] = {}  # another host's heartbeat, judged on this clock
 
-    def _load_state(self) -> None:
-        """``worker.json``, read once this worker holds the run (and so after any takeover)."""
-        state = read_worker_state(self.folder / snapshots.WORKER)  # bad fields: empty, warned
+    def _load_state(self, state: WorkerState) -> None:
         self.done, self.seconds = state.done, state.seconds
         self._phase_state, self._spec_state = state.phase_alerts, state.spec
         self._options, self.finished = state.options, state.finished
@@ -145,8 +95,7 @@ class Follower:
 
     @contextlib.contextmanager
     def fenced(self) -> Iterator[None]:
-        """Every rename into place and deletion inside runs `WorkerLock.check` just before it
-        (`repgeom.files.fenced`): a worker that lost the run writes nothing more."""
+        """Every rename into place and deletion inside checks the lease (`WorkerLock.check`)."""
         with files.fenced(self.lock.check):
             yield
 
@@ -158,7 +107,7 @@ class Follower:
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)  # judged by its beats
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
-            self._load_state()
+            self._load_state(read_worker_state(self.folder / snapshots.WORKER))
             print(f"Following {self.run_dir}: probing its snapshots as they appear "
                   f"({len(self.done)} probed before)", flush=True)
             with self.fenced():
@@ -170,7 +119,7 @@ class Follower:
         probed: list[int] = []
         last_news = time.monotonic()
         while True:
-            finished = (self.folder / snapshots.DONE).is_file()  # before the scan: no race
+            finished = run_done(self.folder)  # before the scan: no race
             complete, incomplete = snapshots.snapshots(self.folder)
             # probed; deleting it was cut (settled: not one on its way back)
             for path in snapshots.leftovers(self.folder, min_age_s=snapshots.SETTLED_S):
@@ -178,9 +127,9 @@ class Follower:
             todo = []
             for step, path in complete:
                 if step in self.quarantined and (
-                        self.quarantined[step]["generation"] == quarantine.generation(path)):
+                        self.quarantined[step]["generation"] == records.generation(path)):
                     continue  # cannot be probed, and not rewritten since: skipped
-                written = _written(path)
+                written = snapshots.snapshot_time(path)
                 if written is None or self.done.get(step) != written:
                     todo.append((step, path))
                 elif not self.keep:  # probed before a kill, not yet deleted
@@ -195,24 +144,20 @@ class Follower:
                 return self._finish(probed, sorted({*(s for s, _ in incomplete),
                                                     *self.quarantined}),
                                     {s: p for s, p in incomplete})
-            alive, why = training_alive(self.folder, self.timeout_s, watch=self._beats)
-            beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-            # A failed run or a vanished process on this host is gone for sure: stop now, once
-            # a last look has found nothing new (the done marker is written before "finished").
-            certain = not alive and (beat.get("state") == "failed" or why.endswith("is gone"))
-            if alive:
+            verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
+            certain = verdict.life.certain  # stop at once, after a last look found nothing new
+            if verdict.life is Life.ALIVE:
                 last_news = time.monotonic()
-            elif certain and (self.folder / snapshots.DONE).is_file():
+            elif certain and run_done(self.folder):
                 continue
             elif certain or time.monotonic() - last_news > self.timeout_s:
                 self._finish_wandb()
                 raise TrainingDiedError(
-                    f"{self.run_dir} stopped without finishing: {why}"
+                    f"{self.run_dir} stopped without finishing: {verdict.why}"
                     + ("" if certain else f", and no new snapshot for {self.timeout_s:.0f} s "
                        "(follow_timeout_s)") + ". Probed steps "
                     f"{sorted(self.done) or 'none'}; resume training with its own command, then "
-                    f"run this worker again (it goes on from there)"
-                )
+                    f"run this worker again (it goes on from there)")
             time.sleep(POLL_S)
 
     # -- one snapshot ---------------------------------------------------------------------------
@@ -241,45 +186,40 @@ class Follower:
             self.runs = _wandb_runs(self.folder, self.run_dir, spec)
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
-        """The model of the snapshot in `path` and its masking (for the loss rows; its weights
-        file read once), or None and the file and error that stopped it. Errors of the run's own
-        setup (`_prepare`) are raised."""
+        """The model of the snapshot in `path` and its masking, or None and the file and error
+        that stopped it; errors of the run's own setup (`_prepare`) are raised."""
+        weights, ckpt = path / snapshots.WEIGHTS, None
         try:
-            ckpt = read_checkpoint(path / snapshots.WEIGHTS)
-        except MemoryError:
-            raise
-        except FileNotFoundError:
-            return None, (path / snapshots.WEIGHTS, f"the snapshot {path} is complete but has no "
-                          f"{snapshots.WEIGHTS}")
-        except Exception as error:  # cut short, unreadable, not a checkpoint
-            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
-        if self.recorder is None:
-            self._prepare(path, ckpt)
-        try:
+            ckpt = read_checkpoint(weights)
+            if self.recorder is None:
+                self._prepare(path, ckpt)
             loaded = gpt_from_checkpoint(ckpt, self.device)
             return (loaded.model, checkpoint_masking(ckpt, loaded.vocab)), None
         except MemoryError:
             raise
-        except Exception as error:  # a checkpoint whose weights do not fit its model
-            return None, (path / snapshots.WEIGHTS, f"{type(error).__name__}: {error}")
+        except Exception as error:  # cut short, unreadable, not a checkpoint, not its model
+            if ckpt is not None and self.recorder is None:
+                raise  # the run's own setup (`_prepare`)
+            gone = isinstance(error, FileNotFoundError) and ckpt is None
+            return None, (weights, f"the snapshot {path} is complete but has no {weights.name}"
+                          if gone else f"{type(error).__name__}: {error}")
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
-        """Probe and record one snapshot, then delete it; False when it changed or vanished
-        while being read (nothing recorded: the next look sees what is there now), or when it
-        cannot be read or loaded (quarantined: recorded, named, skipped)."""
+        """Probe, record and delete one snapshot; False when it changed or vanished while read
+        (nothing recorded), or is quarantined (a bad marker, unreadable, not loadable)."""
         started = time.perf_counter()
-        before = quarantine.generation(path)
+        before = records.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
-        loaded, failed = self._read(path) if unreadable is None else (None, None)
+        failed = None if unreadable is None else (path / snapshots.COMPLETE, unreadable)
+        if failed is None and marker is not None:  # every field, before the weights are read
+            failed = snapshots.marker_problem(path, marker)
+        loaded, read_failed = self._read(path) if failed is None and marker else (None, None)
+        failed = failed or read_failed
         model, masking = loaded if loaded is not None else (None, None)
-        if quarantine.generation(path) != before or (marker is None and unreadable is None):
+        if records.generation(path) != before or (marker is None and unreadable is None):
             print(f"snapshot of step {step} changed or vanished while being read; looking "
                   "again", flush=True)
             return False
-        if unreadable is None and snapshots.marker_time(marker) is None:
-            unreadable = f"its time is not a number: {marker.get('time')!r}"
-        if unreadable is not None:
-            failed = (path / snapshots.COMPLETE, unreadable)
         if failed is not None:  # the same files before and after: broken for good
             self._quarantine(step, before, *failed)
             return False
@@ -311,11 +251,10 @@ class Follower:
         return True
 
     def _quarantine(self, step: int, generation: str, file: Path, reason: str) -> None:
-        """Record a snapshot that cannot be probed (``worker.json``, ``skipped.json``), warn
-        once naming its file, and go on."""
+        """Record a snapshot that cannot be probed, and warn once naming its file."""
         self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
         print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
-              f"{reason}. It is named in {table.probe_dir(self.run_dir) / quarantine.SKIPPED}; "
+              f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
               "if training writes this step again, the new snapshot is probed", flush=True)
         self._save()
         self._write_skipped({})
@@ -324,12 +263,11 @@ class Follower:
         """``skipped.json``: the quarantined steps and `more` (incomplete, no space)."""
         steps = {s: {"reason": q["reason"], "file": q["file"]}
                  for s, q in self.quarantined.items()}
-        quarantine.write_skipped(self.run_dir, {**more, **steps})
+        records.write_skipped(self.run_dir, {**more, **steps})
 
     def _remove(self, path: Path, probed: float) -> None:
-        """Delete the snapshot in `path` if it is the one probed (its marker's `probed` time);
-        a newer one found in its place meanwhile is put back (`snapshots.remove_snapshot`)."""
-        if _written(path) == probed:
+        """Delete the snapshot in `path` if it is the one probed (at time `probed`)."""
+        if snapshots.snapshot_time(path) == probed:
             snapshots.remove_snapshot(path, written=probed)
 
     def _save(self) -> None:
@@ -353,7 +291,7 @@ class Follower:
                   "probed", flush=True)
         if self.quarantined:
             print(f"warning: steps {sorted(self.quarantined)} were skipped: their snapshots "
-                  f"cannot be read (named in {quarantine.SKIPPED} beside the table)", flush=True)
+                  f"cannot be read (named in {records.SKIPPED} beside the table)", flush=True)
         try:
             frame = table.read_table(self.run_dir)
         except FileNotFoundError:
@@ -407,7 +345,7 @@ def work_left(run_dir: Path) -> bool:
     state = read_worker_state(folder / snapshots.WORKER)
     broken = {k: v["generation"] for k, v in state.quarantined.items()}
     waiting = [s for s, path in snapshots.snapshots(folder)[0] if state.done.get(s) !=
-               _written(path) and broken.get(s) != quarantine.generation(path)]
+               snapshots.snapshot_time(path) and broken.get(s) != records.generation(path)]
     return bool(waiting) or state.finished != done[0]
 
 
@@ -432,18 +370,9 @@ def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
            wandb: bool = True, lock: str = "auto") -> FollowResult:
-    """Probe the snapshots of the training run in `run_dir` until it is done (see the module).
-
-    Raises
-    ------
-    TrainingDiedError
-        The run stopped without its done marker (no heartbeat, no new snapshot for
-        `timeout_s` seconds); everything that was complete is probed first.
-    repgeom.probes.run.offload.lock.LockLostError
-        Another worker took the run over (this one's lease heartbeat was judged stale).
-
-    `lock` is ``follow_lock``: ``auto`` (flock on a local file system, a lease file on a shared
-    one), ``flock`` or ``file`` (`repgeom.probes.run.offload.lock`).
-    """
+    """Probe the snapshots of the run in `run_dir` until it is done (see the module); raises
+    `TrainingDiedError` when it stopped without its done marker (what was complete probed
+    first), `lease.LockLostError` when another worker took the run over. `lock`:
+    ``follow_lock``, every kind of which takes the lease."""
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

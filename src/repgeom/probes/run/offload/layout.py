@@ -1,12 +1,11 @@
-"""The files of ``<run>/probes/snapshots/`` (`repgeom.probes.run.offload.snapshots` describes
-them): their names, how snapshots are listed, and how one is deleted. Shared by the training side
-(`repgeom.probes.run.offload.snapshots`), the worker (`repgeom.probes.run.offload.follow`) and its
-lock (`repgeom.probes.run.offload.lock`)."""
+"""The files of ``<run>/probes/snapshots/`` (docs/probing.md, "The run folder"): their names and
+fields (`problem`), how snapshots are listed, and how one is deleted."""
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 import time
@@ -28,6 +27,49 @@ DONE = "done.json"
 RUN = "run.json"
 WORKER = "worker.json"
 
+NUMBER, WHOLE, TEXT, OBJECT = "a finite number", "a whole number", "a text", "an object"
+COMPLETE_FIELDS = {"step": WHOLE, "time": NUMBER, "rank": WHOLE, "pid": WHOLE, "start": TEXT,
+                   "number": WHOLE, "bytes": WHOLE}
+TRAINING_FIELDS = {"pid": WHOLE, "step": WHOLE, "step_time": NUMBER, "time": NUMBER,
+                   "state": TEXT, "heartbeat_s": NUMBER, "number": WHOLE}
+DONE_FIELDS = {"step": WHOLE, "time": NUMBER, "skipped_for_space": OBJECT, "number": WHOLE}
+"""Every field of each marker, and what it must be: a missing key, a wrong type, NaN or an
+infinity (which Python's json reads without complaint) makes the marker malformed."""
+is_a = {NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+       and math.isfinite(v),
+       WHOLE: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+       TEXT: lambda v: isinstance(v, str), OBJECT: lambda v: isinstance(v, dict)}
+
+
+def problem(record: Any, fields: dict[str, str]) -> str | None:
+    """What is wrong with `record` (a marker read) against `fields`, or None."""
+    if not isinstance(record, dict):
+        return "it is not a JSON object"
+    for key, kind in fields.items():
+        if key not in record:
+            return f"{key} is missing"
+        if not is_a[kind](record[key]):
+            return f"{key} is not {kind}: {record[key]!r}"
+    return None
+
+
+def marker_problem(path: Path, marker: Any) -> tuple[Path, str] | None:
+    """What is wrong with the snapshot in `path`, whose ``complete.json`` reads `marker`, and in
+    which file: a field (`COMPLETE_FIELDS`), another step than its folder's, or a weights file
+    of another size than the marker records (cut short); None when it is whole."""
+    bad = problem(marker, COMPLETE_FIELDS)
+    if bad is None and marker["step"] != step_of(path):
+        bad = f"step is {marker['step']}, in the folder of step {step_of(path)}"
+    if bad is not None:
+        return path / COMPLETE, f"its marker is malformed: {bad}"
+    try:
+        size = (path / WEIGHTS).stat().st_size
+    except OSError:
+        return None  # gone: `read_checkpoint` says so
+    if size != marker["bytes"]:
+        return path / WEIGHTS, f"it holds {size} bytes, its marker says {marker['bytes']}"
+    return None
+
 
 def snapshot_dir(run_dir: str | os.PathLike) -> Path:
     """``<run_dir>/probes/snapshots``."""
@@ -38,12 +80,8 @@ def step_dir(folder: Path, step: int) -> Path:
     return folder / f"step_{step:09d}"
 
 
-WRITING = ".tmp"
-"""The suffix of a hidden snapshot folder being written (``.step_<N>.<start number>-<random
-id>.tmp``, `writer_of`)."""
-REMOVED = ".removed"
-"""The suffix of a hidden snapshot folder being deleted (``.step_<N>.<random id>.removed``: not
-the pid, which processes in other containers share)."""
+WRITING = ".tmp"  # a hidden snapshot being written: .step_<N>.<start number>-<random id>.tmp
+REMOVED = ".removed"  # one being deleted: .step_<N>.<random id>.removed (no pid: containers)
 
 
 def step_of(path: Path) -> int | None:
@@ -58,9 +96,8 @@ def step_of(path: Path) -> int | None:
 
 
 def writer_of(path: Path) -> int | None:
-    """The number of the start that writes (or wrote) the hidden snapshot folder `path`
-    (``.step_<N>.<number>-<id>.tmp``); None for any other name (an older version's temporary, an
-    incomplete ``step_<N>``)."""
+    """The number of the start that writes the hidden snapshot folder `path`; None for any
+    other name."""
     if not path.name.startswith(".") or not path.name.endswith(WRITING):
         return None
     number = path.name[1:].split(".", 1)[-1].split("-", 1)[0]
@@ -68,10 +105,8 @@ def writer_of(path: Path) -> int | None:
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
-    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order.
-
-    Incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one still being written
-    (``.step_<N>.<id>.tmp``: a training process writes it now, or was killed while writing)."""
+    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order;
+    incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one being written."""
     complete, incomplete = [], []
     if not folder.is_dir():
         return complete, incomplete
@@ -84,14 +119,11 @@ def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Pat
     return complete, incomplete
 
 
-SETTLED_S = 60.0
-"""Seconds since it was moved aside after which a ``.removed`` folder is a leftover: a younger one
-may be on its way back (`remove_snapshot` puts back a snapshot it was not meant to delete)."""
+SETTLED_S = 60.0  # a .removed folder younger than this may be on its way back: not a leftover
 
 
 def leftovers(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
-    """Snapshots renamed to be deleted whose deletion a kill cut (moved aside at least
-    `min_age_s` seconds ago: sweepers pass `SETTLED_S`)."""
+    """``.removed`` folders whose deletion a kill cut, moved aside at least `min_age_s` ago."""
     if not folder.is_dir():
         return []
     now = time.time()
@@ -108,41 +140,29 @@ def leftovers(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`: a temporary file
-    of its own, fsync, rename, fsync the folder); a full disk leaves no temporary file."""
+    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`)."""
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
 def snapshot_time(path: Path) -> float | None:
-    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it; 0.0 for a
-    marker without one); None when it cannot be read or is not a number."""
+    """The ``time`` in the ``complete.json`` of the snapshot in `path` (what names it)."""
     return marker_time(read_json(path / COMPLETE))
 
 
 def marker_time(marker: Any) -> float | None:
-    """`snapshot_time` of a ``complete.json`` already read (None: unreadable)."""
-    if not isinstance(marker, dict):
-        return None
-    try:
-        return float(marker.get("time", 0.0))
-    except (TypeError, ValueError):
-        return None
+    """`snapshot_time` of a ``complete.json`` already read; None when it is unreadable or its
+    time is not a finite number (NaN never equals itself: it could never be recorded as done)."""
+    time_ = marker.get("time") if isinstance(marker, dict) else None
+    return float(time_) if is_a[NUMBER](time_) else None
 
 
 def remove_snapshot(path: Path, *, written: float | None = None,
                     incomplete: bool = False) -> None:
-    """Delete one snapshot folder of ours (``probes/snapshots/step_<N>`` of a marked folder, or
-    one of its hidden forms): renamed to ``.step_<N>.<random id>.removed`` first, so
-    ``step_<N>`` is gone at once and a training start never finds it half-deleted; a folder
-    already gone is fine.
-
-    With `written` (the ``time`` of the snapshot probed), only that snapshot is deleted: one
-    found in its place once moved aside (a resumed training start replaced it with its replay
-    meanwhile) is put back. With `incomplete`, only a snapshot without a readable
-    ``complete.json`` is deleted: a complete one found in its place is put back. The
-    `repgeom.files.fenced` check runs first, before any rename or
-    deletion (a leftover's too): a worker that lost the run deletes nothing.
-    """
+    """Delete one snapshot folder of ours (in a marked folder): renamed to a hidden
+    ``.step_<N>.<random id>.removed`` first, so ``step_<N>`` is gone at once, never half-deleted.
+    With `written` (the time of the snapshot probed) or `incomplete`, one found in its place
+    that is not that snapshot (a replay's, a complete one) is put back. The fence
+    (`repgeom.files.check_fence`) runs first: a worker that lost the run deletes nothing."""
     if step_of(path) is None or not (path.parent / MARKER).is_file():
         raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
     files.check_fence()  # through the module: whatever check is in force (and tests' patches)
@@ -184,9 +204,7 @@ def _put_back(aside: Path, path: Path) -> Path | None:
 
 
 def _move_aside(path: Path, tries: int = 3) -> Path | None:
-    """`path` renamed to a hidden ``.step_<N>.<random id>.removed`` beside it; None when it is
-    gone. A name already taken (ENOTEMPTY, EEXIST: never by chance with a random id) gets
-    another."""
+    """`path` renamed to a hidden ``.step_<N>.<random id>.removed`` beside it; None: gone."""
     stem = path.name.lstrip(".").split(".", 1)[0]
     for attempt in range(tries):
         gone = path.with_name(f".{stem}.{uuid.uuid4().hex}{REMOVED}")

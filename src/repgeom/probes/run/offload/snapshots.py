@@ -1,57 +1,11 @@
-"""Probes off the training clock: the weights at each probe step, handed to a probe worker.
-
-With ``probe.offload=snapshots`` (or ``worker``) the training callback does not probe; at each
-probe step it copies the weights (`SnapshotWriter.snapshot`, before the next optimizer step can
-change them) and a background thread writes them into the run folder, while training goes on. A
-worker (``probe.py follow=<run>``, `repgeom.probes.run.offload.follow`) probes each snapshot as it
-appears, into the same table. The files, all under ``<run>/probes/snapshots/`` (a folder repgeom
-creates and marks with `MARKER`; nothing else in the run folder is touched):
-
-- ``step_<N>/weights.ckpt``: the model after N optimizer steps, as a checkpoint
-  `repgeom.models.checkpoints.read_checkpoint` reads (``hyper_parameters``, the model's
-  ``state_dict``, ``global_step``, the probe's spec and the data's state);
-- ``step_<N>/complete.json``: written after the weights (both fsynced), with the time that names
-  this snapshot. Both are written in a hidden folder ``.step_<N>.<id>.tmp`` that is renamed to
-  ``step_<N>`` once complete, so ``step_<N>`` appears whole or not at all;
-- a complete ``step_<N>`` is never rewritten by the training start that wrote it (its marker
-  names that start and its number, `repgeom.probes.run.offload.starts`). A requeued or resumed
-  start that replays step N replaces a snapshot of an earlier, abandoned start: the replay's
-  weights are the run's weights at N now, and the old ones, if not probed yet, would put the
-  abandoned trajectory into the table. It never replaces a newer start's (an older start still
-  alive, on a hung node, writes the abandoned trajectory). The new snapshot carries a new time,
-  so the worker probes it (again); a worker reading the old one meanwhile sees its marker change
-  and records nothing from it. A start removes a half-written ``.step_<N>.<number>-<id>.tmp``
-  only of an older start that has ended (`starts.gone`), never a live start's write. A worker
-  deletes a snapshot by renaming it to ``.step_<N>.<id>.removed`` first (it vanishes at once,
-  never half-deleted under a training process's eyes), and puts back one that turns out to be a
-  newer snapshot than the one it probed;
-- ``training.json``: the training process (pid, host, boot and pid namespace
-  (`repgeom.probes.run.offload.host`), step, the time that step was reached,
-  time), rewritten every ``heartbeat_s`` seconds by a daemon thread while training runs,
-  ``"state": "failed"`` after an exception, ``"stopped"`` after SIGTERM (a SLURM requeue or
-  preemption: it may come back, so a worker waits for it up to ``follow_timeout_s``): how a
-  worker tells a live run from a dead one, and a run that makes progress from a stuck one;
-- ``done.json``: training ended: the final step, and the steps whose snapshots were skipped for
-  lack of space (``skipped_for_space``, step -> why, over every start of the run), so the worker
-  can say why they have no probe rows. Where it (or the ``finished`` state) cannot be
-  written, train.py fails with `RunNotRecordedError`, which says why and how to finish the run:
-  a rerun of the same command writes both without training (`SnapshotWriter.finish`);
-- ``run.json``: what the worker needs besides the snapshots (the W&B project, group, run id);
-- ``worker.json``: the worker's own progress (steps probed), for its resume.
-
-Consistency: the copy is made inside ``on_train_batch_end`` of step N, before the next optimizer
-step. On a GPU it goes into pinned CPU buffers on a side stream, and the next
-``optimizer.step`` waits for that copy on the GPU (`SnapshotWriter.before_optimizer_step`, no CPU
-sync), so the forward and backward of step N+1 overlap the copy; the writer thread waits for the
-copy's CUDA event before writing. Memory: one set of buffers; a snapshot that comes while the
-previous one is still being written waits for it (at most one waits), so snapshots never pile up.
-
-Full disk: before each write the writer checks the free space, as downloads do
-(`repgeom.models.hub.downloads`): the snapshot's bytes plus ``min_free_gb`` must be free. When they
-are not, or a write fails with ENOSPC or EDQUOT anyway, that step's probe is skipped. A warning
-names the folder and the free space, the half-written step folder is removed, and training goes
-on. The skipped steps are in `SnapshotWriter.skipped`, and at the end in ``done.json``: a step's
-weights are gone once training moves on, so nothing can probe that step later.
+"""Probes off the training clock: the training side (rank 0) of ``probe.offload``. At each probe
+step `SnapshotWriter.snapshot` copies the weights (before the next optimizer step: on a GPU into
+pinned buffers on a side stream the next ``optimizer.step`` waits for) and a background thread
+writes them, whole or not at all, as ``<run>/probes/snapshots/step_<N>/``; a heartbeat thread
+keeps ``training.json``; `close` records how the start ended. The files, the rules between
+overlapping starts (`repgeom.probes.run.offload.starts`), the fence of a superseded start and the
+full-disk behaviour are described once, in docs/probing.md ("Probes off the training clock",
+"The run folder"); a worker (`repgeom.probes.run.offload.follow`) probes the snapshots.
 """
 
 from __future__ import annotations
@@ -69,34 +23,15 @@ from typing import Any
 
 import torch
 
-from repgeom.probes.run.offload import starts
-from repgeom.probes.run.offload.host import host_identity
-from repgeom.probes.run.offload.layout import (  # noqa: F401 - the layout's names, used from here
-    COMPLETE,
-    DONE,
-    MARKER,
-    REMOVED,
-    RUN,
-    SETTLED_S,
-    SNAPSHOT_DIR,
-    TRAINING,
-    WEIGHTS,
-    WORKER,
-    WRITING,
-    leftovers,
-    marker_time,
-    read_json,
-    remove_snapshot,
-    snapshot_dir,
-    snapshot_time,
-    snapshots,
-    step_dir,
-    step_of,
-    write_json,
-    writer_of,
-)
+from repgeom.probes.run.offload import layout, lease, starts
 
 log = logging.getLogger(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    """The layout's names (`repgeom.probes.run.offload.layout`) as ``snapshots.<name>`` too."""
+    return getattr(layout, name)
+
 OFFLOAD_MODES = ("snapshots", "worker")
 """``probe.offload``'s values besides null (in-process): write snapshots; also start a worker."""
 
@@ -131,9 +66,10 @@ def _disk_full(error: BaseException) -> OSError | None:
         error = error.__cause__ or error.__context__
     return None
 
+
+
 class RunNotRecordedError(RuntimeError):
-    """Training finished, but its end-of-run status (``done.json``, ``training.json``) could
-    not be written: the run is not recorded as done, and a worker would wait for it."""
+    """Training finished, but ``done.json`` or ``training.json`` could not be written."""
 
 
 def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
@@ -151,17 +87,9 @@ def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
 
 
 class SnapshotWriter:
-    """Copies the weights at a probe step and writes them in a background thread (rank 0 only).
-
-    Parameters
-    ----------
-    run_dir : Path
-        The training run's folder.
-    heartbeat_s : float
-        Seconds between two writes of ``training.json`` (the worker's sign that training lives).
-    min_free_gb : float
-        Free disk space (GB) a snapshot must leave; a snapshot that would leave less is skipped.
-    """
+    """Copies the weights at a probe step and writes them in a background thread (rank 0 only)
+    into `run_dir`; ``training.json`` every `heartbeat_s`; a snapshot that would leave less than
+    `min_free_gb` GB free is skipped."""
 
     def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
@@ -170,7 +98,7 @@ class SnapshotWriter:
             raise ValueError(f"probe.worker.min_free_gb must be >= 0 GB, got {min_free_gb}")
         self.min_free_bytes = int(min_free_gb * 1e9)
         self.skipped: dict[int, str] = {}  # step -> why its snapshot was not written
-        self.folder = snapshot_dir(run_dir)
+        self.folder = layout.snapshot_dir(run_dir)
         self.heartbeat_s = heartbeat_s
         self.step = 0  # the training step, for the heartbeat (`progress`)
         self.step_time = time.time()  # when training reached `step`: the worker judges progress
@@ -186,7 +114,7 @@ class SnapshotWriter:
         self._heartbeat: threading.Thread | None = None
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
         self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
-        self._start_lock: Any = None  # held while this start lives (`starts.gone` asks it)
+        self._lease: Any = None  # held while this start lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
     # -- the run's files ------------------------------------------------------------------------
@@ -195,20 +123,21 @@ class SnapshotWriter:
         """Claim this start's number, prepare the folder (incomplete snapshots of ended starts
         and an old done marker removed), write ``run.json`` and start the heartbeat."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        marker = self.folder / MARKER
+        marker = self.folder / layout.MARKER
         if not marker.is_file():
             marker.write_text("Made by repgeom (probe.offload): snapshots of the weights for a "
                               "probe worker; deleted once probed.\n")
         self._release()
-        self.number, self._start_lock = starts.claim(self.folder)
-        for _, path in snapshots(self.folder)[1]:
-            writer = writer_of(path)
+        self.number = starts.claim(self.folder)
+        self._lease = lease.hold_start(self.folder, self.number)
+        for _, path in layout.snapshots(self.folder)[1]:
+            writer = layout.writer_of(path)
             if writer is None or (writer < self.number and starts.gone(self.folder, writer, path)):
-                remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
-        for path in leftovers(self.folder, min_age_s=SETTLED_S):
-            remove_snapshot(path)  # probed, and its worker killed while deleting it
-        (self.folder / DONE).unlink(missing_ok=True)
-        write_json(self.folder / RUN, run_info)
+                layout.remove_snapshot(path)  # a write cut by a kill: rewritten when its step comes
+        for path in layout.leftovers(self.folder, min_age_s=layout.SETTLED_S):
+            layout.remove_snapshot(path)  # probed, and its worker killed while deleting it
+        (self.folder / layout.DONE).unlink(missing_ok=True)
+        layout.write_json(self.folder / layout.RUN, run_info)
         self._stop.clear()
         self._beat("running")
         self._heartbeat = threading.Thread(target=self._beat_loop, name="snapshot-heartbeat",
@@ -221,14 +150,28 @@ class SnapshotWriter:
         if step != self.step or busy:
             self.step, self.step_time = int(step), time.time()
 
+    def is_current(self) -> bool:
+        """Whether this start is still the run's newest: the fence every write of the run's
+        shared state checks (snapshots, ``training.json``, ``done.json``); a callback may ask it
+        too. A writer that claimed no start (`finish` of a finished run, rerun) is current."""
+        return self.number < 0 or starts.newest(self.folder) <= self.number
+
     def _beat(self, state: str) -> None:
-        write_json(self.folder / TRAINING, {
-            "pid": os.getpid(), **host_identity(), "step": int(self.step),
-            "step_time": self.step_time, "time": time.time(), "state": state,
-            "heartbeat_s": self.heartbeat_s})
+        """``training.json`` in `state`, unless a newer start has begun (it writes its own)."""
+        if not self.is_current():
+            self._say_superseded()
+            return
+        layout.write_json(self.folder / layout.TRAINING, {
+            "pid": os.getpid(), "step": int(self.step), "step_time": self.step_time,
+            "time": time.time(), "state": state, "heartbeat_s": self.heartbeat_s,
+            "number": self._number()})
+
+    def _number(self) -> int:
+        """This start's number; a writer that claimed none writes for the newest start."""
+        return max(self.number, starts.newest(self.folder), 0)
 
     def _beat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        while not self._stop.wait(self.heartbeat_s) and self.is_current():
             try:
                 self._beat("running")
             except OSError:  # a full or vanished disk: the worker will see no heartbeat
@@ -236,14 +179,10 @@ class SnapshotWriter:
 
     def close(self, *, final_step: int | None, stopped: bool = False,
               skipped: dict[int, str] | None = None) -> None:
-        """Wait for the last write, stop the heartbeat; with `final_step` record the run as
-        finished (`finish`, with the `skipped` steps of earlier starts), without it mark the run
-        ``failed`` (an exception ended it), or with `stopped` ``stopped`` (a signal ended it,
-        e.g. a SLURM requeue: it may come back).
-
-        Raises `RunNotRecordedError` when the finished run's status cannot be written (a full
-        or read-only disk); a failed or stopped state that cannot be written is only logged,
-        so the exception that ended training is the one raised."""
+        """Wait for the last write, stop the heartbeat, and record how this start ended: with
+        `final_step` finished (`finish`), else ``failed``, or ``stopped`` (a signal: it may come
+        back); a superseded start records nothing. Only `finish` raises (`RunNotRecordedError`):
+        the exception that ended training is the one raised."""
         failed = False
         try:
             self.wait()
@@ -257,38 +196,36 @@ class SnapshotWriter:
                 self._heartbeat = None
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
-            self._release()  # nothing of this start is being written any more
-            if final_step is None or failed:
-                self._try_beat("stopped" if stopped and not failed else "failed")
-            else:
-                self.finish(final_step, skipped)
+            try:
+                if final_step is None or failed:
+                    self._try_beat("stopped" if stopped and not failed else "failed")
+                else:
+                    self.finish(final_step, skipped)
+            finally:
+                self._release()  # after its last word: this start has ended
 
     def _release(self) -> None:
-        if self._start_lock is not None:
-            self._start_lock.close()
-            self._start_lock = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
-        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``
-        ``finished`` (the done marker first: a worker that sees "finished" finds it). Also what
-        a rerun of a finished run does when an earlier start could not write them. The done
-        marker lists the steps skipped for lack of space: `skipped` (earlier starts') and this
-        writer's own.
-
-        Raises
-        ------
-        RunNotRecordedError
-            A file could not be written (ENOSPC, EDQUOT, EROFS, ...); the message names it, the
-            folder, its free space and the fix. Nothing half-written stays (`write_json`), and
-            ``training.json`` is set to ``stopped`` if it can be: the run comes back when rerun.
-        """
+        """Record the run as finished at `final_step` (also a rerun's, where an earlier start
+        could not): ``done.json`` (with the steps skipped for space: `skipped` and this
+        writer's), then ``training.json`` ``finished``. A file that cannot be written raises
+        `RunNotRecordedError` naming it, its free space and the fix (``stopped`` is written if
+        it can be: the run comes back when rerun)."""
         self.progress(final_step)
-        path = self.folder / DONE
+        if not self.is_current():  # a superseded start's end is not the run's
+            self._say_superseded()
+            return
+        path = self.folder / layout.DONE
         try:
             gaps = {**(skipped or {}), **self.skipped}
-            write_json(path, {"step": int(final_step), "time": time.time(),
-                              "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
-            path = self.folder / TRAINING
+            layout.write_json(path, {
+                "step": int(final_step), "time": time.time(), "number": self._number(),
+                "skipped_for_space": {str(k): v for k, v in sorted(gaps.items())}})
+            path = self.folder / layout.TRAINING
             self._beat("finished")
         except OSError as error:
             self._try_beat("stopped")
@@ -299,12 +236,12 @@ class SnapshotWriter:
         try:
             self._beat(state)
         except OSError as error:
-            log.warning("could not mark %s %r (%s)", self.folder / TRAINING, state,
+            log.warning("could not mark %s %r (%s)", self.folder / layout.TRAINING, state,
                         error.strerror or error)
 
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
-        return [step for step, _ in snapshots(self.folder)[0]]
+        return [step for step, _ in layout.snapshots(self.folder)[0]]
 
     # -- the snapshot ---------------------------------------------------------------------------
 
@@ -322,12 +259,9 @@ class SnapshotWriter:
         return waited
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
-        """Copy `model`'s weights now and write them as ``step_<step>`` in the background.
-
-        `meta` holds the rest of the checkpoint (``hyper_parameters``, ``callbacks``, the data's
-        state). A previous snapshot still being written is waited for first (its seconds are
-        returned): one set of buffers, at most one snapshot waiting.
-        """
+        """Copy `model`'s weights now and write them, with `meta` (the rest of the checkpoint),
+        as ``step_<step>`` in the background; a previous snapshot still being written is waited
+        for first (its seconds are returned): one set of buffers, at most one waiting."""
         waited = self.wait()
         started = time.perf_counter()
         weights, event = self._copy(model.state_dict())
@@ -369,9 +303,9 @@ class SnapshotWriter:
                meta: dict[str, Any]) -> None:
         if event is not None:
             event.synchronize()  # the side-stream copy into the pinned buffers is done
-        folder = step_dir(self.folder, step)
-        if self._superseded(step) or starts.keeps(read_json(folder / COMPLETE), self.number,
-                                                  self.start_id):
+        folder = layout.step_dir(self.folder, step)
+        marker = layout.read_json(folder / layout.COMPLETE)
+        if self._superseded(step) or starts.keeps(marker, self.number, self.start_id):
             return  # a newer start writes the run's snapshots; ours stays immutable
         needed = sum(t.nbytes for t in weights.values())
         free = _free_bytes(self.folder)
@@ -381,7 +315,7 @@ class SnapshotWriter:
             return
         # a random id, not the pid: two starts of one run (a requeue on another node, two
         # containers) may share a pid, and one must never write into or remove the other's
-        tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{WRITING}"
+        tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{layout.WRITING}"
         try:
             self._write_files(folder, tmp, step, weights, meta)
         except Exception as error:
@@ -393,15 +327,19 @@ class SnapshotWriter:
 
     def _superseded(self, step: int) -> bool:
         """Whether a newer training start of this run has begun: this one (still alive, on a
-        hung node, say) then writes no more snapshots: its weights are an abandoned
-        trajectory's (`starts`). Said once."""
-        if starts.newest(self.folder) <= self.number:
+        hung node, say) then writes no more snapshots (its weights are an abandoned
+        trajectory's), nor the run's state."""
+        if self.is_current():
             return False
+        self._say_superseded()
+        return True
+
+    def _say_superseded(self) -> None:
         if not self._said_superseded:
             self._said_superseded = True
             log.warning("a newer training start of this run has begun (start %d here): this "
-                        "start writes no more snapshots, from step %d on", self.number, step)
-        return True
+                        "start writes nothing more into %s (no snapshot, heartbeat or end of "
+                        "run)", self.number, self.folder)
 
     def _skip(self, step: int, why: str) -> None:
         """Warn that `step`'s snapshot (and so its probe) is skipped; training goes on."""
@@ -419,12 +357,12 @@ class SnapshotWriter:
         tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
         checkpoint = {**meta, "global_step": int(step),
                       "state_dict": {f"model.{k}": v for k, v in weights.items()}}
-        path = tmp / WEIGHTS
+        path = tmp / layout.WEIGHTS
         with open(path, "wb") as handle:
             torch.save(checkpoint, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        write_json(tmp / COMPLETE, {"step": int(step), "time": time.time(),
+        layout.write_json(tmp / layout.COMPLETE, {"step": int(step), "time": time.time(),
                                     "rank": int(self.rank), "pid": os.getpid(),
                                     "start": self.start_id, "number": self.number,
                                     "bytes": path.stat().st_size})

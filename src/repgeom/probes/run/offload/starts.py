@@ -1,34 +1,9 @@
-"""The training starts of one run, in the order they began: which start is the newest, and which
-older ones are gone, so that two starts alive at once (a requeue on another node while the old
-start still runs on a hung one; two containers) never undo each other's snapshots.
-
-Each start claims the next number in ``<run>/probes/snapshots/starts/``: it creates
-``<number>.lock`` with ``O_EXCL`` (atomic on local file systems and NFSv3+), so no two starts get
-the same number and a later start always gets a larger one, whatever the hosts' clocks say. It
-then holds an exclusive ``flock`` on that file for its whole life (`repgeom.files.try_lock`); the
-kernel releases it when the process dies (on NFS, when the server ends the dead client's lease).
-The rules the snapshot writer (`repgeom.probes.run.offload.snapshots`) keeps with them:
-
-- **newest wins:** a complete snapshot names its start's number; a start never replaces a
-  snapshot of a newer start (its own weights belong to an abandoned trajectory), and replaces an
-  older start's (the replay's weights are the run's now);
-- **a superseded start writes no more:** once a newer start has claimed its number, an older
-  start still alive writes no snapshot (checked before each write and before its rename): a step
-  the newer start has not written yet, or whose snapshot a worker probed and deleted, must not
-  get the abandoned trajectory's weights;
-- **only the dead's temporaries are swept:** a start removes a half-written snapshot of an older
-  start only when it can take that start's lock (the start is gone). Where the lock is held, the
-  temporary stays: a live start is still writing it. Where the lock cannot be asked (Lustre
-  without ``-o flock``, NFS mounted ``nolock``), a temporary untouched for `STALE_S` counts as
-  its start's leftover (no snapshot takes that long to write).
-
-The lock files stay (a few bytes a start): deleting a lock file races with a process that opens
-it to lock it. Limitations: on the NFS server itself, and on clients mounted with
-``local_lock=flock`` or ``local_lock=all``, ``flock`` does not see other nodes' locks, so a start
-may take another node's live start for gone and remove its write in progress; that start's
-snapshot then fails and its training stops with the error (never a wrong snapshot). The order is
-the order the starts claimed their numbers (in ``on_train_start``), which is the order they
-resumed unless a start hangs between restoring its checkpoint and claiming.
+"""The training starts of one run, in the order they began (docs/probing.md, "Overlapping
+starts"): each claims the next number in ``<run>/probes/snapshots/starts/`` (``<number>.lock``
+created with ``O_EXCL``, so numbers follow the order of the claims whatever the hosts' clocks
+say; the files stay) and holds its lease (`lease.hold_start`) while it lives. The newest start
+wins (`keeps`, `install`); a superseded one writes nothing more (`SnapshotWriter.is_current`); a
+start sweeps only the temporaries of starts that have ended (`gone`).
 """
 
 from __future__ import annotations
@@ -39,9 +14,9 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from repgeom.files import fsync_dir, try_lock
+from repgeom.files import fsync_dir
 from repgeom.probes.run.offload.layout import (
     COMPLETE,
     marker_time,
@@ -49,14 +24,13 @@ from repgeom.probes.run.offload.layout import (
     remove_snapshot,
     start_number,
 )
+from repgeom.probes.run.offload.lease import start_gone
 
 log = logging.getLogger(__name__)
 
 STARTS = "starts"
 SUFFIX = ".lock"
-STALE_S = 3600.0
-"""Seconds without a change after which a temporary of a start whose lock cannot be asked is
-taken for a killed start's leftover."""
+STALE_S = 3600.0  # a temporary unchanged this long is a dead start's (no write takes as long)
 
 
 def _number(path: Path) -> int | None:
@@ -73,10 +47,8 @@ def newest(folder: Path) -> int:
     return max((n for n in map(_number, names) if n is not None), default=-1)
 
 
-def claim(folder: Path) -> tuple[int, IO | None]:
-    """This start's number (larger than every earlier start's in `folder`) and its lock, held
-    until the handle is closed or the process ends; None as the lock where ``flock`` cannot be
-    used there (then other starts take this one for alive: they never sweep its writes)."""
+def claim(folder: Path) -> int:
+    """This start's number: larger than every earlier start's in `folder`."""
     starts = folder / STARTS
     starts.mkdir(parents=True, exist_ok=True)
     number = 1 + newest(folder)
@@ -87,27 +59,16 @@ def claim(folder: Path) -> tuple[int, IO | None]:
         except FileExistsError:  # another start took this number meanwhile: the next one
             number += 1
             continue
-        try:  # blocking: another start may be testing it for a moment (`gone`)
-            return number, try_lock(path, blocking=True)
-        except OSError:
-            return number, None
+        return number
 
 
 def gone(folder: Path, number: int, written: Path) -> bool:
-    """Whether start `number` of `folder`, which wrote `written`, has ended: its lock can be
-    taken (and is let go at once). Where the lock cannot be asked, whether `written` has not
-    changed for `STALE_S`. False where the lock is held."""
-    path = folder / STARTS / f"{number:09d}{SUFFIX}"
-    if not path.is_file():
+    """Whether start `number` of `folder`, which wrote `written`, has ended: its lease is let go
+    or its process gone from this host (`lease.start_gone`), or, for a start this host cannot
+    ask (another host's), `written` has not changed for `STALE_S`."""
+    if not (folder / STARTS / f"{number:09d}{SUFFIX}").is_file():
         return False  # never claimed this way: not known to be gone
-    try:
-        handle = try_lock(path)
-    except OSError:  # no flock here: judged by the age of what it wrote
-        return time.time() - _last_change(written) > STALE_S
-    if handle is None:
-        return False
-    handle.close()
-    return True
+    return start_gone(folder, number) or time.time() - _last_change(written) > STALE_S
 
 
 def _last_change(path: Path) -> float:

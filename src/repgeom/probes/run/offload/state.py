@@ -1,68 +1,61 @@
-"""The probe worker's state read back from the run folder (``snapshots/worker.json``, written by
-`repgeom.probes.run.offload.follow`, and ``snapshots/done.json``, written by
-`repgeom.probes.run.offload.snapshots`), field by field.
-
-A file that is not a JSON object reads as missing (`repgeom.files.read_json`),
-and a field of the wrong type (a file edited by hand, cut, or written by another version) reads as
-empty, with one warning naming the file and the field: a worker never crashes on it, and at worst
-probes again what such a field recorded as probed.
-"""
+"""The worker's records, read field by field: ``snapshots/worker.json`` (its progress; a bad
+field reads as empty, warned once: never a crash), ``snapshots/done.json`` (the run's end) and
+``probes/skipped.json`` with the quarantine's `generation` (docs/probing.md, "Quarantine")."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repgeom.files import read_json
+from repgeom.files import atomic_write_text, read_json
+from repgeom.probes.core import table
+from repgeom.probes.run.offload import starts
+from repgeom.probes.run.offload.layout import (
+    COMPLETE,
+    DONE,
+    DONE_FIELDS,
+    NUMBER,
+    WEIGHTS,
+    is_a,
+    problem,
+    snapshot_time,
+)
+
+SKIPPED = "skipped.json"
+_SAID: set[tuple[str, str]] = set()  # (file, problem) warned once, not at every look
 
 
 def _warn(path: Path, name: str, value: Any, wanted: str) -> None:
-    print(f"warning: {path}: {name} is not {wanted} ({str(value)[:80]!r}); read as empty",
-          flush=True)
+    if (str(path), name) not in _SAID:
+        _SAID.add((str(path), name))
+        print(f"warning: {path}: {name} is not {wanted} ({str(value)[:80]!r}); read as empty",
+              flush=True)
 
 
-def _by_step(path: Path, name: str, raw: Any, convert: Callable[[Any], Any],
+def _field(path: Path, name: str, raw: Any, ok: Callable[[Any], bool], wanted: str,
+           empty: Any) -> Any:
+    """`raw` when ``ok(raw)`` (or None: absent), else `empty`, warned."""
+    if raw is None or ok(raw):
+        return empty if raw is None else raw
+    _warn(path, name, raw, wanted)
+    return empty
+
+
+def _by_step(path: Path, name: str, raw: Any, ok: Callable[[Any], bool],
              wanted: str) -> dict[int, Any]:
-    """`raw` (``{"<step>": value}``) as step -> ``convert(value)``; a bad entry is left out, and
-    anything but an object reads as empty (warned)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        _warn(path, name, raw, "an object of steps")
-        return {}
+    """`raw` (``{"<step>": value}``) as step -> value; a bad entry is left out (warned)."""
     steps = {}
-    for key, value in raw.items():
-        try:
-            steps[int(key)] = convert(value)
-        except (TypeError, ValueError, KeyError):
+    for key, value in _field(path, name, raw, lambda v: isinstance(v, dict),
+                             "an object of steps", {}).items():
+        if str(key).isascii() and str(key).isdigit() and ok(value):
+            steps[int(key)] = value
+        else:
             _warn(path, f"{name}[{key!r}]", value, wanted)
     return steps
-
-
-def _quarantine_entry(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict) or not all(k in value for k in ("generation", "file",
-                                                                       "reason")):
-        raise ValueError(value)
-    return value
-
-
-def _number(path: Path, name: str, raw: Any, default: float) -> float:
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        _warn(path, name, raw, "a number")
-        return default
-
-
-def _step(path: Path, name: str, raw: Any) -> int | None:
-    if raw is None:
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        _warn(path, name, raw, "a step")
-        return None
-    return raw
 
 
 @dataclass
@@ -80,30 +73,72 @@ class WorkerState:
     quarantined: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def read_worker_state(path: Path) -> WorkerState:
     """``worker.json`` at `path` (missing or not an object: the empty state)."""
     raw = read_json(path) or {}
-    spec, options = raw.get("spec"), raw.get("options") or {}
-    if spec is not None and not isinstance(spec, dict):
-        _warn(path, "spec", spec, "an object")
-        spec = None
-    if not isinstance(options, dict):
-        _warn(path, "options", options, "an object")
-        options = {}
+    entry = ("generation", "file", "reason")
     return WorkerState(
-        done=_by_step(path, "done", raw.get("done"), float, "a time"),
-        seconds=_number(path, "seconds", raw.get("seconds", 0.0), 0.0),
-        phase_alerts=raw.get("phase_alerts", []), spec=spec, options=options,
-        finished=_step(path, "finished", raw.get("finished")),
-        quarantined=_by_step(path, "quarantined", raw.get("quarantined"), _quarantine_entry,
+        done={k: float(v) for k, v in _by_step(path, "done", raw.get("done"), is_a[NUMBER],
+                                                "a time").items()},
+        seconds=float(_field(path, "seconds", raw.get("seconds"), is_a[NUMBER], "a number",
+                             0.0)),
+        phase_alerts=raw.get("phase_alerts", []),
+        spec=_field(path, "spec", raw.get("spec"), lambda v: isinstance(v, dict), "an object",
+                    None),
+        options=_field(path, "options", raw.get("options"), lambda v: isinstance(v, dict),
+                       "an object", {}),
+        finished=_field(path, "finished", raw.get("finished"), _whole, "a step", None),
+        quarantined=_by_step(path, "quarantined", raw.get("quarantined"),
+                             lambda v: isinstance(v, dict) and all(k in v for k in entry),
                              "an object with generation, file and reason"))
 
 
-def read_done(path: Path) -> tuple[int | None, dict[int, str]] | None:
+def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
     """``done.json`` at `path`: the final step and the steps training skipped for lack of space
-    (step -> why); None when it is missing or not an object."""
+    (step -> why); None when it is missing, malformed (`DONE_FIELDS`; warned), or written by a
+    start older than the newest (a superseded start's end is not the run's)."""
     raw = read_json(path)
     if raw is None:
         return None
-    return (_step(path, "step", raw.get("step")),
-            _by_step(path, "skipped_for_space", raw.get("skipped_for_space"), str, "a reason"))
+    bad = problem(raw, DONE_FIELDS)
+    if bad is not None:
+        _warn(path, "it", bad, "a done marker (the run is not taken for done)")
+        return None
+    if raw["number"] < starts.newest(path.parent):
+        return None
+    return raw["step"], _by_step(path, "skipped_for_space", raw["skipped_for_space"],
+                                 lambda v: isinstance(v, str), "a reason")
+
+
+def run_done(folder: Path) -> bool:
+    """Whether the run of the snapshot folder `folder` is done: its newest start's done.json."""
+    return (folder / DONE).is_file() and read_done(folder / DONE) is not None
+
+
+def generation(path: Path) -> str:
+    """What names the snapshot in `path` as it is now: its marker's time, and the inode, size,
+    mtime and ctime of its two files ("-" for one missing): the same generation of a broken
+    snapshot is never tried again."""
+    parts = [str(snapshot_time(path))]
+    for name in (COMPLETE, WEIGHTS):
+        try:
+            info = os.stat(path / name)
+            parts.append(f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}")
+        except OSError:
+            parts.append("-")
+    return "|".join(parts)
+
+
+def write_skipped(run_dir: Path, steps: dict[int, dict[str, Any]]) -> None:
+    """``probes/skipped.json``: step -> why it has no probe rows (empty: no such step)."""
+    folder = table.probe_dir(run_dir)
+    if not steps and not (folder / SKIPPED).exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / SKIPPED, json.dumps({
+        f"step {step}": {"step": int(step), "revision": None, **why}
+        for step, why in sorted(steps.items())}, indent=2))

@@ -1,17 +1,15 @@
-"""The training process's side of ``probe.offload`` (rank 0): the snapshot writer and its
-heartbeat, our own probe worker (``probe.offload=worker``), and the end of the run's records.
-
-`repgeom.probes.run.callback.ProbeCallback` owns one `Offloading` and calls it from its
-Lightning hooks: `start` when training really starts, `snapshot` at each probe step, `end` when
-training ends or fails, `teardown` after a fit that did not raise. The snapshots themselves are
-written by `repgeom.probes.run.offload.snapshots`, and probed by the worker,
-``probe.py follow=<run>`` (`repgeom.probes.run.offload.follow`).
-"""
+"""The training process's side of ``probe.offload`` (rank 0): `Offloading`, which
+`repgeom.probes.run.callback.ProbeCallback` calls from its Lightning hooks (`start`, `snapshot`,
+`end`, `teardown`): the snapshot writer (`repgeom.probes.run.offload.snapshots`), our own probe
+worker (``probe.offload=worker``: `start_worker`, `stop_worker`) and the end of the run's
+records."""
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +20,17 @@ from lightning.pytorch.utilities import rank_zero_warn
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import WorkerConf
 from repgeom.probes.run.offload import follow, snapshots
+from repgeom.probes.run.offload.lease import check_heartbeat
+from repgeom.probes.run.offload.state import run_done
 
 log = logging.getLogger(__name__)
+WORKER_STOP_S = 30.0  # seconds a worker stopped by train.py (SIGTERM) has before SIGKILL
 
 
 class Offloading:
-    """Rank 0's half of the probes taken off the training clock.
-
-    Parameters
-    ----------
-    mode : {None, "snapshots", "worker"}
-        ``probe.offload`` (`snapshots.check_offload`); None: nothing is offloaded and every
-        method but `skipped` is never called.
-    worker : dict or None
-        ``probe.worker``, the worker's options (`repgeom.probes.core.spec.WorkerConf`); an
-        unknown option is a ValueError naming the known ones.
-    """
+    """Rank 0's half of the probes taken off the training clock: `mode` is ``probe.offload``
+    (None: only `skipped` is called), `worker` ``probe.worker`` (`WorkerConf`; an unknown option
+    is a ValueError naming the known ones)."""
 
     def __init__(self, mode: str | None, worker: dict[str, Any] | None) -> None:
         self.mode = snapshots.check_offload(mode)
@@ -48,8 +41,8 @@ class Offloading:
             raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
                              f"{sorted(WorkerConf().__dict__)}")
         if self.mode == "worker":  # probe.py follow= checks its own follow_timeout_s
-            follow.check_heartbeat(float(self.options["heartbeat_s"]),
-                                   float(self.options["timeout_s"]))
+            check_heartbeat(float(self.options["heartbeat_s"]),
+                                           float(self.options["timeout_s"]))
         self.run_dir: Path | None = None
         self.writer: snapshots.SnapshotWriter | None = None  # while training runs
         self.worker: subprocess.Popen | None = None  # probe.offload=worker
@@ -57,15 +50,18 @@ class Offloading:
         # the end-of-run status could not be written: raised by `teardown`
         self.not_recorded: snapshots.RunNotRecordedError | None = None
 
+    def is_current(self) -> bool:
+        """Whether this training start is still the run's newest (no requeue has begun a newer
+        one): the fence of every write into the run's shared state; True while not writing."""
+        return self.writer is None or self.writer.is_current()
+
     def setup(self, run_dir: Path) -> None:
         """A new fit of the run in `run_dir`."""
         self.run_dir = run_dir
         self.not_recorded = None
 
     def skipped(self) -> dict[int, str]:
-        """The steps whose snapshots were skipped for lack of space, those in flight included:
-        "done" in a checkpoint means the snapshot is on disk or was skipped (a gap a resume
-        keeps naming)."""
+        """The steps whose snapshots were skipped for lack of space, those in flight included."""
         if self.writer is None:
             return self.skipped_for_space
         self.writer.wait()
@@ -80,7 +76,7 @@ class Offloading:
         self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
         self.writer.start({"wandb": _wandb_info(trainer), "schedule": schedule})
         if self.mode == "worker":
-            self.worker = follow.start_worker(self.run_dir, self.options)
+            self.worker = start_worker(self.run_dir, self.options)
             print(f"Probe worker started (pid {self.worker.pid}, device "
                   f"{self.options['device']}, {self.options['threads']} "
                   f"thread(s)); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
@@ -114,6 +110,7 @@ class Offloading:
         cannot be written (kept for `teardown` to raise), our worker is stopped instead."""
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
+        current = writer.is_current()
         try:
             writer.close(final_step=final_step, stopped=stopped, skipped=self.skipped_for_space)
         except snapshots.RunNotRecordedError as error:
@@ -132,6 +129,9 @@ class Offloading:
                            "warnings of the start that skipped them")
         if self.worker is None:
             return
+        if not current:  # superseded: the newer start's worker probes the run
+            self._stop_worker("the newer training start of this run and its worker go on")
+            return
         if final_step is None:  # training failed or is not recorded: the worker is stopped
             self._stop_worker(again)
             return
@@ -141,13 +141,10 @@ class Offloading:
         self._wait_for_worker(left=len(writer.waiting()))
 
     def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
-        """The end of a fit that did not raise: nothing left "running", no worker left behind.
-
-        A finished run whose status `end` could not write (a full disk) fails here, with
-        `snapshots.RunNotRecordedError`. A skipped fit (a finished run, rerun: not `trained`)
-        writes that status if an earlier start could not, then starts the worker only when the
-        run's probing is unfinished (its worker was stopped or killed before its end-of-run
-        work was done), and waits for it."""
+        """The end of a fit that did not raise: nothing left "running", no worker left behind; a
+        status `end` could not write raises `RunNotRecordedError` here. A skipped fit (a
+        finished run, rerun) writes that status if needed, and starts and waits for the worker
+        only when the run's probing is unfinished."""
         if self.not_recorded is not None:
             error, self.not_recorded = self.not_recorded, None
             raise error
@@ -158,7 +155,7 @@ class Offloading:
             return
         self._record_finished_run(trainer)
         if self.mode == "worker" and follow.work_left(self.run_dir):
-            self.worker = follow.start_worker(self.run_dir, self.options)
+            self.worker = start_worker(self.run_dir, self.options)
             print(f"This run is finished, its probing is not: probe worker started (pid "
                   f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
             folder = snapshots.snapshot_dir(self.run_dir)
@@ -169,7 +166,7 @@ class Offloading:
         start could not (a full disk at its end); only in a snapshot folder of ours."""
         folder = snapshots.snapshot_dir(self.run_dir)
         state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
-        recorded = (folder / snapshots.DONE).is_file() and state == "finished"
+        recorded = run_done(folder) and state == "finished"
         if recorded or trainer.global_step < trainer.max_steps or not (
                 folder / snapshots.MARKER).is_file():
             return
@@ -180,13 +177,13 @@ class Offloading:
               f"now, is written: {folder / snapshots.DONE}")
 
     def _stop_worker(self, again: str) -> None:
-        """Stop our worker, if any, within `follow.WORKER_STOP_S`; `again` says how it resumes."""
+        """Stop our worker, if any (`WORKER_STOP_S`); `again`: how it resumes."""
         if self.worker is None:
             return
         worker, self.worker = self.worker, None
         print(f"Stopping the probe worker (pid {worker.pid}), at most "
-              f"{follow.WORKER_STOP_S:.0f} s; {again}")
-        follow.stop_worker(worker, 0.0)
+              f"{WORKER_STOP_S:.0f} s; {again}")
+        stop_worker(worker, 0.0)
 
     def _wait_for_worker(self, *, left: int) -> None:
         """Wait for our worker, at most ``probe.worker.wait_timeout_s``; then stop it."""
@@ -194,7 +191,7 @@ class Offloading:
         limit = float(self.options["wait_timeout_s"])
         print(f"Waiting for the probe worker (pid {worker.pid}): {left} snapshot(s) left; at "
               f"most {limit:.0f} s (probe.worker.wait_timeout_s), then it is stopped")
-        code = follow.stop_worker(worker, limit)
+        code = stop_worker(worker, limit)
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         if code is None:
             rank_zero_warn(f"the probe worker did not finish within {limit:.0f} s "
@@ -232,3 +229,55 @@ def _plain(value: Any) -> Any:
     except ImportError:
         pass
     return str(value)
+
+
+def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
+                   ) -> list[str]:
+    """``repgeom-probe follow=<run_dir> ...`` (`repgeom.cli.probe`), its Hydra files in
+    ``<run_dir>/probes/worker/``."""
+    return [sys.executable, "-m", "repgeom.cli.probe",
+            f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
+            f"keep_snapshots={str(keep_snapshots).lower()}",
+            f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
+
+
+def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
+    """Start a worker process for `run_dir` on this node with ``probe.worker``'s `options`
+    (threads, device, cpus, timeout_s, keep_snapshots); its log: ``probes/worker.log``."""
+    threads = int(options.get("threads") or 1)
+    check_heartbeat(float(options.get("heartbeat_s") or 10.0),
+                    float(options.get("timeout_s") or 600.0))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    cpus = options.get("cpus")
+    affinity = None if cpus is None else {int(c) for c in cpus}
+    if affinity is not None and not hasattr(os, "sched_setaffinity"):
+        raise ValueError("probe.worker.cpus needs Linux (os.sched_setaffinity); leave it null")
+    log_path = table.probe_dir(run_dir) / "worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = worker_command(run_dir, device=str(options.get("device") or "cpu"),
+                             timeout_s=float(options.get("timeout_s") or 600.0),
+                             keep_snapshots=bool(options.get("keep_snapshots")))
+    with open(log_path, "ab") as log:
+        # start_new_session, not preexec_fn (unsafe once threads run); its own session keeps a
+        # Ctrl-C for train.py from it: it stops on the failed state or its start's lease
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    if affinity is not None:  # before its interpreter has started any thread of its own
+        os.sched_setaffinity(process.pid, affinity)
+    return process
+
+
+def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
+    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
+    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
+    try:
+        return process.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        pass
+    process.terminate()
+    try:
+        process.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    return None
