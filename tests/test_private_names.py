@@ -33,9 +33,6 @@ PACKAGE = SRC / "repgeom"
 OURS = "repgeom"
 
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("probes/run/offload/training_side.py", "_offline"): (
-        "replaced by issue 47's checkpoint/offload work (public: the W&B run's `offline`, as "
-        "train.py reads it)"),
     ("models/lightning_module.py", "_batches_that_stepped"): (
         "the loggers' step: Lightning has no public setter, and a checkpoint written mid-step "
         "(SLURM's signal) restores it one step off global_step; the key is part of the "

@@ -207,7 +207,7 @@ def _wandb_info(trainer: L.Trainer) -> dict[str, Any] | None:
         if isinstance(logger, WandbLogger):
             run = logger.experiment
             return {"project": run.project, "group": run.group or None, "id": run.id,
-                    "name": run.name, "offline": bool(logger._offline)}
+                    "name": run.name, "offline": bool(run.offline)}
     return None
 
 
