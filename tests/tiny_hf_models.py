@@ -130,6 +130,13 @@ FAMILIES = {
         dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
         "<s> $A",
     ),
+    # Mistral's sliding window on every layer, without layer_types (config.sliding_window alone).
+    "mistral-sw": (
+        "MistralConfig",
+        dict(_LLAMALIKE, num_key_value_heads=1, bos_token_id=2, eos_token_id=3, sliding_window=4),
+        dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+        "<s> $A",
+    ),
     # Encoder-decoder, probed as two models; decoder deeper than encoder so that a layer taken
     # from the wrong stack shows in the layer count.
     "t5": (
@@ -155,6 +162,10 @@ FAMILIES = {
               _EOS_ONLY, None),
     "qwen2": ("Qwen2Config", dict(_LLAMALIKE, num_key_value_heads=2, eos_token_id=6), _EOS_ONLY,
               None),
+    # Qwen2 with use_sliding_window: layers from max_window_layers on slide.
+    "qwen2-sw": ("Qwen2Config", dict(_LLAMALIKE, num_key_value_heads=2, eos_token_id=6,
+                                     use_sliding_window=True, sliding_window=4,
+                                     max_window_layers=1), _EOS_ONLY, None),
     "qwen3": ("Qwen3Config", dict(_LLAMALIKE, num_key_value_heads=2, head_dim=8, eos_token_id=6),
               _EOS_ONLY, None),
     "gemma": ("GemmaConfig", dict(_LLAMALIKE, num_key_value_heads=1, head_dim=16, **_GEMMA_IDS),

@@ -27,9 +27,9 @@ import torch.nn as nn
 from repgeom.models.hf import hf_capture, load_hf_model, tokenize_windows
 
 FIRST = ["gpt2", "gpt2-scaled", "bert", "roberta", "xlm-roberta-xl", "gpt_neox", "bloom", "opt",
-         "opt-post", "llama", "mistral", "t5:encoder", "t5:decoder"]  # fmt: skip
-AT_PRODUCT = ["olmo", "olmo2", "olmo3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
-              "gemma3_text-bidirectional", "phi3", "smollm3", "falcon", "falcon-mq",
+         "opt-post", "llama", "mistral", "mistral-sw", "t5:encoder", "t5:decoder"]  # fmt: skip
+AT_PRODUCT = ["olmo", "olmo2", "olmo3", "qwen2", "qwen2-sw", "qwen3", "gemma", "gemma2",
+              "gemma3_text", "gemma3_text-bidirectional", "phi3", "smollm3", "falcon", "falcon-mq",
               "falcon-rw"]  # fmt: skip
 ENCODERS = {"bert", "roberta", "xlm-roberta-xl", "t5:encoder", "gemma3_text-bidirectional"}
 WINDOW = 16
@@ -119,8 +119,14 @@ def allowed_keys(mask, causal: bool, window: int | None):
 
 
 def sliding_windows(config, n_layers: int) -> list[int | None]:
-    """Per layer, its sliding window (keys t - j < W only), or None for full attention."""
-    types = getattr(config, "layer_types", None) or ["full_attention"] * n_layers
+    """Per layer, its sliding window (keys t - j < W only), or None for full attention: where
+    ``layer_types`` says (Gemma 2/3, OLMo-3; Qwen2 writes its use_sliding_window and
+    max_window_layers there), else every layer when ``sliding_window`` is set (Mistral)."""
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        slides = bool(getattr(config, "sliding_window", None)) and getattr(
+            config, "use_sliding_window", True) is not False
+        types = ["sliding_attention" if slides else "full_attention"] * n_layers
     return [config.sliding_window if t == "sliding_attention" else None for t in types]
 
 

@@ -201,3 +201,22 @@ def test_family_read_at_the_product_needs_its_attention_implementation(tiny_hf, 
     ids, mask = tokenize_windows(hf, tiny_text, window=WINDOW, n_windows=2)
     with pytest.raises(RuntimeError, match="load the model with load_hf_model"):
         hf_capture(dataclasses.replace(hf, model=plain.eval()), ids, mask)
+
+
+def test_a_second_recorder_on_one_model_is_refused(tiny_hf, tiny_text):
+    """Read at the product, one record per attention module: a nested recorder would take it
+    over and, on leaving, end the outer one's, whose later forwards went unrecorded (stale Q/K,
+    silently). It is refused; the outer one still records, and after it another may open."""
+    from repgeom.models.hf.qk import QKRecorder
+
+    hf = tiny_hf("olmo2")
+    ids, mask = tokenize_windows(hf, tiny_text, window=WINDOW, n_windows=2)
+    with torch.no_grad(), QKRecorder(hf.blocks_owner, "olmo2") as outer:
+        hf.model(input_ids=ids[:1], attention_mask=mask[:1])
+        with pytest.raises(RuntimeError, match="a QKRecorder is already open on this model"):
+            QKRecorder(hf.blocks_owner, "olmo2").__enter__()
+        hf.model(input_ids=ids[1:], attention_mask=mask[1:])
+        q, k = outer.collect()
+    expected = hf_capture(hf, ids[1:], mask[1:], attention=False, include_special=True)
+    torch.testing.assert_close(q[0], expected.queries[0])
+    torch.testing.assert_close(k[-1], expected.keys[-1])

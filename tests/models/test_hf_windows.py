@@ -7,6 +7,7 @@ import torch
 from hf_cases import WINDOW
 
 from repgeom.models.hf import tokenize_windows
+from repgeom.models.hf.windows import sliding_window, sliding_window_warning
 
 # --------------------------------------------------------------------------------------------
 # Windows of text
@@ -46,3 +47,21 @@ def test_text_shorter_than_window_is_a_clear_error(tiny_hf, tiny_text):
         tokenize_windows(hf, tiny_text, window=65)
     with pytest.raises(ValueError, match="no room for text"):
         tokenize_windows(hf, tiny_text, window=2)
+
+
+@pytest.mark.parametrize("family,window", [("gemma3_text", 4), ("olmo3", 4), ("gemma2", 4),
+                                           ("mistral-sw", 4), ("qwen2-sw", 4), ("mistral", 4096),
+                                           ("qwen2", None), ("llama", None), ("gpt2", None)])
+def test_sliding_window_is_read_from_layer_types_or_sliding_window(tiny_hf, family, window):
+    """Gemma/OLMo-3 through layer_types, Mistral through sliding_window alone, Qwen2 only with
+    use_sliding_window (its default sliding_window=4096 is unused otherwise)."""
+    hf = tiny_hf(family)
+    assert sliding_window(hf) == window
+    message = sliding_window_warning(hf, 16)
+    if window is not None and window < 16:
+        assert f"window=16 is longer than {hf.name}'s sliding window" in message
+        assert f"(config.sliding_window={window})" in message
+        assert f"give window<={window}" in message
+        assert sliding_window_warning(hf, window) is None
+    else:
+        assert message is None

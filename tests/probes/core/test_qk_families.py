@@ -19,6 +19,8 @@ from repgeom.probes.run.runner import probe
 
 NEW_FAMILIES = ["olmo", "olmo2", "olmo3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text",
                 "phi3", "smollm3", "falcon"]  # fmt: skip
+SLIDING = {"olmo3", "gemma2", "gemma3_text"}
+"""Of NEW_FAMILIES, those whose tiny models have sliding-window layers (window 4)."""
 QK_ONLY = ["n_states=60", "metrics=[qk_alignment,qk_cosine_concat,attention]",
            "settings.intrinsic_dimension=false", "settings.distributions=false",
            "plot_metrics=[]", "device=cpu", "window=32"]  # fmt: skip
@@ -32,9 +34,18 @@ def qk_rows(frame: pd.DataFrame) -> pd.DataFrame:
 def test_new_family_gets_query_key_rows(tmp_path, tiny_hf_folder, text_file, family):
     folder = tiny_hf_folder(family)
     cfg = compose_probe(tmp_path, [f"hf={folder}", f"text_file={text_file}", *QK_ONLY])
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         warnings.filterwarnings("error", message=".*no query/key hooks.*")
         result = probe(probe_job(cfg))
+    # window=32 over the tiny models' sliding window of 4: attention metrics there count keys
+    # the model never sees, which the probe says (not in silence).
+    slid = [str(w.message) for w in caught if "sliding window" in str(w.message)]
+    if family in SLIDING:
+        assert slid and "window=32 is longer than" in slid[0], family
+        assert "(config.sliding_window=4)" in slid[0] and "give window<=4" in slid[0]
+    else:
+        assert not slid, family
     rows = qk_rows(result.frame)
     for metric, per_layer in (("qk_cosine", 4), ("attention_entropy", 4), ("qk_cosine_concat", 1)):
         one = rows[rows["metric"] == metric]

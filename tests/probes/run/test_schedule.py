@@ -273,20 +273,44 @@ def test_all_reads_smollm3_stages_as_one_trajectory() -> None:
                                "them as a list)": names[3:]}
 
 
+def test_all_cuts_a_stage_of_several_runs_side_by_side() -> None:
+    """stage2-ingredient1 and stage2-ingredient2 both going on from stage 1's count would
+    interleave into one trajectory of two runs: the trajectory ends before them, and they (and
+    the stages after them) are left out, said; with nothing else, the refusal says why."""
+    names = ["stage1-step0-tokens0B", "stage1-step1000-tokens4B",
+             "stage2-ingredient1-step1100-tokens5B", "stage2-ingredient2-step1200-tokens5B",
+             "stage2-ingredient1-step1300-tokens6B", "stage3-step1400-tokens7B"]
+    listing = revisions.step_revisions("olmo-like",
+                                       revisions.Refs("olmo-like", tuple(names), (), "test"))
+    assert [n for _, n in listing.found] == names[:2]
+    [(reason, left_out)] = listing.ignored.items()
+    assert left_out == names[2:]
+    assert "stage 2 has 2 runs side by side (stage2-ingredient1, stage2-ingredient2)" in reason
+    with pytest.raises(ValueError, match=r"3 left out, stage 2 or later: stage 2 has 2 runs"):
+        revisions.step_revisions("olmo-like", revisions.Refs("olmo-like", tuple(names[2:5]), (),
+                                                             "test"))
+
+
 def test_all_reads_olmo_names_one_stage_and_lists_what_it_leaves_out(tmp_path, served) -> None:
     w = _weights_folder(tmp_path, "w", b"weights")
-    names = ["stage1-step0-tokens0B", "stage1-step1000-tokens3B", "stage1-step2000-tokens7B",
+    # OLMo-2-1124-7B's branches: some of stage 1's lack the prefix (step150-tokens1B beside
+    # stage1-step1000-tokens5B); they count as stage 1 up to its last step, not beyond it.
+    names = ["stage1-step0-tokens0B", "step150-tokens1B", "step600-tokens3B",
+             "stage1-step1000-tokens3B", "step2000-tokens9B", "stage1-step3000-tokens13B",
              "stage2-ingredient1-step500-tokens2B", "stage2-ingredient2-step500-tokens2B",
-             "v1.0", "main"]
+             "step5000-tokens20B", "v1.0", "main"]
     hub = served("allenai/olmo-like", dict.fromkeys(names, w))
     listing = revisions.step_revisions("allenai/olmo-like")
-    assert listing.found == [(0, "stage1-step0-tokens0B"), (1000, "stage1-step1000-tokens3B"),
-                             (2000, "stage1-step2000-tokens7B")]
+    assert listing.found == [(0, "stage1-step0-tokens0B"), (150, "step150-tokens1B"),
+                             (600, "step600-tokens3B"), (1000, "stage1-step1000-tokens3B"),
+                             (2000, "step2000-tokens9B"), (3000, "stage1-step3000-tokens13B")]
     later = [r for r, names in listing.ignored.items() if "later training stage" in r]
-    assert len(later) == 1 and listing.ignored[later[0]] == names[3:5]
+    assert len(later) == 1 and listing.ignored[later[0]] == names[6:8]
+    [bare] = [r for r in listing.ignored if r.startswith("no stage in the name")]
+    assert listing.ignored[bare] == ["step5000-tokens20B"]
     assert listing.ignored["no training step in the name"] == ["v1.0"]
     # main serves the weights of the last step: it is that checkpoint, left out, and said.
-    assert listing.ignored["main: the weights of stage1-step2000-tokens7B"] == ["main"]
+    assert listing.ignored["main: the weights of stage1-step3000-tokens13B"] == ["main"]
     assert not listing.final_main
     lines = listing.report()
     assert any("1 name(s) left out, no training step in the name: v1.0" in line

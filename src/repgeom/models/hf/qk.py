@@ -95,6 +95,13 @@ class QKRecorder:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> QKRecorder:
+        if self.spec.at_product and any(attn in _OPEN for attn in self.layers):
+            # One record per attention module: a second recorder would take it over and, on
+            # leaving, end the first's, whose later forward passes would go unrecorded.
+            raise RuntimeError(
+                "a QKRecorder is already open on this model; leave it (or collect() from it) "
+                "before opening another on the same model"
+            )
         for attn, seen in zip(self.layers, self.seen, strict=True):
             if self.spec.at_product:
                 seen.clear()

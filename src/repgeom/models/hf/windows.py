@@ -20,6 +20,41 @@ def default_window(hf: HFModel, default: int = DEFAULT_WINDOW) -> int:
     return min(default, positions) if positions else default
 
 
+def sliding_window(hf: HFModel) -> int | None:
+    """The window W of `hf`'s sliding-window attention layers (a query sees keys t - j < W),
+    or None when no layer slides.
+
+    Layers slide where ``config.layer_types`` says ``"sliding_attention"`` (Gemma 2/3, OLMo-3,
+    Qwen2 with ``use_sliding_window``, which transformers writes into its ``layer_types``), or,
+    without ``layer_types``, on every layer when ``config.sliding_window`` is set (Mistral).
+    """
+    config = hf.model.config
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    return int(window) if types is None or "sliding_attention" in types else None
+
+
+def sliding_window_warning(hf: HFModel, window: int) -> str | None:
+    """Why attention metrics on windows of `window` tokens are wrong for `hf`, or None.
+
+    On a sliding layer a query attends to its last W keys only, but attention entropy's
+    normalisation, the min/median probability and qk_alignment's score statistics count every
+    earlier key of the window: with `window` > W they count keys the model never sees.
+    """
+    slide = sliding_window(hf)
+    if slide is None or window <= slide:
+        return None
+    return (
+        f"window={window} is longer than {hf.name}'s sliding window (config.sliding_window="
+        f"{slide}) on its sliding-attention layers: attention entropy, min/median probability and "
+        f"qk_alignment's score statistics on those layers count keys outside the sliding window "
+        f"and are wrong there; give window<={slide} for attention metrics"
+    )
+
+
 def tokenize_windows(
     hf: HFModel, text: str, *, window: int, n_windows: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

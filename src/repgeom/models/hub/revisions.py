@@ -186,23 +186,49 @@ class Listing:
                 for reason, names in self.ignored.items() if names]
 
 
-def _continuing_stages(stepped: Sequence[tuple[str, int | None]]) -> tuple[set[int], int]:
-    """The stages of one trajectory, and the last of them: from the first, each next stage
-    whose steps go on from the last step of the stages before it (SmolLM3's
-    ``stage2-step-3480000`` after ``stage1-step-3440000``), up to the first stage that counts its
-    steps anew (OLMo-2's ``stage2-ingredient1-step500`` after ``stage1-step928000``)."""
-    steps: dict[int, list[int]] = {}
+def run_of(name: str) -> str:
+    """The run a step-named revision belongs to: its name before the step (``stage1`` of
+    ``stage1-step1000-tokens3B``, ``stage2-ingredient1`` of ``stage2-ingredient1-step500``,
+    ``""`` of ``step150-tokens1B``).
+
+    >>> [run_of(n) for n in ("stage2-ingredient1-step5-tokens1B", "stage1-step-40", "step150")]
+    ['stage2-ingredient1', 'stage1', '']
+    """
+    match = STEP_NAME.search(str(name))
+    return "" if match is None else str(name)[:match.start()]
+
+
+def _continuing_stages(stepped: Sequence[tuple[str, int | None]]) -> tuple[set[str], int, str]:
+    """The runs (`run_of`) of one trajectory, its first stage's last step, and why the runs
+    after it are left out.
+
+    From the first stage, each next stage joins whose steps go on from the last step of the
+    stages before it (SmolLM3's ``stage2-step-3480000`` after ``stage1-step-3440000``), up to
+    the first stage that counts its steps anew (OLMo-2's ``stage2-ingredient1-step500`` after
+    ``stage1-step928000``) or that has several runs side by side (``stage2-ingredient1`` and
+    ``stage2-ingredient2``, whose steps would interleave)."""
+    runs: dict[int, dict[str, list[int]]] = {}
     for name, step in stepped:
         if step is not None and STAGE.search(name):
-            steps.setdefault(stage_of(name), []).append(step)
-    order = sorted(steps)
-    kept, last = {order[0]}, max(steps[order[0]])
-    for stage in order[1:]:
-        if min(steps[stage]) < last:
+            runs.setdefault(stage_of(name), {}).setdefault(run_of(name), []).append(step)
+    kept: set[str] = set()
+    first_last, last, last_stage, reason = -1, -1, 0, ""
+    for i, stage in enumerate(sorted(runs)):
+        steps = [step for run in runs[stage].values() for step in run]
+        if kept and min(steps) < last:
+            reason = (f"a later training stage than stage {last_stage} (steps counted anew: "
+                      "give them as a list)")
             break
-        kept.add(stage)
-        last = max(steps[stage])
-    return kept, max(kept)
+        if len(runs[stage]) > 1:
+            reason = (f"stage {stage} or later: stage {stage} has {len(runs[stage])} runs side "
+                      f"by side ({', '.join(sorted(runs[stage]))}) whose steps would interleave "
+                      "(give one of them as a list)")
+            break
+        kept |= set(runs[stage])
+        last, last_stage = max(steps), stage
+        if i == 0:
+            first_last = last
+    return kept, first_last, reason
 
 
 def step_revisions(repo_id: str, refs: Refs | None = None, *,
@@ -215,8 +241,12 @@ def step_revisions(repo_id: str, refs: Refs | None = None, *,
     go on from the stages before it (SmolLM3: ``stage1-step-40000`` ... ``stage2-step-3480000``
     ..., one count of steps over its three pre-training stages), and from the first stage that
     counts its steps from 0 again (OLMo-2's ``stage2-ingredient1-...``: stage 2 anneals from
-    stage 1 in several parallel runs) the later stages are listed as left out (give them as a
-    list); so are step-named revisions without a stage beside them (whose count is not known).
+    stage 1 in several parallel runs) or that has several runs side by side (``stage2-ingredient1``
+    and ``stage2-ingredient2`` continuing stage 1's count: their steps would interleave) the later
+    stages are listed as left out (give them as a list). A bare step name beside staged ones
+    (OLMo-2-1124-7B's ``step150-tokens1B`` beside ``stage1-step1000-tokens5B``) counts as the
+    first stage when its step is at or below that stage's last step; it and any other name
+    without a stage (SmolLM3's ``lc-step-4000``, whose count is not known) are otherwise left out.
     ``main`` ends the trajectory when no step-named revision holds its weights (`final_main`).
 
     Every hub call (the listing, the file lists of ``main`` and the last step) goes through
@@ -236,28 +266,36 @@ def step_revisions(repo_id: str, refs: Refs | None = None, *,
     ignored: dict[str, list[str]] = {}
     stepped = [(name, step_of(name)) for name in refs.names]
     staged = any(STAGE.search(n) for n, s in stepped if s is not None)
-    stages, anew = _continuing_stages(stepped) if staged else ({1}, None)
+    runs, first_last, later = _continuing_stages(stepped) if staged else (set(), -1, "")
     by_step: dict[int, str] = {}
     for name, step in stepped:
         if step is None:
             if name != MAIN:
                 ignored.setdefault("no training step in the name", []).append(name)
-        elif staged and STAGE.search(name) is None:
+        elif not staged or run_of(name) in runs:
+            if step in by_step:
+                ignored.setdefault("a second name for a step already listed", []).append(name)
+            else:
+                by_step[step] = name
+        elif STAGE.search(name) is not None:
+            ignored.setdefault(later, []).append(name)
+        elif run_of(name) == "" and step <= first_last:
+            # OLMo-2-1124-7B's step150-tokens1B beside stage1-step0-tokens0B and
+            # stage1-step1000-tokens5B: a bare step within the first stage's steps is that stage's
+            by_step.setdefault(step, name)
+            if by_step[step] != name:
+                ignored.setdefault("a second name for a step already listed", []).append(name)
+        else:
             ignored.setdefault("no stage in the name, beside names with one (which stage's "
                                "steps it counts is not known: give it in a list)",
                                []).append(name)
-        elif stage_of(name) not in stages:
-            ignored.setdefault(f"a later training stage than stage {anew} (steps counted "
-                               "anew: give them as a list)", []).append(name)
-        elif step in by_step:
-            ignored.setdefault("a second name for a step already listed", []).append(name)
-        else:
-            by_step[step] = name
     if not by_step:
         raise ValueError(
             f"hf_revisions=all: {repo_id} has no revision named after a training step (like "
             f"step1000 or checkpoint-1000) {refs.source}; its branches and tags: "
             f"{_listing(refs.names)}. Give hf_revisions as a list, e.g. hf_revisions=[main]"
+            + "".join(f"; {len(names)} left out, {reason}" for reason, names in ignored.items()
+                      if reason == later)
         )
     listing = Listing(sorted(by_step.items()), ignored)
     if MAIN in refs.branches:

@@ -10,6 +10,7 @@ compare mode reads one text of the loaded model with `repgeom.models.text_states
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,6 +307,7 @@ class HFTarget:
     def probe(self, request: ProbeRequest, loaded: Any) -> ProbeOutput:
         """`measure` on random positions of the text's windows (special tokens left out)."""
         from repgeom.models.hf import hf_capture
+        from repgeom.models.hf.windows import sliding_window_warning
 
         spec = resolve(request)
         settings = spec.probe_settings()
@@ -315,6 +317,9 @@ class HFTarget:
             f"states from {len(probes.windows)} windows of {probes.windows.shape[1]} tokens"
         )
 
+        slid = sliding_window_warning(loaded, int(probes.windows.shape[1]))
+        if slid:
+            warnings.warn(slid, stacklevel=2)
         loss = lm_loss.HFLoss.of(loaded)
 
         def captures(n_windows: int, positions: torch.Tensor | None, attention: bool):
@@ -356,6 +361,7 @@ class HFTarget:
             clock.seconds += time.perf_counter() - started
             output.warnings += [why] if why else []
         output.forward_seconds = clock.seconds
+        output.warnings += [slid] if slid else []
         if tokens is not None:
             output.rows += tokens.rows()
             output.tokens = tokens
