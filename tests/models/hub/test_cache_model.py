@@ -7,10 +7,10 @@ three commits) under umask 002 or 022; a colleague's ref (another user's, 0644) 
 the next write is killed at its rename (kill -9: no clean-up runs).
 
 Invariants, after every rule: huggingface_hub's scan lists only the revision's real files and
-refs, with no warning (no temporary file in ``snapshots/`` or ``refs/``); every file repgeom
-added has the mode the umask of its write gave, and a ref it rewrote the mode it had; a ref
-that already named the commit is not rewritten; a colleague's ref is never replaced (repgeom
-raises PermissionError naming it).
+refs, with no warning (no temporary file in ``snapshots/`` or ``refs/``); every file and ref
+repgeom wrote has the mode the umask of its write gave, a ref rewritten too, a colleague's
+included, as huggingface_hub 2.4 replaces a ref (issue 48); a ref that already named the commit
+is not rewritten.
 """
 
 from __future__ import annotations
@@ -98,12 +98,11 @@ def _play(root: Path, fetched: Path, seed: int, patch: pytest.MonkeyPatch) -> st
                 hub_cache.add_to_cache(REPO, branch, commit, fetched, list(FILES))
             except Killed:
                 kill.pop("dead")
-            except PermissionError as error:
-                if ref not in theirs or theirs[ref] == commit or str(ref) not in str(error):
-                    return f"add_to_cache raised {error}"
             else:
+                if ref.read_text() != commit:
+                    return f"{ref} names {ref.read_text()}, not {commit}"
                 if ref in theirs and theirs[ref] != commit:
-                    return f"a colleague's {ref} ({theirs[ref]}) was replaced by {commit}"
+                    theirs.pop(ref)  # replaced, as huggingface_hub replaces it: ours now
                 if unchanged and (ref.stat().st_ino, ref.stat().st_mtime_ns) != (
                         before.st_ino, before.st_mtime_ns):
                     return f"{ref} already named {commit} and was rewritten"
@@ -112,8 +111,7 @@ def _play(root: Path, fetched: Path, seed: int, patch: pytest.MonkeyPatch) -> st
                 if name not in existing and path.exists():
                     modes[path] = 0o666 & ~mask
             if ref not in theirs and ref.exists() and ref.read_text() != text:  # written now
-                # a new ref: the umask's mode; one rewritten (in place): the mode it had
-                modes[ref] = 0o666 & ~mask if before is None else stat.S_IMODE(before.st_mode)
+                modes[ref] = 0o666 & ~mask  # new or replaced whole: the umask's mode
             for path, mode in modes.items():
                 if stat.S_IMODE(path.stat().st_mode) != mode:
                     return f"{path} has mode {stat.S_IMODE(path.stat().st_mode):o}, not {mode:o}"

@@ -1,7 +1,8 @@
 """A Hugging Face cache shared by a group (`repgeom.models.hub.cache`): what repgeom adds
-gets the mode huggingface_hub gives its own files (the umask's), an unchanged ref is not
-rewritten, a kill leaves nothing where huggingface_hub's cache scan reads, and a cache or a
-file this user may not write is reported, never forced (issue 38, hole 1)."""
+gets the mode huggingface_hub gives its own files (the umask's), a ref is replaced as
+huggingface_hub replaces it (issue 48), an unchanged ref is not rewritten, a kill leaves nothing
+where huggingface_hub's cache scan reads, and a cache folder this user may not write is
+reported, never forced (issue 38, hole 1)."""
 
 from __future__ import annotations
 
@@ -133,15 +134,54 @@ def test_a_write_killed_midway_leaves_nothing_the_cache_scan_reads(cache, fetche
     assert files == sorted(FILES) and not rescanned.warnings
 
 
-def test_a_ref_this_user_may_not_write_is_reported_and_left_as_it_is(cache, fetched) -> None:
-    # A colleague's refs/main (0644, theirs) names another commit: repgeom says so and leaves
-    # it; it never replaces another user's file it may not write (root included).
-    hub_cache.add_to_cache(REPO, "main", "b" * 40, fetched, list(FILES))
-    ref = _storage(cache) / "refs" / "main"
-    _give_away(ref, 0o644)
-    with pytest.raises(PermissionError, match=r"refs/main.*not writable by you.*left as it is"):
-        hub_cache.add_to_cache(REPO, "main", COMMIT, fetched, list(FILES))
-    assert ref.read_text() == "b" * 40 and ref.stat().st_uid == OTHER_USER
+@pytest.mark.parametrize("before", ["none", "0644", "0444", "colleague"])
+def test_refs_and_files_get_what_huggingface_hubs_own_download_gives(before, tmp_path, umask,
+                                                                     monkeypatch) -> None:
+    """Under a group's umask 002, on the stand-in hub, repgeom's tokenizer fetch and
+    huggingface_hub's ``hf_hub_download`` leave the same ref (its commit, mode and owner) and
+    files of the same mode, for a new ref and for one rewritten from another commit: 0644 (made
+    under umask 022), read-only 0444, or a colleague's. Before (4b64431): the 0644 ref was
+    rewritten in place and stayed 0644 (huggingface_hub 2.4 replaces it: 0664, the group may
+    write it), and the 0444 and the colleague's refs raised PermissionError."""
+    from hub_server import FakeHub
+    from huggingface_hub import hf_hub_download
+
+    from repgeom.models.hub.config_files import fetch_tokenizer_files
+
+    revision = tmp_path / "revision"
+    revision.mkdir()
+    for name, data in FILES.items():
+        (revision / name).write_bytes(data)
+    umask(0o002)
+    left = {}
+    with FakeHub(REPO, {"main": revision}) as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        for who in ("huggingface_hub", "repgeom"):
+            cache = tmp_path / who
+            ref = _storage(cache) / "refs" / "main"
+            if before != "none":
+                ref.parent.mkdir(parents=True)
+                ref.write_text("b" * 40)
+                if before == "colleague":
+                    _give_away(ref, 0o644)
+                else:
+                    ref.chmod(int(before, 8))
+            monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+            if who == "huggingface_hub":
+                for name in FILES:
+                    hf_hub_download(REPO, name, revision="main", cache_dir=cache)
+            else:
+                (tmp_path / "fetched").mkdir()
+                fetch_tokenizer_files(REPO, "main", str(tmp_path / "fetched"), 30.0)
+            snapshot = _storage(cache) / "snapshots" / hub.commit("main")
+            left[who] = (ref.read_text(), _mode(ref), ref.stat().st_uid,
+                         {name: _mode(snapshot / name) for name in FILES})  # through links
+    assert left["repgeom"] == left["huggingface_hub"]
+    assert left["repgeom"][:3] == (hub.commit("main"), 0o664, os.geteuid())
 
 
 def test_a_cache_this_user_may_not_write_is_reported(cache, fetched) -> None:
@@ -153,22 +193,14 @@ def test_a_cache_this_user_may_not_write_is_reported(cache, fetched) -> None:
     assert list(cache.iterdir()) == []
 
 
-def test_a_ref_that_moves_keeps_its_mode_and_its_owner(cache, fetched, umask) -> None:
-    # A colleague's group-writable refs/main (0664, theirs) names another commit: repgeom
-    # rewrote it by a rename, so it became repgeom's own and took this umask's 0644, and the
-    # colleague could no longer update it. It is rewritten in place, as huggingface_hub does.
-    umask(0o002)
+def test_a_ref_that_moves_gets_the_mode_of_this_write(cache, fetched, umask) -> None:
+    # A ref that names another commit is replaced whole, as huggingface_hub 2.4 replaces it
+    # (``_cache_commit_hash_for_specific_revision``: a temporary file, then a rename): it takes
+    # the umask of this write, not the mode of the ref it replaces.
+    umask(0o022)
     hub_cache.add_to_cache(REPO, "main", "b" * 40, fetched, list(FILES))
     ref = _storage(cache) / "refs" / "main"
-    umask(0o022)
+    assert _mode(ref) == 0o644
+    umask(0o002)
     hub_cache.add_to_cache(REPO, "main", "c" * 40, fetched, list(FILES))
     assert ref.read_text() == "c" * 40 and _mode(ref) == 0o664
-    try:  # a colleague's ref, in this user's group (the group of a shared cache)
-        os.chown(ref, OTHER_USER, os.getegid())
-    except PermissionError:
-        return  # giving a file to another user needs root; the mode was checked above
-    ref.chmod(0o664)
-    hub_cache.add_to_cache(REPO, "main", COMMIT, fetched, list(FILES))
-    info = ref.stat()
-    assert ref.read_text() == COMMIT
-    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (OTHER_USER, 0o664)

@@ -821,6 +821,17 @@ def test_a_wrapped_http_error_is_judged_by_its_cause(repo, use, monkeypatch) -> 
 # Issue 32: every hub call bounded, every weights file proved
 
 
+TIMEOUT_S = 1  # an int: huggingface_hub reads these settings with int()
+"""The read and connect timeouts of the tests against a silent hub: they wait out this, not the
+default's 20 s."""
+
+
+def _short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each hub call waits `TIMEOUT_S` for a silent hub, through the settings a user sets."""
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", str(TIMEOUT_S))
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", str(TIMEOUT_S))
+
+
 def _in_thread(call, limit_s: float):
     """Run `call()` on a daemon thread; (finished, its result or error, seconds taken)."""
     out: dict = {}
@@ -840,13 +851,14 @@ def _in_thread(call, limit_s: float):
 
 @pytest.mark.slow
 def test_a_hub_that_never_answers_ends_the_listing_and_the_download_within_the_budget(
-        repo, use, tmp_path) -> None:
+        repo, use, tmp_path, monkeypatch) -> None:
     """A hub that accepts the connection and never answers (a half-open connection through a
-    proxy): each call fails its try within the read timeout (under 30 s, so the console speaks
-    within 30 s of the stall), and the run ends by itself within the budget plus 60 s, naming
-    the hub and the command to rerun. Before: ``list_repo_refs`` had no timeout and waited for
-    ever."""
+    proxy): each call fails its try within the read timeout (here ``HF_HUB_DOWNLOAD_TIMEOUT``,
+    1 s, rather than waiting out the default's 20 s), and the run ends by itself within the
+    budget, naming the hub and the command to rerun. Before: ``list_repo_refs`` had no timeout
+    and waited for ever."""
     budget = 5.0
+    _short_timeouts(monkeypatch)
     said: list[str] = []
     with use(FakeHub(REPO, repo, silent=True)) as hub:
         listing = _in_thread(lambda: revisions.list_refs(
@@ -855,10 +867,33 @@ def test_a_hub_that_never_answers_ends_the_listing_and_the_download_within_the_b
                                              say=said.append), budget + 60)
     for finished, error, seconds in (listing, download):
         assert finished, "still waiting on a hub that never answers"
-        assert seconds < 30  # the stall ended its try (and the run) within 30 s
+        assert seconds < budget + 2 * TIMEOUT_S + 5  # + the last try, + 5 s for a loaded machine
         assert isinstance(error, OSError | DownloadError), error
         assert hub.url in str(error) and "rerun the same command" in str(error)
         assert "timeout" in str(error).lower()
+
+
+def test_the_timeouts_are_huggingface_hubs_settings_read_at_each_call(monkeypatch) -> None:
+    """``HF_HUB_DOWNLOAD_TIMEOUT`` bounds each read and ``HF_HUB_ETAG_TIMEOUT`` the connection,
+    as a user sets them for huggingface_hub, read at each call (huggingface_hub's ``constants``
+    read them once, at import) and given again to the shared session that `bound_session` gave
+    its bound; unset (or not a positive number), each read waits 20 s, under 30 s so that the
+    console speaks within 30 s of a stall."""
+    from huggingface_hub.utils import get_session
+
+    from repgeom.models.hub import calls
+
+    for variable in ("HF_HUB_DOWNLOAD_TIMEOUT", "HF_HUB_ETAG_TIMEOUT"):
+        monkeypatch.delenv(variable, raising=False)
+    calls.bound_session()
+    assert (calls.timeout().read, calls.timeout().connect) == (20.0, 10.0)
+    assert get_session().timeout.read == calls.READ_TIMEOUT_S < 30
+    _short_timeouts(monkeypatch)
+    calls.bound_session()
+    assert (calls.timeout().read, calls.timeout().connect) == (TIMEOUT_S, TIMEOUT_S)
+    assert get_session().timeout.read == TIMEOUT_S  # the listing's calls too
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "-3")
+    assert calls.timeout().read == calls.READ_TIMEOUT_S
 
 
 def test_a_proxy_that_ignores_range_and_cuts_at_the_same_byte_ends_within_the_budget(
@@ -1076,12 +1111,15 @@ def test_offline_a_file_missing_from_the_cache_fails_at_once_without_retries(rep
     assert hub.requests == []  # nothing asked the network
 
 
-@pytest.mark.slow  # one try of 10 s against a silent hub
-def test_the_config_of_model_stacks_is_fetched_within_the_runs_budget(repo, use) -> None:
+@pytest.mark.slow  # tries of TIMEOUT_S against a silent hub for 2 s
+def test_the_config_of_model_stacks_is_fetched_within_the_runs_budget(repo, use,
+                                                                      monkeypatch) -> None:
     """`model_stacks` (the config ``probe.py hf=... hf_revisions=...`` reads first) spends the
     run's ``retry_budget_s``, and its end names the hub and the option. Before: a fresh
     ``Retrier()`` with the 15-minute default, whatever ``retry_budget_s`` said."""
     from repgeom.models.hf import model_stacks
+
+    _short_timeouts(monkeypatch)
 
     with use(FakeHub(REPO, repo, silent=True)) as hub:
         finished, error, seconds = _in_thread(
@@ -1089,7 +1127,7 @@ def test_the_config_of_model_stacks_is_fetched_within_the_runs_budget(repo, use)
     assert finished, "the config download ignored retry_budget_s"
     assert isinstance(error, OSError), error
     assert hub.url in str(error) and "retry_budget_s=" in str(error)
-    assert seconds < 2.0 + 30  # the budget, plus one try's read timeout
+    assert seconds < 2.0 + 2 * TIMEOUT_S + 5  # the budget, the last try, a loaded machine
 
 
 def test_a_proved_file_cut_short_by_a_crash_is_fetched_again(repo, use, tmp_path) -> None:
@@ -1164,7 +1202,7 @@ def test_offline_a_hub_tokenizer_is_read_from_the_cache_without_the_network(
     assert len(tokenizer(tiny_text)["input_ids"]) > 0
 
 
-@pytest.mark.slow  # two tries of 20 s (the read timeout) against a silent hub, in probe.py
+@pytest.mark.slow  # probe.py twice, one against a silent hub
 def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers(
         tiny_hf_folder, tiny_text, tmp_path) -> None:
     """``probe.py hf=<folder without tokenizer> tokenizer=org/name`` against a hub that accepts
@@ -1177,12 +1215,13 @@ def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers
 
     from repgeom.probes.core import table
 
-    budget = 25
+    budget = 6  # tries of TIMEOUT_S (HF_HUB_DOWNLOAD_TIMEOUT below), so several, with waits
     text = tmp_path / "text.txt"
     text.write_text(tiny_text * 3)
     args = [f"hf={tiny_hf_folder('gpt2', tokenizer=False)}", "tokenizer=org/tok",
             f"retry_budget_s={budget}", f"text_file={text}", *_PROBE_ARGS]
-    env = {"HF_HOME": str(tmp_path / "hf_home")}
+    env = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DOWNLOAD_TIMEOUT": str(TIMEOUT_S),
+           "HF_HUB_ETAG_TIMEOUT": str(TIMEOUT_S)}
     # The bound: the budget, plus 60 s for the last try's read timeout and the run's own start
     # and end, plus 120 s for starting Python and its imports on a loaded 2-core machine (they
     # took over a minute there); a wait outside the budget, as before, goes on for minutes.

@@ -19,14 +19,20 @@ huggingface_hub does:
   ``*.incomplete`` in ``blobs/``), so a kill leaves nothing that the scan lists;
 - a new file gets the mode the umask gives, as huggingface_hub's own (0664 under umask 002),
   never mkstemp's 0600, which locked the group out;
-- a ref is written only when it names another commit (huggingface_hub's
-  ``_cache_commit_hash_for_specific_revision`` does the same), and an existing one is rewritten
-  in place, as huggingface_hub does, so that its owner and mode stay (a colleague's
-  group-writable ref stays theirs and group-writable); a new one is written whole;
+- a ref is written only when it names another commit, and then replaced whole by a rename, as
+  huggingface_hub 2.4's ``_cache_commit_hash_for_specific_revision`` does: a new file with the
+  umask's mode (0664 under a group's umask 002), whatever the mode (0444 included) or owner of
+  the ref it replaces (`tests/models/hub/test_cache_shared.py` compares with
+  ``hf_hub_download``'s own writes on the stand-in hub); its temporary file is in ``blobs/``,
+  not beside the ref as huggingface_hub's, so that a kill leaves nothing the cache scan reads;
 - no file in the cache is deleted, and a file the cache already holds at that commit is kept as
-  it is. A cache folder or a ref this user may not write (another user's, read-only) is reported
+  it is. A cache folder this user may not write (another user's, read-only) is reported
   (`PermissionError` naming it and the fix), never forced, whatever this process's privileges
   (root included).
+
+What huggingface_hub lacks: a way to add files that were fetched and proved elsewhere (within
+one retry budget) to its cache; its ``hf_hub_download`` fetches them itself, with HEAD retries of
+its own outside any budget.
 """
 
 from __future__ import annotations
@@ -108,8 +114,8 @@ def add_to_cache(repo: str, revision: str | None, commit: str, folder: Path,
     Raises
     ------
     PermissionError
-        A cache folder or the ref is not writable by this user (another user's, read-only):
-        named, with the fix; nothing of theirs is changed.
+        A cache folder is not writable by this user (another user's, read-only): named, with
+        the fix; nothing of theirs is changed.
     OSError
         The cache cannot be written (read-only file system, full disk, quota): what is written
         by then is whole.
@@ -131,39 +137,7 @@ def add_to_cache(repo: str, revision: str | None, commit: str, folder: Path,
             current = ref.read_text().strip()
         except (FileNotFoundError, NotADirectoryError):
             current = None
-        if current != commit:
-            if current is not None and not may_write(ref):
-                raise PermissionError(
-                    errno.EACCES, f"the Hugging Face cache's ref {ref} names {current}, not "
-                    f"{commit}, and is not writable by you ({_owner(ref)}); it is left as it is "
-                    f"(the files are in {snapshot}). To have it updated, {_FIX}")
-            if current is None or not _rewrite_in_place(ref, commit):
-                _prepare(ref.parent, blobs)
-                atomic_write_text(ref, commit, tmp_dir=blobs)
+        if current != commit:  # replaced whole, as huggingface_hub 2.4 replaces a ref
+            _prepare(ref.parent, blobs)
+            atomic_write_text(ref, commit, tmp_dir=blobs)
     return snapshot
-
-
-def _rewrite_in_place(ref: Path, commit: str) -> bool:
-    """Write `commit` into the existing `ref` in place (its inode, so its owner and mode stay:
-    a colleague's group-writable ref stays theirs), as huggingface_hub rewrites a ref; False when
-    it is gone meanwhile, or is a symlink (then it is replaced whole). The new name is written
-    over the old one before the file is cut to its length, so a kill never leaves it empty (a
-    ref is 40 bytes, the old one's length)."""
-    data = commit.encode()
-    try:
-        fd = os.open(ref, os.O_WRONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        if error.errno != errno.ELOOP:
-            raise
-        return False  # a symlink, not a ref of huggingface_hub's: replaced whole instead
-    try:
-        written = os.pwrite(fd, data, 0)
-        if written != len(data):
-            raise OSError(errno.EIO, f"wrote {written} of {len(data)} bytes to {ref}")
-        os.ftruncate(fd, len(data))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True

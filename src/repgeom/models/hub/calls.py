@@ -24,7 +24,8 @@ quiet says why.
 (``utils._http.default_client_factory``: ``timeout=None``), and ``HfApi.list_repo_refs`` passes
 none: against a server that accepts the connection and never answers it waits for ever.
 `bound_session` gives that session `timeout()` (connect `CONNECT_TIMEOUT_S`, each read
-`READ_TIMEOUT_S`) when it has none, and `Retrier.call` does so before every try; file downloads
+`READ_TIMEOUT_S`; ``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` where set) when it
+has none, and `Retrier.call` does so before every try; file downloads
 pass `timeout()` themselves. A stall therefore fails its try within `READ_TIMEOUT_S` (< 30 s),
 which the console says (a wait, or the end of the budget), and costs the budget its seconds.
 
@@ -112,13 +113,26 @@ def describe(error: BaseException) -> str:
         else type(error).__name__
 
 
+def _seconds(variable: str, default: float) -> float:
+    """The positive number of seconds in environment `variable`, else `default`. Read at each
+    call, not at import as huggingface_hub's ``constants`` are: a setting made after the import
+    (a test's, a notebook's) is used."""
+    try:
+        value = float(os.environ.get(variable) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
 def read_timeout_s() -> float:
     """`READ_TIMEOUT_S`, or ``HF_HUB_DOWNLOAD_TIMEOUT`` when the user set it."""
-    value = os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT")
-    try:
-        return float(value) if value else READ_TIMEOUT_S
-    except ValueError:
-        return READ_TIMEOUT_S
+    return _seconds("HF_HUB_DOWNLOAD_TIMEOUT", READ_TIMEOUT_S)
+
+
+def connect_timeout_s() -> float:
+    """`CONNECT_TIMEOUT_S`, or ``HF_HUB_ETAG_TIMEOUT`` (huggingface_hub's bound of a metadata
+    request) when the user set it."""
+    return _seconds("HF_HUB_ETAG_TIMEOUT", CONNECT_TIMEOUT_S)
 
 
 def timeout():
@@ -128,19 +142,25 @@ def timeout():
         import httpx2 as httpx  # huggingface_hub 2.x
     except ImportError:  # pragma: no cover - huggingface_hub 1.x
         import httpx
-    return httpx.Timeout(read_timeout_s(), connect=CONNECT_TIMEOUT_S)
+    return httpx.Timeout(read_timeout_s(), connect=connect_timeout_s())
 
 
 def bound_session() -> None:
     """Give huggingface_hub's shared session `timeout()` when it has no read timeout (its
     default): then ``HfApi`` calls that pass no timeout (``list_repo_refs``) are bounded too. A
-    timeout the user's own client factory set is left as it is."""
+    timeout the user's own client factory set is left as it is; one given here before is given
+    again, so that ``HF_HUB_*_TIMEOUT`` set since are used."""
     from huggingface_hub.utils import get_session
 
     session = get_session()
     current = getattr(session, "timeout", None)
-    if current is not None and getattr(current, "read", 0) is None:
-        session.timeout = timeout()
+    if current is not None and (getattr(current, "read", 0) is None or current == _given[0]):
+        _given[0] = timeout()  # ours again when it was: the settings may have changed since
+        session.timeout = _given[0]
+
+
+_given: list = [None]
+"""The timeout `bound_session` last gave the shared session (one it may replace)."""
 
 
 def cause_of(error: BaseException) -> BaseException:

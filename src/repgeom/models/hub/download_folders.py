@@ -47,6 +47,8 @@ PROOFS = ".repgeom-files.json"
 """Each finished file's proof: the hash or commit it was checked against when it arrived."""
 LOCK = ".repgeom-download.lock"
 """Locked (``flock``) while a process downloads or probes the revision in that folder."""
+CLAIM_TRIES = 20
+"""How often `claim` makes its folder again when other processes' clean-ups delete it."""
 PARTIAL = ".incomplete"
 """The suffix of a file still downloading: kept when a try fails, resumed by the next."""
 
@@ -103,15 +105,13 @@ def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
     than `record` (a branch that moved since the files were fetched), the old commit's files
     are deleted (the folder is marked: they are repgeom's) and `say` names both commits.
     """
-    for _ in range(5):
+    lock = dest / LOCK
+    for _ in range(CLAIM_TRIES):
         try:
             dest.mkdir(parents=True, exist_ok=True)
-        except FileNotFoundError:  # a parent removed by another job's clean-up meanwhile
-            continue
-        lock = dest / LOCK
-        if not lock.exists():
-            lock.touch()
-        handle = try_lock(lock)
+        except (FileNotFoundError, FileExistsError):
+            continue  # a parent, or the folder itself, removed by another clean-up meanwhile
+        handle = try_lock(lock)  # made here if missing (O_CREAT); None: held, or the folder gone
         if handle is not None:
             break
         if lock.exists():  # held by a live process
@@ -119,8 +119,9 @@ def claim(dest: Path, record: dict[str, Any], say: Callable[[str], None]) -> IO:
                 f"{dest} is in use by another repgeom process probing the same revision with "
                 "the same output folder; wait for it to end, or give this run another "
                 "hydra.run.dir")
-    else:  # pragma: no cover - a folder deleted under us five times
-        raise DownloadError(f"{dest} kept disappearing while it was being made")
+    else:
+        raise DownloadError(f"{dest} was deleted by other processes {CLAIM_TRIES} times while "
+                            "it was being made; run again once the other jobs' clean-ups end")
     old = read_json(dest / MARKER)
     if old is not None and old.get("commit") and old.get("commit") != record.get("commit"):
         say(f"revision {record.get('revision')} of {record.get('repo')} moved on the hub from "
@@ -143,7 +144,7 @@ def record_proof(folder: Path, name: str, proof: str) -> None:
 
 def delete_partials(folder: Path) -> list[Path]:
     """Delete the unfinished ``*.incomplete`` files of `folder` (nothing else); returns them."""
-    deleted = sorted(folder.glob(f"*{PARTIAL}")) if folder.is_dir() else []
+    deleted = [path for path in _listed(folder) if path.name.endswith(PARTIAL)]
     for path in deleted:
         path.unlink(missing_ok=True)
     return deleted
@@ -189,6 +190,21 @@ def _remove_empty(folder: Path, stop: Path) -> None:
         folder = folder.parent
 
 
+def _listed(folder: Path) -> list[Path]:
+    """The entries of `folder`, sorted; none when it cannot be listed (deleted meanwhile by
+    another process's clean-up: ``Path.glob`` raised FileNotFoundError then)."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _revision_folders(mine: Path) -> list[Path]:
+    """The ``<org--name>/<revision>`` folders under a run's folder that hold a marker."""
+    return [folder for repo in _listed(mine) for folder in _listed(repo)
+            if (folder / MARKER).is_file()]
+
+
 def clear_leftovers(work_dir: str | os.PathLike, owner: str | os.PathLike,
                     keep: Iterable[tuple[str, str | None]] = ()) -> list[Path]:
     """Delete what a killed run left among its downloads, but the revisions in `keep` (repo,
@@ -203,8 +219,7 @@ def clear_leftovers(work_dir: str | os.PathLike, owner: str | os.PathLike,
     mine = root / run_key(owner)
     wanted = {(str(repo), str(revision or "main")) for repo, revision in keep}
     deleted = []
-    for marker in sorted(mine.glob(f"*/*/{MARKER}")) if mine.is_dir() else []:
-        folder = marker.parent
+    for folder in _revision_folders(mine):
         record = read_json(folder / MARKER)
         if record is None or record.get("run") != mine.name or folder.is_symlink():
             continue  # not a marker we wrote: leave the folder alone
