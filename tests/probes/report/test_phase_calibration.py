@@ -76,7 +76,7 @@ def test_seeds_that_part_late_in_training_give_no_more_false_turns(shape) -> Non
     # Issue 49's review: seeds whose own wiggles (sd 2 batch sds) start only at the middle step,
     # or grow along the curve. One residual variance pooled over the whole curve gave false
     # turns in 8-13% of curves at 5 seeds; the variance taken step by step (over windows of 3)
-    # reads at most 1.7% at 300 draws (benchmarks/README.md). Bound: 5% plus the margin of 300
+    # reads at most 3.3% at 600 draws (benchmarks/README.md). Bound: 5% plus the margin of 300
     # draws (module doc).
     rng = np.random.default_rng(490)
     per_layer, mean = bench.turn_shares(
