@@ -17,7 +17,11 @@ the value (4,096 states):
 
 Seeds are independent tables of the same curve, or (``--taus``) of curves that differ: each seed
 adds wiggles of its own, ``N(0, tau²)`` at each step, as trained seeds do, or with ``--walk`` a
-random walk of such steps (a training wiggle that wanders; with one seed too). Three ways the
+random walk of such steps (a training wiggle that wanders; with one seed too), or with
+``--shape late`` only in the second half of the steps (seeds that part late in training) or
+``--shape ramp`` scaled by ``t / (K − 1)`` (a disagreement that grows along training): the
+nulls where one residual variance pooled over the curve let false turns through (issue 49's
+review; the seeds' variance is now taken step by step). Three ways the
 noise departs from independent points (issue 49):
 
 * ``--rhos``: the probe reads the same states at every step, so each batch's error is
@@ -46,6 +50,8 @@ On the null curves the printed share is the false-turn rate (issue 37 asks for 5
     python benchmarks/bench_phase_calibration.py --draws 600 --rhos 0.5 0.9
     python benchmarks/bench_phase_calibration.py --draws 600 --walk --taus 0.25 0.5 \
         --curves flat rise_flat monotone
+    python benchmarks/bench_phase_calibration.py --draws 600 --seeds 3 5 --protocols 2-batch \
+        --shape late ramp --taus 1 2 6 --curves flat rise_flat
     python benchmarks/bench_phase_calibration.py --draws 600 --growth 2 \
         --curves rise_flat monotone rise_fall_4
 
@@ -87,6 +93,18 @@ def curve(name: str) -> np.ndarray:
     raise ValueError(f"curve: unknown {name!r}; one of {NULL_CURVES + TRUE_CURVES}")
 
 
+def wiggle_shape(shape: str) -> np.ndarray:
+    """The seeds' wiggle sd along the 16 steps, relative to `tau` (module doc)."""
+    t = np.arange(len(STEPS), dtype=float)
+    if shape == "iid":
+        return np.ones_like(t)
+    if shape == "late":
+        return (t >= len(t) // 2).astype(float)
+    if shape == "ramp":
+        return t / (len(t) - 1)
+    raise ValueError(f"shape: unknown {shape!r}; one of iid, late, ramp")
+
+
 def step_noise(rng: np.random.Generator, shape: tuple, rho: float = 0.0) -> np.ndarray:
     """Standard normal draws of `shape` (draws, steps, ...), each series along the steps an
     AR(1) with lag-one correlation `rho` (0: independent steps): the error of one batch of the
@@ -103,10 +121,12 @@ def step_noise(rng: np.random.Generator, shape: tuple, rho: float = 0.0) -> np.n
 
 def draw_tables(name: str, protocol: str, n_seeds: int, draws: int,
                 rng: np.random.Generator, tau: float = 0.0, *, rho: float = 0.0,
-                walk: bool = False, growth: float = 0.0) -> list[pd.DataFrame]:
+                walk: bool = False, growth: float = 0.0,
+                wiggles: str = "iid") -> list[pd.DataFrame]:
     """One probe table per seed, each holding `draws` trajectories (column ``run``); with `tau`,
     each seed's curve has wiggles of its own, ``N(0, tau²)`` at each step (shared by its blocks),
-    or with `walk` a random walk of such steps (centred on the first step); with `rho`, each
+    or with `walk` a random walk of such steps (centred on the first step), or with `wiggles`
+    ``late`` only from the middle step on, ``ramp`` scaled by ``t / (K − 1)``; with `rho`, each
     estimator or noise batch's error is an AR(1) along the steps (`step_noise`); with `growth`,
     the batch sd grows with the curve, from 1 at its lowest to ``1 + growth`` at its highest (an
     estimator's noise goes with the dimension: TwoNN's sd is about ``d / √N``)."""
@@ -121,6 +141,7 @@ def draw_tables(name: str, protocol: str, n_seeds: int, draws: int,
         wiggle = tau * rng.standard_normal((draws, len(STEPS), 1, 1))
         if walk:
             wiggle = np.cumsum(wiggle, axis=1) - wiggle[:, :1]
+        wiggle = wiggle * wiggle_shape(wiggles)[None, :, None, None]
         mu = curve(name)[None, :, None, None] + wiggle
         frame = pd.DataFrame({"run": index[0].astype(str), "step": np.asarray(STEPS)[index[1]],
                               "layer": index[2] + 1, "metric": "twonn"})
@@ -191,6 +212,8 @@ def main() -> None:
                              "--walk")
     parser.add_argument("--walk", action="store_true",
                         help="the wiggles are a random walk along the steps (one seed too)")
+    parser.add_argument("--shape", nargs="+", default=["iid"], choices=["iid", "late", "ramp"],
+                        help="how the seeds' wiggle sd changes along the steps (module doc)")
     parser.add_argument("--rhos", type=float, nargs="+", default=[0.0],
                         help="lag-one correlation of each batch's error along the steps")
     parser.add_argument("--growth", type=float, default=0.0,
@@ -202,6 +225,8 @@ def main() -> None:
           "with an expansion_to_compression turn (null curves: the false-turn rate; "
           "rise_fall_h: the power)")
     wiggle = "walk" if args.walk else "iid"
+    if args.shape != ["iid"]:
+        wiggle = "shape, tau"
     if args.growth:
         print(f"the batch sd grows with the curve, to {1 + args.growth:g} at its top")
     print(f"| curve | protocol | seeds | seed wiggle ({wiggle}) | rho | per layer | layer mean | "
@@ -212,11 +237,13 @@ def main() -> None:
         for protocol in args.protocols:
             for n_seeds in args.seeds:
                 for tau in args.taus if n_seeds > 1 or args.walk else [0.0]:
-                    for rho in args.rhos:
+                    for shape, rho in [(sh, r) for sh in args.shape for r in args.rhos]:
                         tables = draw_tables(name, protocol, n_seeds, args.draws, rng, tau,
-                                             rho=rho, walk=args.walk, growth=args.growth)
+                                             rho=rho, walk=args.walk, growth=args.growth,
+                                             wiggles=shape)
                         per_layer, mean, any_curve = turn_shares(tables, args.draws, run=True)
-                        print(f"| {name} | {protocol} | {n_seeds} | {tau:g} | {rho:g} | "
+                        label = f"{tau:g}" if shape == "iid" else f"{shape} {tau:g}"
+                        print(f"| {name} | {protocol} | {n_seeds} | {label} | {rho:g} | "
                               f"{per_layer:.1%} | {mean:.1%} | {any_curve:.1%} |", flush=True)
     print(f"({time.perf_counter() - start:.0f} s)")
 

@@ -12,7 +12,10 @@ step's place in the run, 0 to 1:
   stored peak − start, over the first quarter, then flat: the least favourable null, every late
   step's peak − end has mean 0 while its peak − start is huge); ``monotone`` (0 to 7.9 in a
   line); ``random walk`` (0, and each seed's curve a random walk whose increments have sd
-  ``SIGMA``, a training wiggle of its own);
+  ``SIGMA``, a training wiggle of its own); ``skewed end`` (rise then flat, and each seed's last
+  step moved by a skewed amount of mean 0: with chance 1/5 up by 4 seed sds of the peak − end
+  contrast, 4 × 0.16, otherwise down by 0.16: the t tests assume normal seed contrasts, and
+  this null measures what a skew costs them);
 * alternatives: ``rise then fall <h>``: the rise to 7.9 at x = 0.27 (the stored peak, step 400 of
   1500), then a straight fall by h to the last step; h = 1.25 is the stored effect.
 
@@ -34,6 +37,8 @@ plateau at 8, shuffled the bump (the old statistic's bias case: it read "agrees"
 ``effect <d>``: real text's interior blocks raised by d.
 
     python benchmarks/bench_report_calibration.py --draws 2000
+    python benchmarks/bench_report_calibration.py --draws 1000 --cases "skewed end" --steps 16 \
+        --shuffled-cases
 """
 
 from __future__ import annotations
@@ -54,7 +59,9 @@ PEAK_AT = 0.27
 """The stored peak's place in the run (step 400 of 1500)."""
 FAMILY = 7
 """Experiment 2's checks: rise then falls at 3 scales × 2 maskings, and the near-duplicate check."""
-NULLS = ("flat", "rise then flat", "monotone", "random walk")
+NULLS = ("flat", "rise then flat", "monotone", "random walk", "skewed end")
+SEED_SD = 0.16
+"""The stored seed sd of a contrast of two steps (``SIGMA · √2``)."""
 HEIGHTS = (0.5, 0.8, 1.25)
 
 
@@ -62,7 +69,7 @@ def mean_curve(case: str, steps: int) -> np.ndarray:
     x = np.linspace(0.0, 1.0, steps)
     if case in ("flat", "random walk"):
         return np.zeros(steps)
-    if case == "rise then flat":
+    if case in ("rise then flat", "skewed end"):
         return RISE * np.minimum(x / 0.25, 1.0)
     if case == "monotone":
         return RISE * x
@@ -77,6 +84,8 @@ def draw_p(case: str, steps: int, n_seeds: int, rng: np.random.Generator) -> flo
     curves = mean_curve(case, steps) + rng.normal(0.0, SIGMA, (n_seeds, steps))
     if case == "random walk":
         curves += np.cumsum(rng.normal(0.0, SIGMA, (n_seeds, steps)), axis=1)
+    if case == "skewed end":  # mean 0: 0.2 · 4 sd − 0.8 · 1 sd
+        curves[:, -1] += np.where(rng.random(n_seeds) < 0.2, 4 * SEED_SD, -SEED_SD)
     start = curves[:, 1:-1] - curves[:, [0]]
     end = curves[:, 1:-1] - curves[:, [-1]]
     return st.peak_test(start, end).p
@@ -134,7 +143,9 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[3, 5, 8])
     parser.add_argument("--steps", type=int, nargs="+", default=[16, 30])
-    parser.add_argument("--shuffled-cases", nargs="+", default=list(SHUFFLED_CASES),
+    parser.add_argument("--cases", nargs="+", default=None,
+                        help="only these rise-then-fall curves (default: every one)")
+    parser.add_argument("--shuffled-cases", nargs="*", default=list(SHUFFLED_CASES),
                         choices=SHUFFLED_CASES)
     parser.add_argument("--no-rise-then-fall", action="store_true",
                         help="only the shuffled-text control's rows")
@@ -143,7 +154,7 @@ def main() -> None:
     print(f"{args.draws} draws per row; binomial standard error at most {se:.4f}")
     print(f"rise then falls: family of {FAMILY} checks, Holm; null rows: any check agrees "
           "(per check: its own p <= 0.05 before Holm); alternative rows: the check agrees")
-    cases = [*NULLS, *(f"rise then fall {h}" for h in HEIGHTS)]
+    cases = args.cases or [*NULLS, *(f"rise then fall {h}" for h in HEIGHTS)]
     for steps in [] if args.no_rise_then_fall else args.steps:
         for case in cases:
             cells = []

@@ -12,6 +12,7 @@ import wandb
 from wandb_records import wandb_history, wandb_records
 
 from repgeom.probes.core import table
+from repgeom.probes.core.measure import ProbeSettings
 from repgeom.probes.report import phase_report, plots, turn_test
 from repgeom.probes.report.phases import (
     COMPRESSING,
@@ -252,3 +253,28 @@ def test_phase_watch_alerts_control_the_run_family_of_layer_means(tmp_path: Path
     assert logged["pair"]["probe/phase/twonn/mean"] == -1
     assert logged["pair"]["probe/phase/gride_k16/mean"] == -1
     assert "2.50%" in phase_report.alert_caveat(2)
+
+
+def test_phase_watch_family_is_the_configured_metrics_from_the_first_probe(tmp_path: Path) -> None:
+    """Issue 49's review: the family was the layer means with a peak row so far, so a metric
+    not yet read (or read at too few steps) shrank it and the rate per curve rose. Given the
+    probe's metrics, the family is theirs from the first probe: the fall of z = 3.09 above
+    (beyond c at 5%, short of it at 2.5%) alerts alone, but not when two metrics are configured
+    though the table holds one so far."""
+    frame = trajectory([2.0, 4.0, 7.0, 9.0, 6.0, 4.0, 3.0], std=5.32)
+    texts = {}
+    for name, metrics in (("found", None), ("configured", ["twonn", "gride_k16", "anisotropy"])):
+        run = wandb.init(project="phases", dir=tmp_path / name, mode="offline")
+        watch = phase_report.PhaseWatch(metrics=metrics)
+        watch.update([run], frame, STEPS[-1])
+        run_dir = Path(run.dir).parent
+        run.finish()
+        texts[name] = [a["text"] for a in wandb_records(run_dir, "alert")]
+    assert len(texts["found"]) == 1 and texts["configured"] == []
+    assert phase_report.PhaseWatch(metrics=["anisotropy", "gride_k16", "twonn"]).metrics == (
+        "twonn", "gride_k16")
+    # What the probe computes: the default metrics write TwoNN (and its LLM-microscope variant)
+    # and GRIDE; a probe of anisotropy alone follows no phase.
+    assert phase_report.phase_metrics(ProbeSettings()) == ("twonn", "twonn_llm_microscope",
+                                                           "gride_k16")
+    assert phase_report.phase_metrics(ProbeSettings(metrics=["anisotropy"])) == ()

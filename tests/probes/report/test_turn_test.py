@@ -69,22 +69,25 @@ def test_several_seeds_pool_the_batch_noise_and_add_their_own_disagreement() -> 
     df = np.full((6, 3), 4.0)
     # Seeds that differ by a constant offset (and 0.001 of wiggle): the offsets cancel
     # (paired), so the noise is the pooled batch noise, √(Σ se²) / 3, on Welch-Satterthwaite's
-    # 3 · 4 = 12 degrees of freedom, capped by the two-way layout's (6 − 1)(3 − 1) = 10.
+    # 3 · 4 = 12 degrees of freedom, capped by the seeds' residual's 2 (3 − 1) = 4 (a window of
+    # two steps at the ends).
     rng = np.random.default_rng(0)
     offset = base[:, None] + np.array([0.0, 5.0, -2.0]) + rng.normal(0, 1e-3, (6, 3))
     test = turn_test.curve_test(offset, se, df)
     assert test.se[0] == pytest.approx(math.sqrt(3 * 0.01) / 3)
-    assert test.df == pytest.approx(10)
+    assert test.df == pytest.approx(4)
     assert test.beats(0, 3) and not test.beats(3, 0)
     # Seeds whose curves differ in shape: the residual of the step x seed layout, computed here
-    # cell by cell, pooled on 10 degrees of freedom, is the larger noise.
+    # cell by cell, its variance per step (scaled by K / ((K − 1)(S − 1)) = 6 / 10) averaged over
+    # the step and its neighbours, is the larger noise.
     wiggly = offset + rng.normal(0, 1.0, offset.shape)
     residual = [[wiggly[t, s] - wiggly[t].mean() - wiggly[:, s].mean() + wiggly.mean()
                  for s in range(3)] for t in range(6)]
-    sigma2 = sum(r**2 for row in residual for r in row) / 10
+    step_var = [sum(r**2 for r in row) * 6 / 10 for row in residual]
+    window = [np.mean(step_var[max(t - 1, 0):t + 2]) for t in range(6)]
     test = turn_test.curve_test(wiggly, se, df)
-    assert test.se == pytest.approx(np.full(6, math.sqrt(sigma2 / 3)))
-    assert test.se[0] > math.sqrt(3 * 0.01) / 3
+    assert test.se == pytest.approx(np.sqrt(np.array(window) / 3))
+    assert (test.se > math.sqrt(3 * 0.01) / 3).all()
     # The same mean change, but one seed against it: the seed interval (95%, t on 2 df) covers 0,
     # so no change is decided whatever the z.
     split = np.array([[0.0, 0.0, 0.0], [3.0, 3.0, -3.0]])
@@ -108,8 +111,9 @@ def test_three_seeds_of_two_batch_tables_let_the_seeds_residual_decide() -> None
     # 3 seeds of 16 steps, each point's se from 2 batches (1 df, drawn as the 2-batch tables
     # give it: |b1 − b2| / 2 with batch sd 1). Before issue 49 the curve's df was the smallest of
     # the batch noise's (Welch's, about 1-3 here) and the residual's: c(16, ~1) is about 30 and a
-    # rise then fall of 5 batch sds was never called. Now the residual's (16 − 1)(3 − 1) = 30 df
-    # carry the test, the batch se a floor under each point's.
+    # rise then fall of 5 batch sds was never called. Now the seeds' residual, step by step over
+    # windows of 3 steps, carries the test on 2 (3 − 1) = 4 df, the batch se a floor under each
+    # point's.
     rng = np.random.default_rng(49)
     t = np.arange(16.0)
     mu = np.where(t <= 6, 5 * t / 6, 5 * (1 - (t - 6) / 9))
@@ -118,11 +122,24 @@ def test_three_seeds_of_two_batch_tables_let_the_seeds_residual_decide() -> None
     se = np.abs(batches[..., 0] - batches[..., 1]) / 2
     df = np.ones_like(se)
     test = turn_test.curve_test(v, se, df)
-    assert test.df == 30 and test.pooled
+    assert test.df == 4 and not test.pooled
     _, seed_df = turn_test._seed_noise(v)
-    assert seed_df == 30
-    assert test.threshold == pytest.approx(turn_test.critical(16, 30, pooled=True))
+    assert seed_df == 4
+    assert test.threshold == pytest.approx(turn_test.critical(16, 4))
     batch = np.sqrt((se**2).sum(axis=1)) / 3
     assert test.se == pytest.approx(np.fmax(batch, turn_test._seed_noise(v)[0]))
     peak = int(np.argmax(test.mean))
     assert test.beats(0, peak) and test.beats(15, peak)  # the rise, and the fall (swapped)
+
+
+def test_the_seeds_variance_follows_a_disagreement_that_grows_along_the_curve() -> None:
+    # Seeds that agree for 8 steps, then part (sd 3 each step): the residual pooled over the
+    # whole curve (before the review of issue 49) gave every step the same se, half the late
+    # steps'; step by step the late se is about the late spread and the early one small.
+    rng = np.random.default_rng(3)
+    wiggle = rng.normal(0, 3.0, (16, 5)) * (np.arange(16) >= 8)[:, None]
+    v = wiggle + rng.normal(0, 0.1, (16, 5))
+    seed_se, seed_df = turn_test._seed_noise(v)
+    assert seed_df == 8
+    assert seed_se[12] == pytest.approx(3 / math.sqrt(5), rel=0.5)
+    assert seed_se[2] < 0.2 * seed_se[12]

@@ -123,11 +123,17 @@ class PhaseWatch:
     found at a probe uses only the steps up to it, so later probes do not move an alerted turn.
     """
 
-    def __init__(self, n_probes: int | None = None) -> None:
+    def __init__(self, n_probes: int | None = None,
+                 metrics: Iterable[str] | None = None) -> None:
         self.alerted: set[tuple[str, int]] = set()
         self.n_probes = n_probes
         """The schedule's length (`phases.find_phases`'s ``n_steps``): the false-turn rate is
         controlled over the whole run, not over the probes so far."""
+        self.metrics = (None if metrics is None
+                        else tuple(m for m in phases.PHASE_METRICS if m in set(metrics)))
+        """The phase metrics the probe is configured to write (`phase_metrics`): the alerts'
+        family, fixed from the first probe. None: the layer means found in the table so far
+        (a family that is smaller while a metric has no layer mean yet)."""
 
     def state_dict(self) -> list[list]:
         return [[m, s] for m, s in sorted(self.alerted)]
@@ -151,8 +157,9 @@ class PhaseWatch:
                    for r in now.itertuples()}
         for run in runs:
             run.log({**scalars, "probe/step": step})
-        family = int(((events["layer"] == phases.MEAN_LAYER)
-                      & (events["event"] == phases.PEAK)).sum())  # the layer means followed
+        family = (len(self.metrics) if self.metrics is not None
+                  else int(((events["layer"] == phases.MEAN_LAYER)
+                            & (events["event"] == phases.PEAK)).sum()))  # layer means followed
         if family > 1:
             events = phases.find_phases(frame, n_steps=n, mean_only=True,
                                         rate=turn_test.FALSE_TURN_RATE / family)
@@ -175,6 +182,16 @@ class PhaseWatch:
                     level="INFO",
                 )
         return scalars
+
+
+def phase_metrics(settings) -> tuple[str, ...]:
+    """The phase metrics (`phases.PHASE_METRICS`) that the probe `settings` compute: the
+    `PhaseWatch` alerts' family, known before any of them has a layer mean."""
+    chosen = catalogue.select(settings)
+    entries = [*chosen.states, *chosen.qk, *chosen.pairs,
+               *([chosen.attention] if chosen.attention is not None else [])]
+    written = {o.member or o.pattern for e in entries for o in e.outputs}
+    return tuple(m for m in phases.PHASE_METRICS if m in written)
 
 
 def alert_caveat(family: int) -> str:

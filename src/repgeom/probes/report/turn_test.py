@@ -39,18 +39,24 @@ standardised fall anywhere along it), not a per-step one, and it controls the fa
 
 With several seeds the batch noise is not the whole noise: seeds differ in the shape of their
 curves, and a mean over seeds inherits that. The seeds' own disagreement (`_seed_noise`: the
-residual of the two-way step-by-seed layout, pooled over the steps on ``(K − 1)(S − 1)`` degrees
-of freedom; a seed's constant offset cancels) holds both: each seed's batch noise and its own
-wiggles. So with several seeds that residual and its degrees of freedom carry the test, with the
-pooled batch noise above as a floor: each point's standard error is the larger of the two, and
-``c`` is taken for one pooled variance estimate (`critical`'s ``pooled``: every comparison moves
-with it, a slightly higher bar than independent ones). The floor can only lower ``z``, so the
-false-turn rate is at most that of the residual alone; it guards the steps where the residual,
-pooled over the curve, is too small: an estimator whose noise grows with the dimension (TwoNN's
-sd is about ``d / √N``), and noise common to the seeds at a step (the same probe states). Before
-issue 49 the test took the smaller of the two degrees of freedom, so 3 seeds of 2-batch tables
-(Welch's 3 df from the batch noise) decided nothing although the residual had 30. The residual
-assumes the seeds' wiggles are of one size along the curve. A change must also hold over seeds:
+residual of the two-way step-by-seed layout, a seed's constant offset cancelling, its variance
+taken at each step over a window of 3 neighbouring steps on ``2 (S − 1)`` degrees of freedom)
+holds both: each seed's batch noise and its own wiggles, where they are, along the curve. So with
+several seeds that residual and its degrees of freedom carry the test, with the pooled batch
+noise above as a floor: each point's standard error is the larger of the two, and ``c`` is taken
+for independent estimates at each point (`critical`; neighbouring windows share steps, which the
+calibration measures: benchmarks/README.md). The floor can only lower ``z``, so the false-turn
+rate is at most that of the residual alone; it guards the steps where the residual is too small
+by chance on its few degrees of freedom, or an estimator whose noise grows with the dimension
+(TwoNN's sd is about ``d / √N``). The floor ``√(Σ se²) / S`` takes the seeds' batch errors as
+independent: each seed draws its own probe set from its seed (docs/probing.md, "Probing while
+training"); seeds probed on one shared set would have errors common to them at a step, which
+neither the floor nor the residual sees. Before issue 49 the test took the smaller of the
+batch noise's and the residual's degrees of freedom, so 3 seeds of 2-batch tables (Welch's 3 df
+from the batch noise) decided nothing; issue 49 then pooled the residual over the whole curve on
+``(K − 1)(S − 1)`` df, which let false turns through in 8-13% of curves at 5 seeds when the
+seeds part only late in training (the review's ``late`` and ``ramp`` nulls), hence the window.
+A change must also hold over seeds:
 the lower end of the 95% Student-t interval of the paired per-seed changes ``v_s(b) − v_s(a)`` is
 above 0 (seeds that agree to the last bit, with no spread at all, decide nothing). That second
 condition can only remove turns (an intersection of two tests, Berger 1982).
@@ -97,6 +103,9 @@ SEED_LEVEL = 0.95
 MAX_DF = 200
 """Degrees of freedom above which a curve is tested as if it had this many (``c`` moves by under
 1% from 200 to infinity)."""
+SEED_WINDOW = 3
+"""Steps whose seed residuals make each step's variance (`_seed_noise`): the step and its two
+neighbours."""
 SIMULATIONS = 20_000
 """Flat curves drawn for each critical value (`critical`); its Monte Carlo error is about 1%."""
 
@@ -189,8 +198,8 @@ class CurveTest:
     rate: float = FALSE_TURN_RATE
     seed_level: float = SEED_LEVEL
     pooled: bool = False
-    """Whether the seeds' pooled residual enters ``se`` (one variance estimate for every point:
-    `critical`'s ``pooled``)."""
+    """Whether one variance estimate enters every point's ``se`` (`critical`'s ``pooled``);
+    `curve_test` no longer builds such curves (the seeds' variance is taken step by step)."""
 
     def __post_init__(self) -> None:
         self.mean = self.values.mean(axis=1) if len(self.values) else np.zeros(0)
@@ -226,20 +235,30 @@ class CurveTest:
         return bool(change.mean() - self._t * sd / math.sqrt(n_seeds) > 0)
 
 
-def _seed_noise(v: np.ndarray) -> tuple[float, float]:
-    """The standard error of a mean over seeds from the seeds' own disagreement, and its df.
+def _seed_noise(v: np.ndarray) -> tuple[np.ndarray | float, float]:
+    """The standard error of a mean over seeds at each step from the seeds' own disagreement
+    there, and its degrees of freedom.
 
     The residual of the two-way layout ``v[t, s] = m_t + a_s + e[t, s]`` (a step effect, a
-    seed's offset, and the rest: batch noise and each seed's own wiggles along the curve), its
-    variance pooled over the steps on ``(K − 1)(S − 1)`` degrees of freedom (the error term of a
-    repeated-measures ANOVA), gives ``se = √(σ² / S)`` at every step. A seed's constant offset
-    cancels in every change, as in a paired test. NaN with one seed or one step."""
+    seed's offset, and the rest: batch noise and each seed's own wiggles along the curve). Its
+    variance at step ``t``, ``Σ_s e[t, s]² · K / ((K − 1)(S − 1))`` (unbiased where the variance
+    is one along the curve: the error term of a repeated-measures ANOVA, step by step), is
+    averaged over the step and its neighbours (a window of ``SEED_WINDOW`` steps, two at the
+    ends), so that ``se_t = √(σ_t² / S)`` follows a disagreement that changes along training
+    (seeds that part only late, or more and more), which one variance pooled over the whole
+    curve does not: it let false turns through in 8-13% of curves at 5 seeds (issue 49's
+    review; benchmarks/README.md, "Phase calibration", the ``late`` and ``ramp`` wiggles). Its
+    degrees of freedom are those of the ends' windows, ``2 (S − 1)`` (the smallest; the inner
+    windows' are larger). A seed's constant offset cancels in every change, as in a paired test.
+    NaN with one seed or one step."""
     n_steps, n_seeds = v.shape if v.ndim == 2 else (len(v), 1)
     if n_seeds < 2 or n_steps < 2:
         return math.nan, math.nan
     residual = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
-    df = (n_steps - 1) * (n_seeds - 1)
-    return math.sqrt(float(np.sum(residual**2)) / df / n_seeds), float(df)
+    var = np.sum(residual**2, axis=1) * n_steps / ((n_steps - 1) * (n_seeds - 1))
+    half = SEED_WINDOW // 2
+    window = np.array([var[max(t - half, 0):t + half + 1].mean() for t in range(n_steps)])
+    return np.sqrt(window / n_seeds), float(min(2, n_steps) * (n_seeds - 1))
 
 
 def curve_test(v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
@@ -255,9 +274,8 @@ def curve_test(v: np.ndarray, se: np.ndarray, df: np.ndarray, *,
     mean_se = np.where(known, np.sqrt(var) / n_seeds, np.nan)
     curve_df = float(np.min(welch)) if len(welch) and known.all() else math.nan
     seed_se, seed_df = _seed_noise(v)
-    pooled = bool(np.isfinite(seed_se))
-    if pooled:  # the seeds' residual and its df carry the test; the batch noise is a floor
-        mean_se = np.fmax(mean_se, seed_se) if known.all() else np.full(len(v), seed_se)
+    if np.isfinite(seed_df):  # the seeds' residual and its df carry the test; the batch noise
+        mean_se = np.fmax(mean_se, seed_se) if known.all() else seed_se  # is a floor
         curve_df = seed_df
     steps = len(v) if n_steps is None else max(int(n_steps), len(v))
-    return CurveTest(v, mean_se, curve_df, steps, rate, level, pooled)
+    return CurveTest(v, mean_se, curve_df, steps, rate, level)

@@ -51,7 +51,8 @@ class ProbeRecorder:
         self.pairs = catalogue.select(self.settings).pairs
         self.plot_every_n_probes = plot_every_n_probes
         self.plot_metrics = plot_metrics
-        self.phase_watch = phase_report.PhaseWatch(n_probes)  # phases per probe, one alert per turn
+        self.phase_watch = phase_report.PhaseWatch(  # phases per probe, one alert per turn
+            n_probes, metrics=phase_report.phase_metrics(self.settings))
 
     def record(self, step: int, output: ProbeOutput, runs: list, *, n_done: int,
                seconds: float) -> pd.DataFrame:
