@@ -256,6 +256,26 @@ def test_a_resume_skips_a_cut_short_checkpoint_for_the_next_newest(tmp_path, cap
     assert resume_checkpoint(tmp_path) == hpc
 
 
+def test_a_resume_whose_every_checkpoint_is_damaged_refuses_to_start_again(tmp_path) -> None:
+    # review of issue 47: with last.ckpt cut short (or a link to a file that is gone) and no
+    # other candidate, the start began again from step 0 in the same folder, overwriting
+    # best.ckpt and the step files.
+    from repgeom.train import ResumeRefusedError, resume_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    _fit(folder, (3.0,), max_steps=2, link=False)
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:100])
+    with pytest.raises(ResumeRefusedError, match=r"last\.ckpt: not a whole torch.save.*ckpt_path"):
+        resume_checkpoint(tmp_path)
+    last.unlink()
+    os.symlink("gone.ckpt", last)  # dangling
+    with pytest.raises(ResumeRefusedError, match=r"last\.ckpt: .*FileNotFoundError"):
+        resume_checkpoint(tmp_path)
+    last.unlink()
+    assert resume_checkpoint(tmp_path) is None  # nothing to resume: a new run
+
+
 class _SlurmSignal(L.Callback):
     """What Lightning's SLURM signal handler does, here at step 7: the trainer saves
     ``<run>/hpc_ckpt_<n+1>.ckpt`` through its strategy and checkpoint plugin."""
