@@ -10,7 +10,7 @@ into the final name, and a kill mid-copy left a truncated hpc_ckpt that the next
 from (issue 47), and a kill before the move a checkpoint-sized tmpXXXX in TMPDIR that nothing
 removes. Here the write is `repgeom.files.atomic_write`'s (a temporary file beside the name,
 fsynced, renamed over it), nothing goes to TMPDIR, and what a kill leaves
-(``.<name>.<hex>.tmp``) is removed by the next start (`remove_leftovers`).
+(``.<name>.<hex>.tmp``) is removed by the next start once five minutes old (`remove_leftovers`).
 
 `LastCheckpoint`, beside Lightning's `ModelCheckpoint` for best.ckpt (conf/callbacks/
 default.yaml): last.ckpt is the state of the newest validation and of the end of training.
@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -47,10 +48,19 @@ from repgeom.models.checkpoints import saved_step
 
 log = logging.getLogger(__name__)
 
-_LEFTOVER = re.compile(r"\.(?P<name>.+\.ckpt)\..+\.tmp|.+\.ckpt(\.partial|\.\d+\.link)")
-"""What a kill may leave of ours: `repgeom.files.atomic_write`'s temporary file of a ``*.ckpt``
-(``.<name>.<hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`), and repgeom's before
-issue 47 (``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
+_LEFTOVER = re.compile(
+    r"\.(?P<name>.+\.ckpt)\.[0-9a-f]{8}\.tmp|(?:last|best)\.ckpt\.partial"
+    r"|(?P<link>last\.ckpt\.\d+\.link)")
+"""What a kill may leave of ours, exactly: `repgeom.files.atomic_write`'s temporary file of a
+``*.ckpt`` (``.<name>.<8 hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`; a link
+where `link_or_copy` was killed), and repgeom's before issue 47 (``last.ckpt.partial``,
+``best.ckpt.partial``, and the link ``last.ckpt.<pid>.link``). Any other name is the user's."""
+
+LEFTOVER_AGE_S = 300.0
+"""How long a leftover stays unchanged before a start removes it: a live writer (another start
+of the run still writing, on another node over NFS) changes its temporary file at every write
+and renames it within seconds of its last one, so a file unchanged for five minutes is no
+live write's; a leftover younger than that stays until a later start."""
 
 
 class SupersededStartError(RuntimeError):
@@ -141,21 +151,33 @@ def _refuse_folder(path: str) -> None:
             "written there")
 
 
-def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
-    """Remove what a killed write of ours left in `folders` (exact names only: `_LEFTOVER`);
-    return their paths."""
-    removed = []
+def remove_leftovers(*folders: str | os.PathLike,
+                     min_age_s: float = LEFTOVER_AGE_S) -> list[str]:
+    """Remove what a killed write of ours left in `folders` (exact names only: `_LEFTOVER`;
+    a file or link, a ``.link`` only a link) unchanged for `min_age_s` seconds; return their
+    paths."""
+    removed, now = [], time.time()
     for folder in dict.fromkeys(os.path.abspath(f) for f in folders if f):
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
             path, match = os.path.join(folder, name), _LEFTOVER.fullmatch(name)
-            if not match or not (os.path.islink(path) or os.path.isfile(path)):
+            if not match:
                 continue
-            target = match["name"]
-            if target is None or Path(path) in stale_temporaries(os.path.join(folder, target)):
-                os.remove(path)
-                removed.append(path)
+            try:
+                mode, mtime = (info := os.lstat(path)).st_mode, info.st_mtime
+            except OSError:
+                continue  # renamed or removed meanwhile
+            if not (stat.S_ISLNK(mode) or (stat.S_ISREG(mode) and not match["link"])):
+                continue
+            if match["name"] is not None:
+                target = os.path.join(folder, match["name"])
+                if Path(path) not in stale_temporaries(target, min_age_s=min_age_s):
+                    continue
+            elif now - mtime < min_age_s:
+                continue
+            os.remove(path)
+            removed.append(path)
     if removed:
         log.info("Removed what a killed checkpoint write left: %s", ", ".join(removed))
     return removed
