@@ -12,8 +12,9 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
 from repgeom.callbacks.checkpoint_policy import AtomicCheckpointIO
@@ -95,6 +96,37 @@ class ResumeRefusedError(RuntimeError):
 _PROBE_OPTIONS_DIR = Path(__file__).resolve().parents[2] / "conf" / "probe"
 
 
+def trainer_plugins(conf: object) -> list:
+    """`trainer.plugins` (one plugin's config, a list of them, or none) built, with repgeom's
+    `AtomicCheckpointIO` added: every checkpoint (best, last, step*, the SLURM signal's
+    hpc_ckpt) is written atomically.
+
+    Raises
+    ------
+    ValueError
+        A plugin is a name (``"bf16-mixed"``: Lightning 2 takes plugin objects only; a
+        precision goes in ``trainer.precision``), or a ``CheckpointIO`` of its own (a Trainer
+        takes one, and repgeom's is needed for whole checkpoints and the start fence).
+    """
+    if conf is None:
+        return [AtomicCheckpointIO()]
+    built = conf if isinstance(conf, str) else instantiate(conf)
+    given = list(built) if isinstance(built, list | tuple | ListConfig) else [built]
+    for plugin in given:
+        if isinstance(plugin, str):
+            raise ValueError(
+                f"trainer.plugins has the name {plugin!r}, and Lightning takes plugin objects "
+                "only: give a plugin's config ({_target_: ...}), or for a precision set "
+                f"trainer.precision={plugin}")
+        if isinstance(plugin, CheckpointIO):
+            raise ValueError(
+                f"trainer.plugins has a CheckpointIO of its own ({type(plugin).__name__}); "
+                "repgeom writes every checkpoint through its AtomicCheckpointIO "
+                "(repgeom.callbacks.checkpoint_policy), and a Trainer takes only one: remove it "
+                "from trainer.plugins")
+    return [*given, AtomicCheckpointIO()]
+
+
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
     """Instantiate every `_target_` entry of `cfg.callbacks` and the probe (`cfg.probe`)."""
     confs = [*(cfg.get("callbacks") or {}).values()]
@@ -163,8 +195,7 @@ def train(cfg: DictConfig) -> TrainResult:
     trainer_cfg = cfg.trainer.copy()
     with open_dict(trainer_cfg):
         trainer_cfg.precision = resolve_precision(str(trainer_cfg.precision))
-    # Every checkpoint (best, last, step*, the SLURM signal's hpc_ckpt) written atomically.
-    plugins = [*(instantiate(trainer_cfg.get("plugins")) or []), AtomicCheckpointIO()]
+    plugins = trainer_plugins(trainer_cfg.get("plugins"))
     with open_dict(trainer_cfg):
         trainer_cfg.pop("plugins", None)
     trainer: L.Trainer = instantiate(
