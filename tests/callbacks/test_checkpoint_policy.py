@@ -400,3 +400,27 @@ def test_a_kill_mid_write_of_any_save_leaves_nothing_after_the_next_start(
     for path in [*checkpoints.glob("*.ckpt"), run / "hpc_ckpt_1.ckpt"]:
         assert checkpoint_problem(path) is None, path
     assert _step(checkpoints / "last.ckpt") == 25
+
+
+def test_last_links_in_a_run_folder_reached_through_a_link(tmp_path) -> None:
+    # review of issue 47: LastCheckpoint held abspath, ModelCheckpoint realpath, so in a run
+    # folder under a link (/scratch -> /gpfs/scratch) last.ckpt was never a link but a second
+    # whole write at every validation
+    (tmp_path / "real").mkdir()
+    os.symlink("real", tmp_path / "link")
+    folder = tmp_path / "link" / "ck"
+    _, model, seen = _fit(folder, (3.0, 2.0), max_steps=4)
+    assert seen[3][0] == "best.ckpt"
+    assert os.readlink(folder / "last.ckpt") == "best.ckpt" and _holds(folder / "last.ckpt", model)
+
+
+def test_last_takes_a_home_folder_and_refuses_a_remote_one(monkeypatch, tmp_path) -> None:
+    # review of issue 47: "~/runs" and "s3://bucket/run" became folders under the working one
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert LastCheckpoint("~/runs/ck").path == str(tmp_path.resolve() / "runs" / "ck" /
+                                                   "last.ckpt")
+    for remote in ("s3://bucket/run/checkpoints", "gs://bucket/ck"):
+        with pytest.raises(ValueError, match="remote folder.*give a local dirpath"):
+            LastCheckpoint(remote)
+        with pytest.raises(ValueError, match="remote folder"):
+            StartFence(remote)

@@ -63,6 +63,23 @@ and renames it within seconds of its last one, so a file unchanged for five minu
 live write's; a leftover younger than that stays until a later start."""
 
 
+def local_folder(folder: str | os.PathLike) -> str:
+    """`folder` as Lightning's `ModelCheckpoint` holds its dirpath (``~`` expanded, links
+    resolved), so the paths of both compare equal in a run folder reached through a link.
+
+    Raises
+    ------
+    ValueError
+        A remote folder (``s3://``, ...): last.ckpt's link and the start token are local files.
+    """
+    if get_protocol(str(folder)) not in ("file", "local"):
+        raise ValueError(
+            f"{folder} is a remote folder; repgeom's last.ckpt and start fence "
+            "(LastCheckpoint, StartFence) need a local one (a network file system mounted "
+            "here is local): give a local dirpath")
+    return os.path.realpath(os.path.expanduser(str(folder).removeprefix("file://")))
+
+
 class SupersededStartError(RuntimeError):
     """A newer start of this run has begun: this one writes no more checkpoints."""
 
@@ -79,7 +96,7 @@ class StartFence:
     NAME = ".repgeom-start"
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        self.path = os.path.join(os.path.abspath(folder), self.NAME)
+        self.path = os.path.join(local_folder(folder), self.NAME)
         self.token = uuid.uuid4().hex
 
     def claim(self) -> None:
@@ -200,7 +217,7 @@ class LastCheckpoint(Checkpoint):
     NAME = "last.ckpt"
 
     def __init__(self, dirpath: str | os.PathLike, link: bool = True) -> None:
-        self.dirpath, self.link = os.path.abspath(dirpath), link
+        self.dirpath, self.link = local_folder(dirpath), link
         self._step_on_disk: int | None = None  # the step last.ckpt holds, where this process knows
         self._fence: StartFence | None = None
 
@@ -222,7 +239,8 @@ class LastCheckpoint(Checkpoint):
             if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
                 trainer.strategy.checkpoint_io.fence = self._fence
         resumed = trainer.ckpt_path
-        same = resumed is not None and os.path.abspath(resumed) == self.path
+        same = resumed is not None and os.path.join(
+            local_folder(os.path.dirname(resumed)), os.path.basename(resumed)) == self.path
         self._step_on_disk = trainer.global_step if same else None
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -258,7 +276,7 @@ class LastCheckpoint(Checkpoint):
                     or "{" in (callback.filename or "{")):
                 continue
             path = callback.best_model_path
-            if (path and os.path.dirname(os.path.abspath(path)) == self.dirpath
+            if (path and os.path.realpath(os.path.dirname(path)) == self.dirpath
                     and saved_step(path) == trainer.global_step):
                 return path
         return None
