@@ -424,3 +424,39 @@ def test_last_takes_a_home_folder_and_refuses_a_remote_one(monkeypatch, tmp_path
             LastCheckpoint(remote)
         with pytest.raises(ValueError, match="remote folder"):
             StartFence(remote)
+
+
+def test_a_start_token_that_cannot_be_read_stops_the_write(tmp_path) -> None:
+    # review of issue 47: a cut-short or unreadable token let a superseded start write on
+    older, newer = StartFence(tmp_path), StartFence(tmp_path)
+    older.claim()
+    older.check()  # its own token
+    token = tmp_path / StartFence.NAME
+    for text in ('{"start": "', '{"start": null}', "[1, 2]"):
+        token.write_text(text)
+        with pytest.raises(SupersededStartError, match="cannot be read as one"):
+            older.check()
+    newer.claim()
+    with pytest.raises(SupersededStartError, match="a newer training start"):
+        older.check()
+    token.unlink()
+    older.check()  # no token: no start claimed, nothing newer
+
+
+def test_a_start_claiming_late_over_a_newer_one_is_superseded(tmp_path, monkeypatch) -> None:
+    # review of issue 47: a start hung before its start of training claimed the run after
+    # the newer (requeued) start had, and fenced the newer one off
+    hung, requeued = StartFence(tmp_path, started=100.0), StartFence(tmp_path, started=200.0)
+    requeued.claim()
+    with pytest.raises(SupersededStartError, match="a newer training start"):
+        hung.claim()
+    requeued.check()  # still its own
+    # in one SLURM job, the restart count decides, whatever the nodes' clocks say
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    second = StartFence(tmp_path, started=250.0)
+    second.claim()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(SupersededStartError):
+        StartFence(tmp_path, started=300.0).claim()
+    second.check()

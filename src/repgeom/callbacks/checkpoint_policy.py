@@ -43,7 +43,13 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
-from repgeom.files import atomic_write, atomic_write_text, fenced, stale_temporaries
+from repgeom.files import (
+    atomic_write,
+    atomic_write_text,
+    fenced,
+    read_json_why,
+    stale_temporaries,
+)
 from repgeom.models.checkpoints import saved_step
 
 log = logging.getLogger(__name__)
@@ -84,6 +90,10 @@ class SupersededStartError(RuntimeError):
     """A newer start of this run has begun: this one writes no more checkpoints."""
 
 
+PROCESS_STARTED = time.time()
+"""When this process began, near enough: `repgeom.train` imports this module at its start."""
+
+
 class StartFence:
     """The newest training start of a run: each start that trains writes its own token to
     ``<checkpoints>/.repgeom-start`` (`claim`, at `LastCheckpoint.on_train_start`); before each
@@ -91,30 +101,63 @@ class StartFence:
     so a superseded start (alive on a hung node while SLURM's requeue trains on) never
     overwrites the newer start's last.ckpt, best.ckpt, step or hpc files, and stops with
     `SupersededStartError`. A check and its rename are not one atomic step: a start superseded
-    in between writes that one file. A missing token file fences nothing."""
+    in between writes that one file.
+
+    Newest is by SLURM's restart count within one SLURM job (``SLURM_JOB_ID``,
+    ``SLURM_RESTART_COUNT``), else by when the process began (`started`): a start that claims
+    over a newer one's token (it hung before its start of training, and wakes after the
+    requeued start claimed) is itself superseded. A missing token lets a write through (no
+    start has claimed: nothing newer exists); one that cannot be read or is not a token stops
+    it, since it may be a newer start's.
+    """
 
     NAME = ".repgeom-start"
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, started: float | None = None) -> None:
         self.path = os.path.join(local_folder(folder), self.NAME)
         self.token = uuid.uuid4().hex
+        self.started = PROCESS_STARTED if started is None else started
+        job, restart = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_RESTART_COUNT")
+        self.slurm = [job, int(restart) if job and restart and restart.isdigit() else None]
 
     def claim(self) -> None:
+        """Write this start's token, unless a newer start's is there."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        held, _ = read_json_why(self.path)
+        if held is not None and self._is_newer(held):
+            raise SupersededStartError(
+                f"a newer training start of this run has begun ({self.path}: started "
+                f"{held.get('started')}, SLURM job and restart {held.get('slurm')}; this one "
+                f"started {self.started}, {self.slurm}): this start writes no checkpoints and "
+                "stops; the newer one trains on")
         atomic_write_text(self.path, json.dumps({
             "start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
-            "time": time.time()}))
+            "time": time.time(), "started": self.started, "slurm": self.slurm}))
+
+    def _is_newer(self, held: dict) -> bool:
+        """Whether the token `held` is a newer start's than this one."""
+        slurm, started = held.get("slurm"), held.get("started")
+        if (isinstance(slurm, list) and len(slurm) == 2 and slurm[0] == self.slurm[0]
+                and slurm[0] is not None and isinstance(slurm[1], int)
+                and self.slurm[1] is not None and slurm[1] != self.slurm[1]):
+            return slurm[1] > self.slurm[1]
+        return isinstance(started, int | float) and started > self.started
 
     def check(self) -> None:
-        try:
-            newest = json.loads(Path(self.path).read_text())["start"]
-        except (OSError, ValueError, KeyError, TypeError):
+        held, why = read_json_why(self.path)
+        if held is None and why is None:
+            return  # missing: no start has claimed the run
+        newest = held.get("start") if held is not None else None
+        if newest == self.token:
             return
-        if newest != self.token:
-            raise SupersededStartError(
-                f"a newer training start of this run has begun ({self.path} names start "
-                f"{newest}, this is {self.token}): this start writes no more checkpoints and "
-                "stops; the newer one trains on")
+        raise SupersededStartError(
+            f"a newer training start of this run has begun ({self.path} names start {newest}, "
+            f"this is {self.token}): this start writes no more checkpoints and stops; the newer "
+            "one trains on" if why is None and isinstance(newest, str) else
+            f"the run's start token {self.path} cannot be read as one "
+            f"({why or f'its start is {newest!r}'}): it may be a newer start's, so this start "
+            "writes no more checkpoints and stops; if no other start of the run is alive, "
+            "remove the file and run the same command again")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
