@@ -460,3 +460,20 @@ def test_a_start_claiming_late_over_a_newer_one_is_superseded(tmp_path, monkeypa
     with pytest.raises(SupersededStartError):
         StartFence(tmp_path, started=300.0).claim()
     second.check()
+
+
+def test_every_rank_stops_on_rank_zeros_fence_before_the_validations_saves(tmp_path) -> None:
+    # review of issue 47: rank 0 alone raised when superseded, leaving the other DDP ranks at a
+    # barrier. The decision is rank 0's, broadcast: here this process plays a rank whose own
+    # fence is fine, and rank 0's broadcast (from step 3 on) says superseded.
+    said = "a newer training start of this run has begun (rank 0 says)"
+
+    class _RankZeroSaysSuperseded(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step == 3:
+                trainer.strategy.broadcast = lambda obj, src=0: said if obj is None else obj
+
+    with pytest.raises(SupersededStartError, match=r"rank 0 says"):
+        _fit(tmp_path, (3.0, 2.0), max_steps=8,
+             callbacks=[*_callbacks(tmp_path), _RankZeroSaysSuperseded()])
+    assert _step(tmp_path / "best.ckpt") == 2 and _step(tmp_path / "last.ckpt") == 2

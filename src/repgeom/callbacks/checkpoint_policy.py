@@ -276,15 +276,45 @@ class LastCheckpoint(Checkpoint):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Claim the run as its newest start (`StartFence`: a superseded start writes no more
         checkpoints; a rerun of a finished run, which trains nothing, never gets here)."""
+        why = None
         if trainer.is_global_zero:
             self._fence = StartFence(self.dirpath)
-            self._fence.claim()
+            try:
+                self._fence.claim()
+            except SupersededStartError as error:
+                why = str(error)
             if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
                 trainer.strategy.checkpoint_io.fence = self._fence
+        self._raise_everywhere(trainer, why)
         resumed = trainer.ckpt_path
         same = resumed is not None and os.path.join(
             local_folder(os.path.dirname(resumed)), os.path.basename(resumed)) == self.path
         self._step_on_disk = trainer.global_step if same else None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Before the validation's checkpoints (`ModelCheckpoint` saves at the validation's end),
+        every rank stops if this start is superseded (`_fenced_off`)."""
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._fenced_off(trainer)
+
+    def _fenced_off(self, trainer: L.Trainer) -> None:
+        """Raise `SupersededStartError` on every rank where rank 0's fence says a newer start has
+        begun: decided on rank 0 (which alone writes) and broadcast, so no rank is left waiting
+        at a barrier for a rank 0 that stopped. The saves between validations (step*.ckpt, the
+        SLURM signal's hpc_ckpt) are checked on rank 0 alone (`AtomicCheckpointIO`)."""
+        why = None
+        if trainer.is_global_zero and self._fence is not None:
+            try:
+                self._fence.check()
+            except SupersededStartError as error:
+                why = str(error)
+        self._raise_everywhere(trainer, why)
+
+    @staticmethod
+    def _raise_everywhere(trainer: L.Trainer, why: str | None) -> None:
+        why = trainer.strategy.broadcast(why, src=0)
+        if why:
+            raise SupersededStartError(why)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -300,6 +330,7 @@ class LastCheckpoint(Checkpoint):
         if (trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or step == 0
                 or self._step_on_disk == step):
             return
+        self._fenced_off(trainer)
         target = self._written_now(trainer) if self.link and trainer.is_global_zero else None
         target = trainer.strategy.broadcast(target, src=0)  # every rank takes one branch
         if target:
