@@ -126,7 +126,10 @@ def test_a_resumed_run_moves_last_on_at_its_first_validation(tmp_path) -> None:
 
 def test_training_that_stops_between_validations_ends_with_last_at_its_final_step(
         tmp_path) -> None:
-    (tmp_path / f".last.ckpt.{uuid.uuid4().hex[:8]}.tmp").write_bytes(b"left by a kill")
+    leftover = tmp_path / f".last.ckpt.{uuid.uuid4().hex[:8]}.tmp"
+    leftover.write_bytes(b"left by a kill")
+    old = time.time() - LEFTOVER_AGE_S - 60  # the kill was minutes ago
+    os.utime(leftover, (old, old))
     trainer, model, _ = _fit(tmp_path, (3.0, 2.0), max_steps=5)  # validations at 2 and 4
     last = tmp_path / "last.ckpt"
     assert _step(last) == 5 and _holds(last, model)

@@ -90,10 +90,6 @@ class SupersededStartError(RuntimeError):
     """A newer start of this run has begun: this one writes no more checkpoints."""
 
 
-PROCESS_STARTED = time.time()
-"""When this process began, near enough: `repgeom.train` imports this module at its start."""
-
-
 class StartFence:
     """The newest training start of a run: each start that trains writes its own token to
     ``<checkpoints>/.repgeom-start`` (`claim`, at `LastCheckpoint.on_train_start`); before each
@@ -104,9 +100,11 @@ class StartFence:
     in between writes that one file.
 
     Newest is by SLURM's restart count within one SLURM job (``SLURM_JOB_ID``,
-    ``SLURM_RESTART_COUNT``), else by when the process began (`started`): a start that claims
-    over a newer one's token (it hung before its start of training, and wakes after the
-    requeued start claimed) is itself superseded. A missing token lets a write through (no
+    ``SLURM_RESTART_COUNT``), else by when the start began (`started`: by default when the
+    fence is made, at `LastCheckpoint.setup` of fitting, not when the process began: a notebook
+    or a multirun outlives a start it ran before): a start that claims over a newer one's
+    token (it hung before its start of training, and wakes after the requeued start claimed)
+    is itself superseded. A missing token lets a write through (no
     start has claimed: nothing newer exists); one that cannot be read or is not a token stops
     it, since it may be a newer start's.
     """
@@ -116,7 +114,7 @@ class StartFence:
     def __init__(self, folder: str | os.PathLike, started: float | None = None) -> None:
         self.path = os.path.join(local_folder(folder), self.NAME)
         self.token = uuid.uuid4().hex
-        self.started = PROCESS_STARTED if started is None else started
+        self.started = time.time() if started is None else started
         job, restart = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_RESTART_COUNT")
         self.slurm = [job, int(restart) if job and restart and restart.isdigit() else None]
 
@@ -270,6 +268,7 @@ class LastCheckpoint(Checkpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero and stage == "fit":
+            self._fence = StartFence(self.dirpath)  # claimed at the start of training
             others = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
             remove_leftovers(self.dirpath, trainer.default_root_dir, *others)
 
@@ -278,7 +277,7 @@ class LastCheckpoint(Checkpoint):
         checkpoints; a rerun of a finished run, which trains nothing, never gets here)."""
         why = None
         if trainer.is_global_zero:
-            self._fence = StartFence(self.dirpath)
+            self._fence = self._fence or StartFence(self.dirpath)
             try:
                 self._fence.claim()
             except SupersededStartError as error:
