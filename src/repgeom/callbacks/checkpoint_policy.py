@@ -127,7 +127,8 @@ class StartFence:
                 f"a newer training start of this run has begun ({self.path}: started "
                 f"{held.get('started')}, SLURM job and restart {held.get('slurm')}; this one "
                 f"started {self.started}, {self.slurm}): this start writes no checkpoints and "
-                "stops; the newer one trains on")
+                "stops; the newer one trains on. If no other start of the run is alive (a "
+                "node's clock ahead), remove that file and run the same command again")
         atomic_write_text(self.path, json.dumps({
             "start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
             "time": time.time(), "started": self.started, "slurm": self.slurm}))
