@@ -6,13 +6,17 @@ A name is private when it starts with one underscore (``__dunder__`` names are p
 
 - imports of a private name or from a private module of a library
   (``from lightning.x import _y``, ``import torch._dynamo``, ``from huggingface_hub.utils._http``);
+- ``importlib.import_module("torch._dynamo")``: a library's private module;
+- ``operator.attrgetter("_name")``, ``vars(obj)["_name"]``, ``obj.__dict__["_name"]`` as
+  ``obj._name`` below;
 - ``obj._name`` (and ``getattr(obj, "_name")``, setattr, hasattr, delattr) where ``obj`` is a
   library's module (``torch._C``), or ``_name`` is not one repgeom defines itself (a function,
   class, module or class attribute, or an attribute its own objects set), e.g.
   ``trainer._logger_connector``, ``logger._offline``, ``tensor._version``;
-- in a class that extends a library's class: ``self._name``, ``super()._name`` and method
-  definitions ``def _name`` where the library's class (any class of its MRO) has ``_name``, e.g.
-  an override of ``ThroughputMonitor._update`` or a read of its ``self._throughputs``.
+- in a class that extends a library's class (a class nested in a function too):
+  ``self._name``, ``super()._name`` and method definitions ``def _name`` where the library's
+  class (any class of its MRO) has ``_name``, e.g. an
+  override of ``ThroughputMonitor._update`` or a read of its ``self._throughputs``.
 
 repgeom's own private names (``repgeom.metrics._validation``, ``self._cache`` of its own classes)
 are not counted.
@@ -182,7 +186,7 @@ def _own_names(modules) -> set[str]:
     own = set()
     for module in modules:
         for cls in (n for n in ast.walk(module.tree) if isinstance(n, ast.ClassDef)):
-            inherited = _external_names(module, cls) if cls.name in module.classes else set()
+            inherited = _external_names(module, cls)  # a class nested in a function too
             for node in ast.walk(cls):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     if node is not cls and node.name not in inherited:
@@ -224,7 +228,7 @@ def scan(module: Module, own: set[str]) -> list[tuple[str, int, str]]:
 
     def visit(node: ast.AST, inherited: set[str]) -> None:
         if isinstance(node, ast.ClassDef):
-            inherited = _external_names(module, node) if node.name in module.classes else set()
+            inherited = _external_names(module, node)  # a class nested in a function too
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                         and item.name in inherited:
@@ -237,6 +241,24 @@ def scan(module: Module, own: set[str]) -> list[tuple[str, int, str]]:
                 and isinstance(node.args[1], ast.Constant) \
                 and isinstance(node.args[1].value, str) and _private(node.args[1].value):
             access = (node.args[0], node.args[1].value)
+        elif isinstance(node, ast.Subscript) and _private_string(node.slice) and (
+                (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                 and node.value.func.id == "vars" and node.value.args)
+                or (isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__")):
+            # vars(obj)["_name"], obj.__dict__["_name"]
+            obj = node.value.args[0] if isinstance(node.value, ast.Call) else node.value.value
+            access = (obj, node.slice.value)
+        elif isinstance(node, ast.Call) and _called(node) == "attrgetter":
+            for arg in node.args:  # operator.attrgetter("_name", "a._b"): on an unknown object
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found.extend((part, node.lineno, "not a name repgeom defines")
+                              for part in arg.value.split(".") if _private(part)
+                              and part not in own)
+        elif isinstance(node, ast.Call) and _called(node) == "import_module" and node.args \
+                and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and library(node.args[0].value) \
+                and _private_module(node.args[0].value):
+            found.append((node.args[0].value, node.lineno, "import"))
         if access is not None:
             obj, name = access
             on_self = (isinstance(obj, ast.Name) and obj.id in ("self", "cls")) or (
@@ -256,6 +278,17 @@ def scan(module: Module, own: set[str]) -> list[tuple[str, int, str]]:
 
     visit(module.tree, set())
     return found
+
+
+def _private_string(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and _private(node.value)
+
+
+def _called(call: ast.Call) -> str | None:
+    """The called function's own name: ``f(...)`` and ``module.f(...)`` -> ``f``."""
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else \
+        func.attr if isinstance(func, ast.Attribute) else None
 
 
 @cache
@@ -289,6 +322,8 @@ def test_the_scan_sees_planted_private_names(tmp_path) -> None:
     module = Module.__new__(Module)
     module.path, module.rel, module.name, module.package = path, "x.py", "repgeom.x", "repgeom"
     module.tree = ast.parse(textwrap.dedent('''
+        import importlib
+        import operator
         import torch._dynamo
         from lightning.pytorch.callbacks import ThroughputMonitor
         from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
@@ -306,6 +341,20 @@ def test_the_scan_sees_planted_private_names(tmp_path) -> None:
                 self._mine += 1
                 return trainer._logger_connector.should_update_logs
 
+        def build():
+            class Nested(ThroughputMonitor):
+                def _compute(self, trainer):
+                    return self._lengths
+
+            return Nested
+
+        def g(trainer, module):
+            vars(trainer)["_accelerator_connector"]
+            module.__dict__["_modules"]
+            operator.attrgetter("_checkpoint_connector", "fit_loop._data_source")(trainer)
+            importlib.import_module("torch._inductor")
+            importlib.import_module("repgeom.metrics._validation")
+
         def f(logger, x):
             getattr(logger, "_wandb_init", None)
             torch._C
@@ -320,5 +369,9 @@ def test_the_scan_sees_planted_private_names(tmp_path) -> None:
         "torch._dynamo", "lightning.pytorch.callbacks.throughput_monitor._plugin_to_compute_dtype",
         "huggingface_hub.utils._http.parse_ratelimit_headers", "_update", "_throughputs",
         "_flops", "_logger_connector", "_wandb_init", "torch._C", "_version",
+        # review of issue 47: a class nested in a function, vars/__dict__/attrgetter strings,
+        # import_module of a library's private module
+        "_compute", "_lengths", "_accelerator_connector", "_modules", "_checkpoint_connector",
+        "_data_source", "torch._inductor",
     }
     assert found["_update"] == 2  # the override and the super() call

@@ -317,3 +317,37 @@ def test_sync_free_logging_reads_no_logged_tensor_on_the_host_between_logging_st
 
     shown = TokensProgressBar().get_metrics(result_.trainer, result_.module)
     assert shown["train/loss"] == f"{float(result_.trainer.logged_metrics['train/loss']):.3f}"
+
+
+@pytest.mark.parametrize("plugins", [
+    None, {"_target_": "lightning.pytorch.plugins.environments.LightningEnvironment"},
+    [{"_target_": "lightning.pytorch.plugins.environments.LightningEnvironment"}]])
+def test_trainer_plugins_take_one_plugin_or_a_list_and_add_atomic_writes(plugins) -> None:
+    # review of issue 47: one plugin's config crashed the build (not iterable)
+    from omegaconf import OmegaConf
+
+    from repgeom.callbacks.checkpoint_policy import AtomicCheckpointIO
+    from repgeom.train import trainer_plugins
+
+    conf = OmegaConf.create({"plugins": plugins}).plugins
+    built = trainer_plugins(conf)
+    assert isinstance(built[-1], AtomicCheckpointIO) and len(built) == (1 if plugins is None else 2)
+    trainer = L.Trainer(plugins=built, logger=False, enable_checkpointing=False,
+                        accelerator="cpu")
+    assert trainer.strategy.checkpoint_io is built[-1]
+
+
+def test_trainer_plugins_refuse_a_checkpoint_io_of_the_users_and_a_name() -> None:
+    # review of issue 47: AsyncCheckpointIO gave Lightning's "multiple values for CheckpointIO",
+    # and a name ("bf16-mixed", which Lightning 2 does not take) a TypeError while unpacking
+    from omegaconf import OmegaConf
+
+    from repgeom.train import trainer_plugins
+
+    for name in ("bf16-mixed", ["bf16-mixed"]):
+        with pytest.raises(ValueError, match="trainer.precision=bf16-mixed"):
+            trainer_plugins(OmegaConf.create({"p": name}).p)
+
+    conf = OmegaConf.create([{"_target_": "lightning.pytorch.plugins.io.AsyncCheckpointIO"}])
+    with pytest.raises(ValueError, match="AsyncCheckpointIO.*remove it from trainer.plugins"):
+        trainer_plugins(conf)

@@ -152,12 +152,13 @@ def stale_temporaries(path: str | os.PathLike, *, min_age_s: float = 0.0) -> lis
     """The temporary files `atomic_write` made for `path` (hidden, `_temporary_name`, beside it)
     unchanged for `min_age_s` seconds or more: a kill's leftovers. With no age, only for a file
     one process writes at a time (another writer's temporary would be among them); with an age
-    longer than any write takes, for any file."""
+    longer than any write takes, for any file. The temporary itself is aged (``lstat``): one
+    that is a link (`repgeom.callbacks.checkpoint_policy.link_or_copy`'s) may dangle."""
     target = Path(path)
     now, found = time.time(), []
     for tmp in sorted(target.parent.glob(_temporary_name(glob.escape(target.name), "*"))):
         try:
-            if now - tmp.stat().st_mtime >= min_age_s:
+            if now - tmp.lstat().st_mtime >= min_age_s:
                 found.append(tmp)
         except OSError:
             pass  # renamed or removed meanwhile: its writer finished

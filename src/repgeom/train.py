@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 import repgeom.probes.core.spec  # noqa: F401 - registers probe/base in Hydra's ConfigStore
 from repgeom.callbacks.checkpoint_policy import AtomicCheckpointIO
@@ -59,19 +61,70 @@ def resume_checkpoint(output_dir: Path) -> Path | None:
     warning signal arrives, then requeues the job; the requeued job resumes from whichever of
     the two is newer (by modification time, as Lightning's `ckpt_path="last"` decides) and
     whole: a file that fails `checkpoint_problem` (cut short by a kill mid-copy, before
-    repgeom's atomic writes; a CRC-32 mismatch) is skipped, with a warning saying why.
+    repgeom's atomic writes; a CRC-32 mismatch; a link to a file that is gone) is skipped, with
+    a warning saying why. None where the folder holds none of them (a new run).
+
+    Raises
+    ------
+    ResumeRefusedError
+        Every one of them is damaged: a start from step 0 would overwrite the run's best and
+        step checkpoints, so the error names each file and why, and the way out.
     """
     candidates = [output_dir / "checkpoints" / "last.ckpt", *output_dir.glob("hpc_ckpt_*.ckpt")]
-    existing = [path for path in candidates if path.is_file()]
-    for path in sorted(existing, key=lambda path: path.stat().st_mtime, reverse=True):
+    existing = [path for path in candidates if os.path.lexists(path)]  # a dangling link too
+    rejected = []
+    for path in sorted(existing, key=lambda path: path.lstat().st_mtime, reverse=True):
         problem = checkpoint_problem(path)
         if problem is None:
             return path
         log.warning("Not resuming from %s: %s; trying the next newest checkpoint", path, problem)
+        rejected.append(f"{path}: {problem}")
+    if rejected:
+        raise ResumeRefusedError(
+            f"{output_dir} holds checkpoints to resume from, but none is whole: "
+            + "; ".join(rejected) + ". Starting again from step 0 would overwrite the run's "
+            "other checkpoints, so nothing was trained: move these files out of the run folder "
+            "to start afresh, or resume from another whole checkpoint with "
+            "ckpt_path=<path> (e.g. checkpoints/best.ckpt or a step*.ckpt)")
     return None
 
 
+class ResumeRefusedError(RuntimeError):
+    """A run folder's resume checkpoints are all damaged (`resume_checkpoint`)."""
+
+
 _PROBE_OPTIONS_DIR = Path(__file__).resolve().parents[2] / "conf" / "probe"
+
+
+def trainer_plugins(conf: object) -> list:
+    """`trainer.plugins` (one plugin's config, a list of them, or none) built, with repgeom's
+    `AtomicCheckpointIO` added: every checkpoint (best, last, step*, the SLURM signal's
+    hpc_ckpt) is written atomically.
+
+    Raises
+    ------
+    ValueError
+        A plugin is a name (``"bf16-mixed"``: Lightning 2 takes plugin objects only; a
+        precision goes in ``trainer.precision``), or a ``CheckpointIO`` of its own (a Trainer
+        takes one, and repgeom's is needed for whole checkpoints and the start fence).
+    """
+    if conf is None:
+        return [AtomicCheckpointIO()]
+    built = conf if isinstance(conf, str) else instantiate(conf)
+    given = list(built) if isinstance(built, list | tuple | ListConfig) else [built]
+    for plugin in given:
+        if isinstance(plugin, str):
+            raise ValueError(
+                f"trainer.plugins has the name {plugin!r}, and Lightning takes plugin objects "
+                "only: give a plugin's config ({_target_: ...}), or for a precision set "
+                f"trainer.precision={plugin}")
+        if isinstance(plugin, CheckpointIO):
+            raise ValueError(
+                f"trainer.plugins has a CheckpointIO of its own ({type(plugin).__name__}); "
+                "repgeom writes every checkpoint through its AtomicCheckpointIO "
+                "(repgeom.callbacks.checkpoint_policy), and a Trainer takes only one: remove it "
+                "from trainer.plugins")
+    return [*given, AtomicCheckpointIO()]
 
 
 def build_callbacks(cfg: DictConfig) -> list[L.Callback]:
@@ -142,8 +195,7 @@ def train(cfg: DictConfig) -> TrainResult:
     trainer_cfg = cfg.trainer.copy()
     with open_dict(trainer_cfg):
         trainer_cfg.precision = resolve_precision(str(trainer_cfg.precision))
-    # Every checkpoint (best, last, step*, the SLURM signal's hpc_ckpt) written atomically.
-    plugins = [*(instantiate(trainer_cfg.get("plugins")) or []), AtomicCheckpointIO()]
+    plugins = trainer_plugins(trainer_cfg.get("plugins"))
     with open_dict(trainer_cfg):
         trainer_cfg.pop("plugins", None)
     trainer: L.Trainer = instantiate(
@@ -157,7 +209,7 @@ def train(cfg: DictConfig) -> TrainResult:
         logger.log_hyperparams(resolved)
 
     ckpt_path = cfg.ckpt_path
-    found = resume_checkpoint(output_dir)
+    found = resume_checkpoint(output_dir) if ckpt_path is None else None
     if ckpt_path is None and found is not None:
         log.info("Resuming from %s (found in the run folder)", found)
         ckpt_path = str(found)

@@ -5,6 +5,7 @@ write), a whole file otherwise; what a kill leaves removed at the next start (is
 
 import logging
 import os
+import time
 import uuid
 
 import lightning as L
@@ -14,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from repgeom.callbacks.checkpoint_policy import (
+    LEFTOVER_AGE_S,
     AtomicCheckpointIO,
     LastCheckpoint,
     StartFence,
@@ -124,7 +126,10 @@ def test_a_resumed_run_moves_last_on_at_its_first_validation(tmp_path) -> None:
 
 def test_training_that_stops_between_validations_ends_with_last_at_its_final_step(
         tmp_path) -> None:
-    (tmp_path / f".last.ckpt.{uuid.uuid4().hex[:8]}.tmp").write_bytes(b"left by a kill")
+    leftover = tmp_path / f".last.ckpt.{uuid.uuid4().hex[:8]}.tmp"
+    leftover.write_bytes(b"left by a kill")
+    old = time.time() - LEFTOVER_AGE_S - 60  # the kill was minutes ago
+    os.utime(leftover, (old, old))
     trainer, model, _ = _fit(tmp_path, (3.0, 2.0), max_steps=5)  # validations at 2 and 4
     last = tmp_path / "last.ckpt"
     assert _step(last) == 5 and _holds(last, model)
@@ -177,19 +182,30 @@ def test_last_stays_last_ckpt_when_the_run_folder_was_moved(tmp_path) -> None:
 
 
 def test_only_what_a_kill_of_ours_left_is_removed_at_the_next_start(tmp_path) -> None:
-    # repgeom.files.atomic_write's temporary files of *.ckpt, and repgeom's before issue 47
+    # repgeom.files.atomic_write's temporary files of *.ckpt (a link where link_or_copy was
+    # killed, dangling or not), and repgeom's before issue 47; unchanged for LEFTOVER_AGE_S.
+    # Review of issue 47: model.ckpt.partial, my.ckpt.0.link, .notes.ckpt.x.tmp were deleted,
+    # and a dangling temporary link was kept.
     ours = [".last.ckpt.0123abcd.tmp", ".hpc_ckpt_3.ckpt.deadbeef.tmp", "last.ckpt.partial",
             "best.ckpt.partial"]
     users = ["notes.txt", "last.ckpt.bak", ".notes.txt.0123abcd.tmp", "hpc_ckpt_1.ckpt.partial.d",
-             ".last.ckpt.tmp", "last.ckpt.tmp"]
+             ".last.ckpt.tmp", "last.ckpt.tmp", "model.ckpt.partial", "my.ckpt.0.link",
+             "pretrained.ckpt.7.link", ".notes.ckpt.x.tmp", ".best.ckpt.userbackup.tmp",
+             "last.ckpt.7.link"]  # a file, not our link
     for name in ours + users:
         (tmp_path / name).write_bytes(b"x")
     os.symlink("best.ckpt", tmp_path / "last.ckpt.4242.link")  # repgeom before issue 47
+    os.symlink("gone.ckpt", tmp_path / ".last.ckpt.0badf00d.tmp")  # a killed link_or_copy
     (tmp_path / ".step5.ckpt.0123abcd.tmp").mkdir()  # a folder is never ours
+    old = time.time() - LEFTOVER_AGE_S - 60
+    for path in tmp_path.iterdir():
+        os.utime(path, (old, old), follow_symlinks=False)
+    (tmp_path / ".best.ckpt.feedbeef.tmp").write_bytes(b"x")  # a live writer's, fresh
     _fit(tmp_path, (3.0, 2.0), max_steps=4)  # every validation improves: links only
     assert _names(tmp_path) == sorted(["best.ckpt", "last.ckpt", ".step5.ckpt.0123abcd.tmp",
-                                       *users])
+                                       ".best.ckpt.feedbeef.tmp", *users])
     assert remove_leftovers(tmp_path) == []
+    assert remove_leftovers(tmp_path, min_age_s=0) == [str(tmp_path / ".best.ckpt.feedbeef.tmp")]
 
 
 def test_last_is_a_whole_copy_where_the_filesystem_has_no_links(tmp_path, monkeypatch) -> None:
@@ -254,6 +270,26 @@ def test_a_resume_skips_a_cut_short_checkpoint_for_the_next_newest(tmp_path, cap
     assert "hpc_ckpt_1.ckpt" in caplog.text and "not a whole torch.save file" in caplog.text
     hpc.write_bytes(whole)  # whole again: the newest is chosen
     assert resume_checkpoint(tmp_path) == hpc
+
+
+def test_a_resume_whose_every_checkpoint_is_damaged_refuses_to_start_again(tmp_path) -> None:
+    # review of issue 47: with last.ckpt cut short (or a link to a file that is gone) and no
+    # other candidate, the start began again from step 0 in the same folder, overwriting
+    # best.ckpt and the step files.
+    from repgeom.train import ResumeRefusedError, resume_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    _fit(folder, (3.0,), max_steps=2, link=False)
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:100])
+    with pytest.raises(ResumeRefusedError, match=r"last\.ckpt: not a whole torch.save.*ckpt_path"):
+        resume_checkpoint(tmp_path)
+    last.unlink()
+    os.symlink("gone.ckpt", last)  # dangling
+    with pytest.raises(ResumeRefusedError, match=r"last\.ckpt: .*FileNotFoundError"):
+        resume_checkpoint(tmp_path)
+    last.unlink()
+    assert resume_checkpoint(tmp_path) is None  # nothing to resume: a new run
 
 
 class _SlurmSignal(L.Callback):
@@ -346,6 +382,9 @@ def test_a_kill_mid_write_of_any_save_leaves_nothing_after_the_next_start(
         killed_run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                     text=True, timeout=600)
         assert killed_run.returncode == -9, killed_run.stderr[-3000:]  # SIGKILL
+        old = time.time() - LEFTOVER_AGE_S - 60  # the requeued start comes minutes later
+        for path in [*run.glob(".*.tmp"), *run.glob("checkpoints/.*.tmp")]:
+            os.utime(path, (old, old), follow_symlinks=False)
         monkeypatch.setattr(tempfile, "tempdir", tmpdir)
         build = repgeom.train.build_callbacks
         monkeypatch.setattr(repgeom.train, "build_callbacks",
@@ -364,3 +403,80 @@ def test_a_kill_mid_write_of_any_save_leaves_nothing_after_the_next_start(
     for path in [*checkpoints.glob("*.ckpt"), run / "hpc_ckpt_1.ckpt"]:
         assert checkpoint_problem(path) is None, path
     assert _step(checkpoints / "last.ckpt") == 25
+
+
+def test_last_links_in_a_run_folder_reached_through_a_link(tmp_path) -> None:
+    # review of issue 47: LastCheckpoint held abspath, ModelCheckpoint realpath, so in a run
+    # folder under a link (/scratch -> /gpfs/scratch) last.ckpt was never a link but a second
+    # whole write at every validation
+    (tmp_path / "real").mkdir()
+    os.symlink("real", tmp_path / "link")
+    folder = tmp_path / "link" / "ck"
+    _, model, seen = _fit(folder, (3.0, 2.0), max_steps=4)
+    assert seen[3][0] == "best.ckpt"
+    assert os.readlink(folder / "last.ckpt") == "best.ckpt" and _holds(folder / "last.ckpt", model)
+
+
+def test_last_takes_a_home_folder_and_refuses_a_remote_one(monkeypatch, tmp_path) -> None:
+    # review of issue 47: "~/runs" and "s3://bucket/run" became folders under the working one
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert LastCheckpoint("~/runs/ck").path == str(tmp_path.resolve() / "runs" / "ck" /
+                                                   "last.ckpt")
+    for remote in ("s3://bucket/run/checkpoints", "gs://bucket/ck"):
+        with pytest.raises(ValueError, match="remote folder.*give a local dirpath"):
+            LastCheckpoint(remote)
+        with pytest.raises(ValueError, match="remote folder"):
+            StartFence(remote)
+
+
+def test_a_start_token_that_cannot_be_read_stops_the_write(tmp_path) -> None:
+    # review of issue 47: a cut-short or unreadable token let a superseded start write on
+    older, newer = StartFence(tmp_path), StartFence(tmp_path)
+    older.claim()
+    older.check()  # its own token
+    token = tmp_path / StartFence.NAME
+    for text in ('{"start": "', '{"start": null}', "[1, 2]"):
+        token.write_text(text)
+        with pytest.raises(SupersededStartError, match="cannot be read as one"):
+            older.check()
+    newer.claim()
+    with pytest.raises(SupersededStartError, match="a newer training start"):
+        older.check()
+    token.unlink()
+    older.check()  # no token: no start claimed, nothing newer
+
+
+def test_a_start_claiming_late_over_a_newer_one_is_superseded(tmp_path, monkeypatch) -> None:
+    # review of issue 47: a start hung before its start of training claimed the run after
+    # the newer (requeued) start had, and fenced the newer one off
+    hung, requeued = StartFence(tmp_path, started=100.0), StartFence(tmp_path, started=200.0)
+    requeued.claim()
+    with pytest.raises(SupersededStartError, match="a newer training start"):
+        hung.claim()
+    requeued.check()  # still its own
+    # in one SLURM job, the restart count decides, whatever the nodes' clocks say
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    second = StartFence(tmp_path, started=250.0)
+    second.claim()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    with pytest.raises(SupersededStartError):
+        StartFence(tmp_path, started=300.0).claim()
+    second.check()
+
+
+def test_every_rank_stops_on_rank_zeros_fence_before_the_validations_saves(tmp_path) -> None:
+    # review of issue 47: rank 0 alone raised when superseded, leaving the other DDP ranks at a
+    # barrier. The decision is rank 0's, broadcast: here this process plays a rank whose own
+    # fence is fine, and rank 0's broadcast (from step 3 on) says superseded.
+    said = "a newer training start of this run has begun (rank 0 says)"
+
+    class _RankZeroSaysSuperseded(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step == 3:
+                trainer.strategy.broadcast = lambda obj, src=0: said if obj is None else obj
+
+    with pytest.raises(SupersededStartError, match=r"rank 0 says"):
+        _fit(tmp_path, (3.0, 2.0), max_steps=8,
+             callbacks=[*_callbacks(tmp_path), _RankZeroSaysSuperseded()])
+    assert _step(tmp_path / "best.ckpt") == 2 and _step(tmp_path / "last.ckpt") == 2

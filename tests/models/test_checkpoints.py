@@ -148,3 +148,27 @@ def test_find_checkpoints_skips_a_cut_file_with_a_warning(tmp_path, caplog) -> N
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(whole[: len(whole) // 2])
     assert find_checkpoints(tmp_path) == [(6, folder / "last.ckpt")]
     assert "hpc_ckpt_1.ckpt" in caplog.text and "not a whole torch.save file" in caplog.text
+
+
+def test_find_checkpoints_skips_a_whole_zip_that_is_no_checkpoint(tmp_path, caplog) -> None:
+    # review of issue 47: a file whole as a zip (no CRC check in the listing) but wrong inside
+    # (data.pkl's bytes changed, or a plain state dict) made read_checkpoint raise and the
+    # whole listing fail
+    import zipfile
+
+    from repgeom.models.checkpoints import checkpoint_problem, find_checkpoints
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    _whole_checkpoint(folder / "last.ckpt")
+    hpc = tmp_path / "hpc_ckpt_1.ckpt"
+    data = bytearray(_whole_checkpoint(hpc))
+    with zipfile.ZipFile(hpc) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
+    at = info.header_offset + 30 + len(info.filename) + len(info.extra)  # the local header's end
+    data[at + 5: at + 25] = bytes(20)
+    hpc.write_bytes(bytes(data))
+    assert checkpoint_problem(hpc, check_crc=False) is None  # what the listing checks
+    torch.save({"w": torch.ones(3)}, folder / "step2.ckpt")  # a plain state dict
+    assert find_checkpoints(tmp_path) == [(6, folder / "last.ckpt")]
+    assert "hpc_ckpt_1.ckpt" in caplog.text and "step2.ckpt" in caplog.text

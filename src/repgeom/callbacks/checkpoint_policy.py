@@ -10,7 +10,7 @@ into the final name, and a kill mid-copy left a truncated hpc_ckpt that the next
 from (issue 47), and a kill before the move a checkpoint-sized tmpXXXX in TMPDIR that nothing
 removes. Here the write is `repgeom.files.atomic_write`'s (a temporary file beside the name,
 fsynced, renamed over it), nothing goes to TMPDIR, and what a kill leaves
-(``.<name>.<hex>.tmp``) is removed by the next start (`remove_leftovers`).
+(``.<name>.<hex>.tmp``) is removed by the next start once five minutes old (`remove_leftovers`).
 
 `LastCheckpoint`, beside Lightning's `ModelCheckpoint` for best.ckpt (conf/callbacks/
 default.yaml): last.ckpt is the state of the newest validation and of the end of training.
@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -42,15 +43,47 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
-from repgeom.files import atomic_write, atomic_write_text, fenced, stale_temporaries
+from repgeom.files import (
+    atomic_write,
+    atomic_write_text,
+    fenced,
+    read_json_why,
+    stale_temporaries,
+)
 from repgeom.models.checkpoints import saved_step
 
 log = logging.getLogger(__name__)
 
-_LEFTOVER = re.compile(r"\.(?P<name>.+\.ckpt)\..+\.tmp|.+\.ckpt(\.partial|\.\d+\.link)")
-"""What a kill may leave of ours: `repgeom.files.atomic_write`'s temporary file of a ``*.ckpt``
-(``.<name>.<hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`), and repgeom's before
-issue 47 (``last.ckpt.partial``, ``last.ckpt.<pid>.link``)."""
+_LEFTOVER = re.compile(
+    r"\.(?P<name>.+\.ckpt)\.[0-9a-f]{8}\.tmp|(?:last|best)\.ckpt\.partial"
+    r"|(?P<link>last\.ckpt\.\d+\.link)")
+"""What a kill may leave of ours, exactly: `repgeom.files.atomic_write`'s temporary file of a
+``*.ckpt`` (``.<name>.<8 hex>.tmp``, confirmed by `repgeom.files.stale_temporaries`; a link
+where `link_or_copy` was killed), and repgeom's before issue 47 (``last.ckpt.partial``,
+``best.ckpt.partial``, and the link ``last.ckpt.<pid>.link``). Any other name is the user's."""
+
+LEFTOVER_AGE_S = 300.0
+"""How long a leftover stays unchanged before a start removes it: a live writer (another start
+of the run still writing, on another node over NFS) changes its temporary file at every write
+and renames it within seconds of its last one, so a file unchanged for five minutes is no
+live write's; a leftover younger than that stays until a later start."""
+
+
+def local_folder(folder: str | os.PathLike) -> str:
+    """`folder` as Lightning's `ModelCheckpoint` holds its dirpath (``~`` expanded, links
+    resolved), so the paths of both compare equal in a run folder reached through a link.
+
+    Raises
+    ------
+    ValueError
+        A remote folder (``s3://``, ...): last.ckpt's link and the start token are local files.
+    """
+    if get_protocol(str(folder)) not in ("file", "local"):
+        raise ValueError(
+            f"{folder} is a remote folder; repgeom's last.ckpt and start fence "
+            "(LastCheckpoint, StartFence) need a local one (a network file system mounted "
+            "here is local): give a local dirpath")
+    return os.path.realpath(os.path.expanduser(str(folder).removeprefix("file://")))
 
 
 class SupersededStartError(RuntimeError):
@@ -64,30 +97,66 @@ class StartFence:
     so a superseded start (alive on a hung node while SLURM's requeue trains on) never
     overwrites the newer start's last.ckpt, best.ckpt, step or hpc files, and stops with
     `SupersededStartError`. A check and its rename are not one atomic step: a start superseded
-    in between writes that one file. A missing token file fences nothing."""
+    in between writes that one file.
+
+    Newest is by SLURM's restart count within one SLURM job (``SLURM_JOB_ID``,
+    ``SLURM_RESTART_COUNT``), else by when the start began (`started`: by default when the
+    fence is made, at `LastCheckpoint.setup` of fitting, not when the process began: a notebook
+    or a multirun outlives a start it ran before): a start that claims over a newer one's
+    token (it hung before its start of training, and wakes after the requeued start claimed)
+    is itself superseded. A missing token lets a write through (no
+    start has claimed: nothing newer exists); one that cannot be read or is not a token stops
+    it, since it may be a newer start's.
+    """
 
     NAME = ".repgeom-start"
 
-    def __init__(self, folder: str | os.PathLike) -> None:
-        self.path = os.path.join(os.path.abspath(folder), self.NAME)
+    def __init__(self, folder: str | os.PathLike, started: float | None = None) -> None:
+        self.path = os.path.join(local_folder(folder), self.NAME)
         self.token = uuid.uuid4().hex
+        self.started = time.time() if started is None else started
+        job, restart = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_RESTART_COUNT")
+        self.slurm = [job, int(restart) if job and restart and restart.isdigit() else None]
 
     def claim(self) -> None:
+        """Write this start's token, unless a newer start's is there."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        held, _ = read_json_why(self.path)
+        if held is not None and self._is_newer(held):
+            raise SupersededStartError(
+                f"a newer training start of this run has begun ({self.path}: started "
+                f"{held.get('started')}, SLURM job and restart {held.get('slurm')}; this one "
+                f"started {self.started}, {self.slurm}): this start writes no checkpoints and "
+                "stops; the newer one trains on. If no other start of the run is alive (a "
+                "node's clock ahead), remove that file and run the same command again")
         atomic_write_text(self.path, json.dumps({
             "start": self.token, "pid": os.getpid(), "host": socket.gethostname(),
-            "time": time.time()}))
+            "time": time.time(), "started": self.started, "slurm": self.slurm}))
+
+    def _is_newer(self, held: dict) -> bool:
+        """Whether the token `held` is a newer start's than this one."""
+        slurm, started = held.get("slurm"), held.get("started")
+        if (isinstance(slurm, list) and len(slurm) == 2 and slurm[0] == self.slurm[0]
+                and slurm[0] is not None and isinstance(slurm[1], int)
+                and self.slurm[1] is not None and slurm[1] != self.slurm[1]):
+            return slurm[1] > self.slurm[1]
+        return isinstance(started, int | float) and started > self.started
 
     def check(self) -> None:
-        try:
-            newest = json.loads(Path(self.path).read_text())["start"]
-        except (OSError, ValueError, KeyError, TypeError):
+        held, why = read_json_why(self.path)
+        if held is None and why is None:
+            return  # missing: no start has claimed the run
+        newest = held.get("start") if held is not None else None
+        if newest == self.token:
             return
-        if newest != self.token:
-            raise SupersededStartError(
-                f"a newer training start of this run has begun ({self.path} names start "
-                f"{newest}, this is {self.token}): this start writes no more checkpoints and "
-                "stops; the newer one trains on")
+        raise SupersededStartError(
+            f"a newer training start of this run has begun ({self.path} names start {newest}, "
+            f"this is {self.token}): this start writes no more checkpoints and stops; the newer "
+            "one trains on" if why is None and isinstance(newest, str) else
+            f"the run's start token {self.path} cannot be read as one "
+            f"({why or f'its start is {newest!r}'}): it may be a newer start's, so this start "
+            "writes no more checkpoints and stops; if no other start of the run is alive, "
+            "remove the file and run the same command again")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -141,21 +210,33 @@ def _refuse_folder(path: str) -> None:
             "written there")
 
 
-def remove_leftovers(*folders: str | os.PathLike) -> list[str]:
-    """Remove what a killed write of ours left in `folders` (exact names only: `_LEFTOVER`);
-    return their paths."""
-    removed = []
+def remove_leftovers(*folders: str | os.PathLike,
+                     min_age_s: float = LEFTOVER_AGE_S) -> list[str]:
+    """Remove what a killed write of ours left in `folders` (exact names only: `_LEFTOVER`;
+    a file or link, a ``.link`` only a link) unchanged for `min_age_s` seconds; return their
+    paths."""
+    removed, now = [], time.time()
     for folder in dict.fromkeys(os.path.abspath(f) for f in folders if f):
         if not os.path.isdir(folder):
             continue
         for name in os.listdir(folder):
             path, match = os.path.join(folder, name), _LEFTOVER.fullmatch(name)
-            if not match or not (os.path.islink(path) or os.path.isfile(path)):
+            if not match:
                 continue
-            target = match["name"]
-            if target is None or Path(path) in stale_temporaries(os.path.join(folder, target)):
-                os.remove(path)
-                removed.append(path)
+            try:
+                mode, mtime = (info := os.lstat(path)).st_mode, info.st_mtime
+            except OSError:
+                continue  # renamed or removed meanwhile
+            if not (stat.S_ISLNK(mode) or (stat.S_ISREG(mode) and not match["link"])):
+                continue
+            if match["name"] is not None:
+                target = os.path.join(folder, match["name"])
+                if Path(path) not in stale_temporaries(target, min_age_s=min_age_s):
+                    continue
+            elif now - mtime < min_age_s:
+                continue
+            os.remove(path)
+            removed.append(path)
     if removed:
         log.info("Removed what a killed checkpoint write left: %s", ", ".join(removed))
     return removed
@@ -178,7 +259,7 @@ class LastCheckpoint(Checkpoint):
     NAME = "last.ckpt"
 
     def __init__(self, dirpath: str | os.PathLike, link: bool = True) -> None:
-        self.dirpath, self.link = os.path.abspath(dirpath), link
+        self.dirpath, self.link = local_folder(dirpath), link
         self._step_on_disk: int | None = None  # the step last.ckpt holds, where this process knows
         self._fence: StartFence | None = None
 
@@ -188,20 +269,52 @@ class LastCheckpoint(Checkpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero and stage == "fit":
+            self._fence = StartFence(self.dirpath)  # claimed at the start of training
             others = [getattr(cb, "dirpath", None) for cb in trainer.checkpoint_callbacks]
             remove_leftovers(self.dirpath, trainer.default_root_dir, *others)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Claim the run as its newest start (`StartFence`: a superseded start writes no more
         checkpoints; a rerun of a finished run, which trains nothing, never gets here)."""
+        why = None
         if trainer.is_global_zero:
-            self._fence = StartFence(self.dirpath)
-            self._fence.claim()
+            self._fence = self._fence or StartFence(self.dirpath)
+            try:
+                self._fence.claim()
+            except SupersededStartError as error:
+                why = str(error)
             if isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO):
                 trainer.strategy.checkpoint_io.fence = self._fence
+        self._raise_everywhere(trainer, why)
         resumed = trainer.ckpt_path
-        same = resumed is not None and os.path.abspath(resumed) == self.path
+        same = resumed is not None and os.path.join(
+            local_folder(os.path.dirname(resumed)), os.path.basename(resumed)) == self.path
         self._step_on_disk = trainer.global_step if same else None
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Before the validation's checkpoints (`ModelCheckpoint` saves at the validation's end),
+        every rank stops if this start is superseded (`_fenced_off`)."""
+        if not trainer.sanity_checking and trainer.state.fn == TrainerFn.FITTING:
+            self._fenced_off(trainer)
+
+    def _fenced_off(self, trainer: L.Trainer) -> None:
+        """Raise `SupersededStartError` on every rank where rank 0's fence says a newer start has
+        begun: decided on rank 0 (which alone writes) and broadcast, so no rank is left waiting
+        at a barrier for a rank 0 that stopped. The saves between validations (step*.ckpt, the
+        SLURM signal's hpc_ckpt) are checked on rank 0 alone (`AtomicCheckpointIO`)."""
+        why = None
+        if trainer.is_global_zero and self._fence is not None:
+            try:
+                self._fence.check()
+            except SupersededStartError as error:
+                why = str(error)
+        self._raise_everywhere(trainer, why)
+
+    @staticmethod
+    def _raise_everywhere(trainer: L.Trainer, why: str | None) -> None:
+        why = trainer.strategy.broadcast(why, src=0)
+        if why:
+            raise SupersededStartError(why)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -217,6 +330,7 @@ class LastCheckpoint(Checkpoint):
         if (trainer.fast_dev_run or trainer.state.fn != TrainerFn.FITTING or step == 0
                 or self._step_on_disk == step):
             return
+        self._fenced_off(trainer)
         target = self._written_now(trainer) if self.link and trainer.is_global_zero else None
         target = trainer.strategy.broadcast(target, src=0)  # every rank takes one branch
         if target:
@@ -236,7 +350,7 @@ class LastCheckpoint(Checkpoint):
                     or "{" in (callback.filename or "{")):
                 continue
             path = callback.best_model_path
-            if (path and os.path.dirname(os.path.abspath(path)) == self.dirpath
+            if (path and os.path.realpath(os.path.dirname(path)) == self.dirpath
                     and saved_step(path) == trainer.global_step):
                 return path
         return None

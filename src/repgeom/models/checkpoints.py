@@ -111,8 +111,8 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     same step hold the same weights; one a live run does not replace is kept (``step*``,
     ``hpc_ckpt_*``: last.ckpt and best.ckpt hold another step after the next validation, and a
     probe of a running run loads the files after listing them), then the first by name. A file
-    cut short (an hpc_ckpt copied by Lightning before repgeom's atomic writes, and killed) is
-    skipped with a warning.
+    cut short (an hpc_ckpt copied by Lightning before repgeom's atomic writes, and killed), or
+    one that does not read as a checkpoint, is skipped with a warning.
 
     Raises
     ------
@@ -137,7 +137,11 @@ def find_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if problem is not None:
             log.warning("Skipping %s: %s", path, problem)
             continue
-        step = int(read_checkpoint(path)["global_step"])
+        try:
+            step = int(read_checkpoint(path)["global_step"])
+        except CheckpointFormatError as error:  # whole as a zip, wrong inside (bytes flipped)
+            log.warning("Skipping %s: %s", path, error)
+            continue
         by_step.setdefault(step, path)
     return sorted(by_step.items())
 
