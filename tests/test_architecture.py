@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from source_imports import from_module
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 FLOORS = {
@@ -50,11 +51,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = from_module(node, package)
             targets = [base] + [f"{base}.{a.name}" for a in node.names]
         else:
             continue

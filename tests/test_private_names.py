@@ -32,6 +32,8 @@ from collections import Counter
 from functools import cache
 from pathlib import Path
 
+from source_imports import from_module
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "repgeom"
 OURS = "repgeom"
@@ -80,11 +82,7 @@ def _imports(tree: ast.Module, package: str) -> dict[str, str]:
                     root = alias.name.split(".")[0]
                     bound[root] = root
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = from_module(node, package)
             for alias in node.names:
                 bound[alias.asname or alias.name] = f"{base}.{alias.name}"
     return bound

@@ -97,18 +97,25 @@ def _finite(value: object) -> bool:
     return isinstance(value, float) and math.isfinite(value)
 
 
-def _corrupt(world: World, rng: random.Random) -> None:
+def _unprobed(world: World) -> list[tuple[int, Path, dict]]:
+    """The complete snapshots with a good marker that the worker has not probed yet."""
     state = snapshots.read_json(world.folder / snapshots.WORKER) or {}
     probed = state.get("done") or {}
-    candidates = []
+    found = []
     for step, path in snapshots.snapshots(world.folder)[0]:
         marker = snapshots.read_json(path / snapshots.COMPLETE)
         if marker is not None and _finite(marker.get("time")) and \
                 probed.get(str(step)) != marker["time"]:
-            candidates.append((step, path, marker["time"]))
+            found.append((step, path, marker))
+    return found
+
+
+def _corrupt(world: World, rng: random.Random) -> None:
+    candidates = _unprobed(world)
     if not candidates:
         return
-    step, path, written = rng.choice(candidates)
+    step, path, marker = rng.choice(candidates)
+    written = marker["time"]
     part = path / rng.choice([snapshots.COMPLETE, snapshots.WEIGHTS])
     data = part.read_bytes()
     part.write_bytes(data[: len(data) // 2])
@@ -123,14 +130,7 @@ reads without complaint, a wrong type, a missing key."""
 
 def _bad_marker(world: World, rng: random.Random) -> None:
     """A complete snapshot not yet probed gets a marker with one bad field."""
-    state = snapshots.read_json(world.folder / snapshots.WORKER) or {}
-    probed = state.get("done") or {}
-    candidates = []
-    for step, path in snapshots.snapshots(world.folder)[0]:
-        marker = snapshots.read_json(path / snapshots.COMPLETE)
-        if marker is not None and _finite(marker.get("time")) and \
-                probed.get(str(step)) != marker["time"]:
-            candidates.append((step, path, marker))
+    candidates = _unprobed(world)
     if not candidates:
         return
     step, path, marker = rng.choice(candidates)
