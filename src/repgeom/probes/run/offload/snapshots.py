@@ -1,12 +1,7 @@
-"""Probes off the training clock: the training side (rank 0) of ``probe.offload``. At each probe
-step `SnapshotWriter.snapshot` copies the weights (before the next optimizer step: on a GPU into
-pinned buffers on a side stream the next ``optimizer.step`` waits for) and a background thread
-writes them, whole or not at all, as ``<run>/probes/snapshots/step_<N>/``; a heartbeat thread
-keeps ``training.json``; `close` records how the start ended. The files, the rules between
-overlapping starts (`repgeom.probes.run.offload.starts`), the fence of a superseded start and the
-full-disk behaviour are described once, in docs/probing.md ("Probes off the training clock",
-"The run folder"); a worker (`repgeom.probes.run.offload.follow`) probes the snapshots.
-"""
+"""The training side (rank 0) of ``probe.offload``: `SnapshotWriter` copies the weights at each
+probe step and writes them in the background as ``<run>/probes/snapshots/step_<N>/``, whole or
+not at all, and keeps ``training.json``. docs/probing.md ("Probes off the training clock", "The
+run folder") states its guarantees once; the worker is `repgeom.probes.run.offload.follow`."""
 
 from __future__ import annotations
 
@@ -54,36 +49,8 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
-def _disk_full(error: BaseException) -> OSError | None:
-    """The ENOSPC or EDQUOT behind `error`, if any. torch.save does not raise it as such: its
-    zip writer turns the OSError of the file's write into a RuntimeError ("unexpected pos"),
-    with the OSError as its ``__context__``; so the whole chain is searched."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-
 class RunNotRecordedError(RuntimeError):
     """Training finished, but ``done.json`` or ``training.json`` could not be written."""
-
-
-def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
-    """What `RunNotRecordedError` says: the file, its folder and free space, and the fix."""
-    free = _free_bytes(path.parent)
-    space = "unknown" if free is None else f"{free / 1e9:.2f} GB"
-    fix = ("free some space on that disk (or raise the quota)"
-           if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
-    return (f"training finished at step {final_step} and its checkpoints are saved, but the run "
-            f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
-            f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
-            "same train.py command again: it resumes the finished run without training and writes "
-            f"{path.name}; then its probe worker (probe.offload=worker), or python probe.py "
-            "follow=<the run folder>, probes what is left")
 
 
 class SnapshotWriter:
@@ -229,7 +196,18 @@ class SnapshotWriter:
             self._beat("finished")
         except OSError as error:
             self._try_beat("stopped")
-            raise RunNotRecordedError(_not_recorded(path, final_step, error)) from error
+            free = _free_bytes(path.parent)
+            fix = ("free some space on that disk (or raise the quota)"
+                   if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
+            raise RunNotRecordedError(
+                f"training finished at step {final_step} and its checkpoints are saved, but the "
+                f"run could not be recorded as finished: writing {path.name} in {path.parent} "
+                f"failed ({error.strerror or error}; "
+                f"{'unknown' if free is None else f'{free / 1e9:.2f} GB'} free there). To finish "
+                f"it, {fix}, then run the same train.py command again: it resumes the finished "
+                f"run without training and writes {path.name}; then its probe worker "
+                "(probe.offload=worker), or python probe.py follow=<the run folder>, probes what "
+                "is left") from error
 
     def _try_beat(self, state: str) -> None:
         """`_beat`, where a full disk only logs: the caller has a more important error."""
@@ -317,11 +295,30 @@ class SnapshotWriter:
         # containers) may share a pid, and one must never write into or remove the other's
         tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{layout.WRITING}"
         try:
-            self._write_files(folder, tmp, step, weights, meta)
+            tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
+            path = tmp / layout.WEIGHTS
+            with open(path, "wb") as handle:
+                torch.save({**meta, "global_step": int(step),
+                            "state_dict": {f"model.{k}": v for k, v in weights.items()}}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            layout.write_json(tmp / layout.COMPLETE, {
+                "step": int(step), "time": time.time(), "rank": int(self.rank),
+                "pid": os.getpid(), "start": self.start_id, "number": self.number,
+                "bytes": path.stat().st_size})
+            if not starts.install(tmp, folder, number=self.number, start_id=self.start_id,
+                                  superseded=lambda: self._superseded(step)):
+                shutil.rmtree(tmp, ignore_errors=True)  # kept: ours, or a newer start's is there
         except Exception as error:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, whatever failed
-            full = _disk_full(error)
-            if full is None:
+            # torch.save's zip writer turns ENOSPC into a RuntimeError ("unexpected pos") whose
+            # __context__ is the OSError: the whole chain is searched
+            full, seen = error, set()
+            while full is not None and id(full) not in seen and not (
+                    isinstance(full, OSError) and full.errno in (errno.ENOSPC, errno.EDQUOT)):
+                seen.add(id(full))
+                full = full.__cause__ or full.__context__
+            if full is None or id(full) in seen:
                 raise
             self._skip(step, f"{full.strerror or full} while writing")
 
@@ -350,22 +347,3 @@ class SnapshotWriter:
             "disk full: the snapshot of step %d is skipped, so that step is not probed (%s; "
             "%s free in %s); training goes on. Free some space, or write the run to a larger "
             "disk", step, why, where, self.folder)
-
-    def _write_files(self, folder: Path, tmp: Path, step: int,
-                     weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """The snapshot written into `tmp`, then renamed to `folder` whole."""
-        tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
-        checkpoint = {**meta, "global_step": int(step),
-                      "state_dict": {f"model.{k}": v for k, v in weights.items()}}
-        path = tmp / layout.WEIGHTS
-        with open(path, "wb") as handle:
-            torch.save(checkpoint, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        layout.write_json(tmp / layout.COMPLETE, {"step": int(step), "time": time.time(),
-                                    "rank": int(self.rank), "pid": os.getpid(),
-                                    "start": self.start_id, "number": self.number,
-                                    "bytes": path.stat().st_size})
-        if not starts.install(tmp, folder, number=self.number, start_id=self.start_id,
-                              superseded=lambda: self._superseded(step)):
-            shutil.rmtree(tmp, ignore_errors=True)  # kept: ours, or a newer start's, is there
