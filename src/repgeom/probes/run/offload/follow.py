@@ -1,23 +1,12 @@
-"""The probe worker that follows a training run: ``python probe.py follow=<run folder>``.
-
-It probes each complete snapshot the training callback writes
-(`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's
-own spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint), and
-records it with the callback's own `ProbeRecorder`, so its table equals the in-process one. It
-holds the run's lease (`repgeom.probes.run.offload.lease`) and fences every write with it; a
-snapshot whose marker is malformed, or that cannot be read or loaded, is quarantined
-(`repgeom.probes.run.offload.state`). It stops at the newest start's ``done.json``, or when
-the trainer died (`lease.Life`: at once when it failed or is gone, else after
-``follow_timeout_s`` without a heartbeat, progress or new snapshot). docs/probing.md ("Probes off
-the training clock", "The run folder") states each guarantee once.
-"""
+"""The probe worker that follows a training run: ``python probe.py follow=<run folder>``. It
+probes each complete snapshot of `repgeom.probes.run.offload.snapshots` in step order, with the
+training probe's own spec and `ProbeRecorder`, under the run's lease; docs/probing.md ("Probes
+off the training clock", "The run folder") states each guarantee once."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +27,7 @@ from repgeom.probes.run.offload.lease import Life, WorkerLock, check_heartbeat, 
 from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
 from repgeom.probes.run.recorder import ProbeRecorder
 
-POLL_S = 0.5
-"""Seconds between two looks at the snapshot folder while nothing is waiting."""
+POLL_S = 0.5  # seconds between two looks at the snapshot folder while nothing is waiting
 
 
 class TrainingDiedError(RuntimeError):
@@ -93,13 +81,9 @@ class Follower:
         self._options, self.finished = state.options, state.finished
         self.quarantined = state.quarantined
 
-    @contextlib.contextmanager
-    def fenced(self) -> Iterator[None]:
+    def fenced(self) -> Any:
         """Every rename into place and deletion inside checks the lease (`WorkerLock.check`)."""
-        with files.fenced(self.lock.check):
-            yield
-
-    # -- the loop -------------------------------------------------------------------------------
+        return files.fenced(self.lock.check)
 
     def run(self) -> FollowResult:
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
@@ -160,8 +144,6 @@ class Follower:
                     f"run this worker again (it goes on from there)")
             time.sleep(POLL_S)
 
-    # -- one snapshot ---------------------------------------------------------------------------
-
     def _prepare(self, path: Path, ckpt: dict) -> None:
         """The spec, probe set, recorder and W&B runs, from the first snapshot."""
         spec, origin = training_probe(ckpt, self.run_dir)
@@ -182,8 +164,18 @@ class Follower:
             plot_metrics=self._options.get("plot_metrics"),
             n_probes=self._options.get("n_probes"))
         self.recorder.load_state_dict(self._phase_state)
-        if self.use_wandb:
-            self.runs = _wandb_runs(self.folder, self.run_dir, spec)
+        info = self.use_wandb and (snapshots.read_json(self.folder / snapshots.RUN) or {}).get(
+            "wandb")
+        if info:  # a W&B run in the training run's group (run.json), "<its name>-probes"
+            import wandb
+
+            run = wandb.init(
+                project=info.get("project"), group=info.get("group"),
+                name=f"{info.get('name')}-probes", id=f"{info['id']}-probes", resume="allow",
+                job_type="probe", dir=str(self.run_dir), config={"followed_run": info["id"]},
+                mode="offline" if info.get("offline") else "online")
+            sink.prepare_wandb_run(run, {"probe": spec.to_dict()})
+            self.runs = [run]
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
         """The model of the snapshot in `path` and its masking, or None and the file and error
@@ -349,30 +341,11 @@ def work_left(run_dir: Path) -> bool:
     return bool(waiting) or state.finished != done[0]
 
 
-def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
-    """A W&B run in the training run's group (``run.json``), named ``<its name>-probes``; none
-    when training logged to no W&B run."""
-    info = (snapshots.read_json(folder / snapshots.RUN) or {}).get("wandb")
-    if not info:
-        return []
-    import wandb
-
-    run = wandb.init(
-        project=info.get("project"), group=info.get("group"), name=f"{info.get('name')}-probes",
-        id=f"{info['id']}-probes", resume="allow", job_type="probe", dir=str(run_dir),
-        mode="offline" if info.get("offline") else "online",
-        config={"followed_run": info["id"]},
-    )
-    sink.prepare_wandb_run(run, {"probe": spec.to_dict()})
-    return [run]
-
-
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
            wandb: bool = True, lock: str = "auto") -> FollowResult:
     """Probe the snapshots of the run in `run_dir` until it is done (see the module); raises
-    `TrainingDiedError` when it stopped without its done marker (what was complete probed
-    first), `lease.LockLostError` when another worker took the run over. `lock`:
-    ``follow_lock``, every kind of which takes the lease."""
+    `TrainingDiedError` when it stopped without its done marker, `lease.LockLostError` when
+    another worker took the run over."""
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

@@ -40,21 +40,18 @@ class WorkerLock:
             raise ValueError(f"the lease heartbeat ({heartbeat_s} s) must be > 0 and shorter "
                              f"than its stale time ({stale_s} s)")
         self.folder, self.kind = Path(folder), kind
+        self.path = self.folder / LEASE_NAME
         self.stale_s, self.heartbeat_s = float(stale_s), float(heartbeat_s)
         self.lease: SoftFileLease | None = None
         self.token: str | None = None  # while held: the fencing token
-
-    @property
-    def path(self) -> Path:
-        return self.folder / LEASE_NAME
 
     def holder(self) -> str:
         owner = self.lease.owner if self.lease is not None else None
         return "an unknown holder" if owner is None else f"pid {owner.pid} on {owner.hostname}"
 
     def acquire(self, timeout_s: float, what: str) -> None:
-        """Hold the lease within `timeout_s` seconds, saying once whom it waits for; `what` (the
-        run folder) is named in the messages."""
+        """Hold the lease within `timeout_s` seconds, saying once whom it waits for (`what`: the
+        run folder)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.lease = SoftFileLease(self.path, lease_duration=self.stale_s,
                                    heartbeat_interval=self.heartbeat_s, thread_local=False)
@@ -80,8 +77,8 @@ class WorkerLock:
             time.sleep(POLL_S)
 
     def check(self) -> None:
-        """Raise `LockLostError` unless this worker still holds the run: its marker names its
-        token (read up to `LEASE_READS` times while unreadable) and filelock saw no compromise."""
+        """`LockLostError` unless this worker still holds the run (docs/probing.md, "The run
+        folder": a token, `LEASE_READS` reads, filelock's compromise)."""
         if self.token is None or self.lease is None:
             return
         owner = None
@@ -121,9 +118,8 @@ def hold_start(folder: Path, number: int) -> SoftFileLease:
 
 
 def start_gone(folder: Path, number: int) -> bool:
-    """Whether training start `number` of `folder` is gone for sure: it let go of its lease, or
-    holds it from a process of this host that no longer runs. A start on another host, or one
-    that cannot be asked, is not gone: it is judged by its heartbeat."""
+    """Whether training start `number` of `folder` is gone for sure: its lease let go, or held by
+    a process of this host that no longer runs (another host's: judged by its heartbeat)."""
     lease = _start_lease(folder, number)
     try:
         lease.acquire(timeout=0)
@@ -134,9 +130,8 @@ def start_gone(folder: Path, number: int) -> bool:
 
 
 class Life(enum.Enum):
-    """What the worker reads of the run's trainer (`training_alive`): it decides on this, never
-    on a message's wording. STOPPED: a signal (a SLURM requeue; it may come back); GONE: its
-    process no longer runs; SILENT: no heartbeat, STUCK: no progress, for the timeout."""
+    """What the worker reads of the run's trainer (`training_alive`). STOPPED: a signal (it may
+    come back); GONE: its process no longer runs; SILENT: no heartbeat, STUCK: no progress."""
 
     ALIVE, NOT_STARTED, FINISHED, STOPPED, FAILED, GONE, SILENT, STUCK, MALFORMED = range(9)
 
@@ -158,13 +153,10 @@ STATES = {"running": Life.ALIVE, "finished": Life.FINISHED, "stopped": Life.STOP
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None,
                    watch: dict[str, Any] | None = None) -> Verdict:
-    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why.
-
-    Alive: state ``running``, a heartbeat less than `timeout_s` old, a training step that moved
-    less than `timeout_s` ago (a deadlocked trainer's heartbeat thread still beats), and its
-    start not gone (`start_gone`). With `watch` (kept by the caller between looks) the ages count
-    on this process's clock from when it saw the heartbeat, and the step, last change: two
-    nodes' clocks can be minutes apart. Without it, the trainer's times against `now`."""
+    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why. Alive: running,
+    its heartbeat and step changed within `timeout_s`, its start not gone. With `watch` (kept
+    by the caller) the ages count on this clock since each was seen to change (nodes' clocks
+    differ); without it, the trainer's times against `now`."""
     beat = read_json(folder / TRAINING)
     if beat is None:
         return Verdict(Life.NOT_STARTED, "no training process has started in this run folder yet")

@@ -1,10 +1,6 @@
-"""The training starts of one run, in the order they began (docs/probing.md, "Overlapping
-starts"): each claims the next number in ``<run>/probes/snapshots/starts/`` (``<number>.lock``
-created with ``O_EXCL``, so numbers follow the order of the claims whatever the hosts' clocks
-say; the files stay) and holds its lease (`lease.hold_start`) while it lives. The newest start
-wins (`keeps`, `install`); a superseded one writes nothing more (`SnapshotWriter.is_current`); a
-start sweeps only the temporaries of starts that have ended (`gone`).
-"""
+"""The training starts of one run, in the order they began: each claims the next number in
+``<run>/probes/snapshots/starts/`` (created with ``O_EXCL``: no clocks compared) and the newest
+wins (`keeps`, `install`). docs/probing.md, "Overlapping starts", states the rules."""
 
 from __future__ import annotations
 
@@ -68,15 +64,13 @@ def gone(folder: Path, number: int, written: Path) -> bool:
     ask (another host's), `written` has not changed for `STALE_S`."""
     if not (folder / STARTS / f"{number:09d}{SUFFIX}").is_file():
         return False  # never claimed this way: not known to be gone
-    return start_gone(folder, number) or time.time() - _last_change(written) > STALE_S
-
-
-def _last_change(path: Path) -> float:
-    """The latest modification time of `path` and the files in it (now, if none can be read)."""
-    try:
-        return max(p.stat().st_mtime for p in [path, *path.iterdir()])
+    if start_gone(folder, number):
+        return True
+    try:  # its latest change, of the folder or a file in it (unreadable: now)
+        changed = max(p.stat().st_mtime for p in [written, *written.iterdir()])
     except OSError:
-        return time.time()
+        return False
+    return time.time() - changed > STALE_S
 
 
 def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
@@ -92,12 +86,9 @@ def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
 def install(tmp: Path, folder: Path, *, number: int, start_id: str,
             superseded: Callable[[], bool]) -> bool:
     """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start
-    winning (`keeps`); whether it went there (False: `tmp` is the caller's to delete).
-
-    An incomplete snapshot there, or an older start's, is removed first: the replay's weights
-    are the run's now (a worker reading the old one sees its marker change). Only that one is
-    removed: a newer start's put there meanwhile is put back, and kept the next round. Nothing
-    is renamed once `superseded()` says a newer start has begun."""
+    winning (`keeps`): an incomplete or older start's snapshot there is removed first (only
+    that one), nothing once `superseded()`. Whether it went there (False: `tmp` is the
+    caller's to delete)."""
     for _ in range(3):
         if superseded():
             return False

@@ -73,10 +73,6 @@ class WorkerState:
     quarantined: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def read_worker_state(path: Path) -> WorkerState:
     """``worker.json`` at `path` (missing or not an object: the empty state)."""
     raw = read_json(path) or {}
@@ -91,7 +87,8 @@ def read_worker_state(path: Path) -> WorkerState:
                     None),
         options=_field(path, "options", raw.get("options"), lambda v: isinstance(v, dict),
                        "an object", {}),
-        finished=_field(path, "finished", raw.get("finished"), _whole, "a step", None),
+        finished=_field(path, "finished", raw.get("finished"),
+                        lambda v: isinstance(v, int) and not isinstance(v, bool), "a step", None),
         quarantined=_by_step(path, "quarantined", raw.get("quarantined"),
                              lambda v: isinstance(v, dict) and all(k in v for k in entry),
                              "an object with generation, file and reason"))
@@ -116,7 +113,7 @@ def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
 
 def run_done(folder: Path) -> bool:
     """Whether the run of the snapshot folder `folder` is done: its newest start's done.json."""
-    return (folder / DONE).is_file() and read_done(folder / DONE) is not None
+    return read_done(folder / DONE) is not None
 
 
 def generation(path: Path) -> str:
