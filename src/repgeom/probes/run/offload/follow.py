@@ -36,9 +36,7 @@ class TrainingDiedError(RuntimeError):
 
 @dataclass
 class FollowResult:
-    """What a worker did: the steps it probed, why it stopped, the table, the steps it skipped
-    (incomplete or quarantined), those training skipped for lack of space (step -> why), and the
-    quarantined ones (step -> the file and why)."""
+    """What a worker did: the steps probed, why it stopped, the table and the steps skipped."""
 
     run_dir: Path
     probed: list[int]
@@ -51,8 +49,7 @@ class FollowResult:
 
 
 class Follower:
-    """One worker on one run folder (`follow`); its progress (``worker.json``) is read only once
-    it holds the run, never an older state it would write back."""
+    """One worker on one run folder; ``worker.json`` is read only once it holds the run."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
                  keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
@@ -178,8 +175,7 @@ class Follower:
             self.runs = [run]
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
-        """The model of the snapshot in `path` and its masking, or None and the file and error
-        that stopped it; errors of the run's own setup (`_prepare`) are raised."""
+        """The snapshot's model and masking, or None and the failing file and why."""
         weights, ckpt = path / snapshots.WEIGHTS, None
         try:
             ckpt = read_checkpoint(weights)
@@ -197,8 +193,7 @@ class Follower:
                           if gone else f"{type(error).__name__}: {error}")
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
-        """Probe, record and delete one snapshot; False when it changed or vanished while read
-        (nothing recorded), or is quarantined (a bad marker, unreadable, not loadable)."""
+        """Probe, record and delete one snapshot; False: it changed while read, or quarantined."""
         started = time.perf_counter()
         before = records.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
@@ -328,8 +323,7 @@ class Follower:
 
 
 def work_left(run_dir: Path) -> bool:
-    """Whether a finished run (``done.json``) still has probing to do: a complete snapshot
-    not probed (nor quarantined as it is), or the end-of-run work not done (``worker.json``)."""
+    """Whether a finished run still has probing to do (a snapshot or its end-of-run work)."""
     folder = snapshots.snapshot_dir(run_dir)
     done = read_done(folder / snapshots.DONE)
     if done is None:
@@ -344,8 +338,6 @@ def work_left(run_dir: Path) -> bool:
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
            wandb: bool = True, lock: str = "auto") -> FollowResult:
-    """Probe the snapshots of the run in `run_dir` until it is done (see the module); raises
-    `TrainingDiedError` when it stopped without its done marker, `lease.LockLostError` when
-    another worker took the run over."""
+    """Probe the run in `run_dir` until done (see the module); `TrainingDiedError` if it died."""
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

@@ -101,8 +101,7 @@ def writer_of(path: Path) -> int | None:
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
-    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order;
-    incomplete: no ``complete.json``, or hidden (being written)."""
+    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order."""
     complete, incomplete = [], []
     if not folder.is_dir():
         return complete, incomplete

@@ -50,8 +50,7 @@ class WorkerLock:
         return "an unknown holder" if owner is None else f"pid {owner.pid} on {owner.hostname}"
 
     def acquire(self, timeout_s: float, what: str) -> None:
-        """Hold the lease within `timeout_s` seconds, saying once whom it waits for (`what`: the
-        run folder)."""
+        """Hold the lease within `timeout_s` s, saying once whom it waits for (`what`: the run)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.lease = SoftFileLease(self.path, lease_duration=self.stale_s,
                                    heartbeat_interval=self.heartbeat_s, thread_local=False)
@@ -77,8 +76,7 @@ class WorkerLock:
             time.sleep(POLL_S)
 
     def check(self) -> None:
-        """`LockLostError` unless this worker still holds the run (docs/probing.md, "The run
-        folder": a token, `LEASE_READS` reads, filelock's compromise)."""
+        """`LockLostError` unless it still holds the run (docs/probing.md, "The run folder")."""
         if self.token is None or self.lease is None:
             return
         owner = None
@@ -118,8 +116,7 @@ def hold_start(folder: Path, number: int) -> SoftFileLease:
 
 
 def start_gone(folder: Path, number: int) -> bool:
-    """Whether training start `number` of `folder` is gone for sure: its lease let go, or held by
-    a process of this host that no longer runs (another host's: judged by its heartbeat)."""
+    """Whether training start `number` is gone for sure (docs/probing.md, "The run folder")."""
     lease = _start_lease(folder, number)
     try:
         lease.acquire(timeout=0)

@@ -54,9 +54,7 @@ class RunNotRecordedError(RuntimeError):
 
 
 class SnapshotWriter:
-    """Copies the weights at a probe step and writes them in a background thread (rank 0 only)
-    into `run_dir`; ``training.json`` every `heartbeat_s`; a snapshot that would leave less than
-    `min_free_gb` GB free is skipped."""
+    """Writes the snapshots and ``training.json`` of `run_dir` (rank 0 only; see the module)."""
 
     def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
@@ -87,8 +85,7 @@ class SnapshotWriter:
     # -- the run's files ------------------------------------------------------------------------
 
     def start(self, run_info: dict[str, Any]) -> None:
-        """Claim this start's number, prepare the folder (incomplete snapshots of ended starts
-        and an old done marker removed), write ``run.json`` and start the heartbeat."""
+        """Claim this start, sweep what ended starts left, write ``run.json``, start beating."""
         self.folder.mkdir(parents=True, exist_ok=True)
         marker = self.folder / layout.MARKER
         if not marker.is_file():
@@ -112,15 +109,12 @@ class SnapshotWriter:
         self._heartbeat.start()
 
     def progress(self, step: int, *, busy: bool = False) -> None:
-        """Training is at `step` (the next heartbeat says so, with when it got there); `busy`:
-        it is still there but works (a validation batch ended), which counts as progress too."""
+        """Training is at `step` (`busy`: still there but working, which counts as progress too)."""
         if step != self.step or busy:
             self.step, self.step_time = int(step), time.time()
 
     def is_current(self) -> bool:
-        """Whether this start is still the run's newest: the fence every write of the run's
-        shared state checks (snapshots, ``training.json``, ``done.json``); a callback may ask it
-        too. A writer that claimed no start (`finish` of a finished run, rerun) is current."""
+        """Whether this start is still the run's newest: the fence of every shared write."""
         return self.number < 0 or starts.newest(self.folder) <= self.number
 
     def _beat(self, state: str) -> None:
@@ -146,10 +140,8 @@ class SnapshotWriter:
 
     def close(self, *, final_step: int | None, stopped: bool = False,
               skipped: dict[int, str] | None = None) -> None:
-        """Wait for the last write, stop the heartbeat, and record how this start ended: with
-        `final_step` finished (`finish`), else ``failed``, or ``stopped`` (a signal: it may come
-        back); a superseded start records nothing. Only `finish` raises (`RunNotRecordedError`):
-        the exception that ended training is the one raised."""
+        """Wait for the last write, stop the heartbeat, record how this start ended; only `finish`
+        raises (`RunNotRecordedError`): the exception that ended training is the one raised."""
         failed = False
         try:
             self.wait()
@@ -177,11 +169,8 @@ class SnapshotWriter:
             self._lease = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
-        """Record the run as finished at `final_step` (also a rerun's, where an earlier start
-        could not): ``done.json`` (with the steps skipped for space: `skipped` and this
-        writer's), then ``training.json`` ``finished``. A file that cannot be written raises
-        `RunNotRecordedError` naming it, its free space and the fix (``stopped`` is written if
-        it can be: the run comes back when rerun)."""
+        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``; a file
+        that cannot be written raises `RunNotRecordedError` (docs/probing.md, "Full disk")."""
         self.progress(final_step)
         if not self.is_current():  # a superseded start's end is not the run's
             self._say_superseded()
@@ -237,9 +226,8 @@ class SnapshotWriter:
         return waited
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
-        """Copy `model`'s weights now and write them, with `meta` (the rest of the checkpoint),
-        as ``step_<step>`` in the background; a previous snapshot still being written is waited
-        for first (its seconds are returned): one set of buffers, at most one waiting."""
+        """Copy `model`'s weights now and write them as ``step_<step>`` in the background, after the
+        previous write (its seconds waited returned); `meta`: the rest of the checkpoint."""
         waited = self.wait()
         started = time.perf_counter()
         weights, event = self._copy(model.state_dict())
@@ -323,9 +311,7 @@ class SnapshotWriter:
             self._skip(step, f"{full.strerror or full} while writing")
 
     def _superseded(self, step: int) -> bool:
-        """Whether a newer training start of this run has begun: this one (still alive, on a
-        hung node, say) then writes no more snapshots (its weights are an abandoned
-        trajectory's), nor the run's state."""
+        """Whether a newer start has begun: this one writes nothing more ("Overlapping starts")."""
         if self.is_current():
             return False
         self._say_superseded()

@@ -59,9 +59,7 @@ def claim(folder: Path) -> int:
 
 
 def gone(folder: Path, number: int, written: Path) -> bool:
-    """Whether start `number` of `folder`, which wrote `written`, has ended: its lease is let go
-    or its process gone from this host (`lease.start_gone`), or, for a start this host cannot
-    ask (another host's), `written` has not changed for `STALE_S`."""
+    """Whether start `number` (which wrote `written`) has ended: its lease, or `STALE_S` idle."""
     if not (folder / STARTS / f"{number:09d}{SUFFIX}").is_file():
         return False  # never claimed this way: not known to be gone
     if start_gone(folder, number):
@@ -74,10 +72,8 @@ def gone(folder: Path, number: int, written: Path) -> bool:
 
 
 def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
-    """Whether the complete snapshot whose ``complete.json`` reads `marker` stays as it is for
-    start `number` (`start_id`): that start wrote it (never rewritten: a worker may read it), or
-    a newer start did (the older start's would be the abandoned trajectory's). None there, an
-    unreadable one, or an older start's: False (it is replaced)."""
+    """Whether the snapshot whose marker reads `marker` stays for start `number` (`start_id`): it is
+    that start's (never rewritten), or a newer start's."""
     if marker is None:
         return False
     return marker.get("start") == start_id or start_number(marker) > number

@@ -60,9 +60,7 @@ def _by_step(path: Path, name: str, raw: Any, ok: Callable[[Any], bool],
 
 @dataclass
 class WorkerState:
-    """``worker.json``: the steps probed (step -> the ``time`` of the snapshot probed), seconds
-    spent, the recorder's phase alerts, the probe spec and options, the final step whose
-    end-of-run work is done, and the quarantined steps (step -> generation, file, reason)."""
+    """``worker.json``: the steps probed (step -> snapshot time), the end of run, quarantine."""
 
     done: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -95,9 +93,8 @@ def read_worker_state(path: Path) -> WorkerState:
 
 
 def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
-    """``done.json`` at `path`: the final step and the steps training skipped for lack of space
-    (step -> why); None when it is missing, malformed (`DONE_FIELDS`; warned), or written by a
-    start older than the newest (a superseded start's end is not the run's)."""
+    """``done.json``: the final step and the steps skipped for space (step -> why); None when it is
+    missing, malformed (warned), or an older start's (a superseded start's end is not the run's)."""
     raw = read_json(path)
     if raw is None:
         return None
@@ -117,9 +114,8 @@ def run_done(folder: Path) -> bool:
 
 
 def generation(path: Path) -> str:
-    """What names the snapshot in `path` as it is now: its marker's time, and the inode, size,
-    mtime and ctime of its two files ("-" for one missing): the same generation of a broken
-    snapshot is never tried again."""
+    """What names the snapshot in `path` as it is now (its marker's time, its files' stat): the
+    same generation of a broken snapshot is never tried again."""
     parts = [str(snapshot_time(path))]
     for name in (COMPLETE, WEIGHTS):
         try:

@@ -27,9 +27,7 @@ WORKER_STOP_S = 30.0  # seconds a worker stopped by train.py (SIGTERM) has befor
 
 
 class Offloading:
-    """Rank 0's half of the probes taken off the training clock: `mode` is ``probe.offload``
-    (None: only `skipped` is called), `worker` ``probe.worker`` (`WorkerConf`; an unknown option
-    is a ValueError naming the known ones)."""
+    """Rank 0's half of offloaded probes: `mode` ``probe.offload``, `worker` ``probe.worker``."""
 
     def __init__(self, mode: str | None, worker: dict[str, Any] | None) -> None:
         self.mode = snapshots.check_offload(mode)
@@ -48,8 +46,7 @@ class Offloading:
         self.not_recorded: snapshots.RunNotRecordedError | None = None
 
     def is_current(self) -> bool:
-        """Whether this training start is still the run's newest (no requeue has begun a newer
-        one): the fence of every write into the run's shared state; True while not writing."""
+        """Whether this start is still the run's newest (the fence); True while not writing."""
         return self.writer is None or self.writer.is_current()
 
     def setup(self, run_dir: Path) -> None:
@@ -84,9 +81,7 @@ class Offloading:
 
     def snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int,
                  probe_meta: dict[str, Any]) -> None:
-        """Hand the weights of `step` to the writer, with the run's hyperparameters, the
-        datamodule's state and `probe_meta` (what the worker needs of the training probe);
-        report a worker that falls behind."""
+        """Hand the weights of `step` to the writer with what the worker needs; report its lag."""
         meta = {"hyper_parameters": _plain(dict(pl_module.hparams)), **probe_meta}
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "state_dict"):
@@ -105,10 +100,8 @@ class Offloading:
             logger.log_metrics(metrics, step=step)
 
     def end(self, *, final_step: int | None, stopped: bool = False) -> None:
-        """Write the done marker (or mark the run failed, or ``stopped`` after a SIGTERM) and,
-        for a worker of our own with ``probe.worker.wait``, wait for it to probe what is left
-        (at most ``probe.worker.wait_timeout_s``). After a failure, or when the done marker
-        cannot be written (kept for `teardown` to raise), our worker is stopped instead."""
+        """Record how training ended and wait for our worker (``probe.worker.wait``) or, after
+        a failure or a status not written (raised by `teardown`), stop it."""
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         current = writer.is_current()
@@ -142,10 +135,7 @@ class Offloading:
         self._wait_for_worker(left=len(writer.waiting()))
 
     def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
-        """The end of a fit that did not raise: nothing left "running", no worker left behind; a
-        status `end` could not write raises `RunNotRecordedError` here. A skipped fit (a
-        finished run, rerun) writes that status if needed, and starts and waits for the worker
-        only when the run's probing is unfinished."""
+        """The end of a fit that did not raise; a finished run, rerun, gets its status, worker."""
         if self.not_recorded is not None:
             error, self.not_recorded = self.not_recorded, None
             raise error
@@ -209,8 +199,7 @@ def _plain(value: Any) -> Any:
 
 
 def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
-    """Start a worker process for `run_dir` on this node with ``probe.worker``'s `options`
-    (threads, device, cpus, timeout_s, keep_snapshots); its log: ``probes/worker.log``."""
+    """Start a worker process for `run_dir` on this node (``probe.worker``'s `options`)."""
     threads = int(options.get("threads") or 1)
     check_heartbeat(float(options.get("heartbeat_s") or 10.0),
                     float(options.get("timeout_s") or 600.0))
@@ -237,8 +226,7 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
 
 
 def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
-    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
-    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
+    """Wait `limit_s` for `process`, SIGTERM, `WORKER_STOP_S`, SIGKILL; its exit code or None."""
     try:
         return process.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
