@@ -122,9 +122,7 @@ class Follower:
                 last_news = time.monotonic()
                 continue
             if finished:
-                return self._finish(probed, sorted({*(s for s, _ in incomplete),
-                                                    *self.quarantined}),
-                                    {s: p for s, p in incomplete})
+                return self._finish(probed, dict(incomplete))
             verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
             certain = verdict.life.certain  # stop at once, after a last look found nothing new
             if verdict.life is Life.ALIVE:
@@ -208,7 +206,13 @@ class Follower:
                   "again", flush=True)
             return False
         if failed is not None:  # the same files before and after: broken for good
-            self._quarantine(step, before, *failed)
+            file, reason = failed
+            self.quarantined[step] = {"generation": before, "file": str(file), "reason": reason}
+            print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
+                  f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
+                  "if training writes this step again, the new snapshot is probed", flush=True)
+            self._save()
+            self._write_skipped({})
             return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
                            settings=self.recorder.settings, keep_states=bool(self.recorder.pairs),
@@ -237,15 +241,6 @@ class Follower:
                      "probe/worker/lag_steps": lag})
         return True
 
-    def _quarantine(self, step: int, generation: str, file: Path, reason: str) -> None:
-        """Record a snapshot that cannot be probed, and warn once naming its file."""
-        self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
-        print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
-              f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
-              "if training writes this step again, the new snapshot is probed", flush=True)
-        self._save()
-        self._write_skipped({})
-
     def _write_skipped(self, more: dict[int, dict[str, Any]]) -> None:
         """``skipped.json``: the quarantined steps and `more` (incomplete, no space)."""
         steps = {s: {"reason": q["reason"], "file": q["file"]}
@@ -269,8 +264,7 @@ class Follower:
                 "quarantined": {str(k): v for k, v in sorted(self.quarantined.items())},
                 "token": self.lock.token})  # the fencing token of the holder that wrote it
 
-    def _finish(self, probed: list[int], skipped: list[int],
-                incomplete: dict[int, Path]) -> FollowResult:
+    def _finish(self, probed: list[int], incomplete: dict[int, Path]) -> FollowResult:
         """The end-of-run work, unless ``worker.json`` says it is done for this final step."""
         if incomplete:
             print(f"warning: incomplete snapshots of steps {sorted(incomplete)} (no "
@@ -312,6 +306,7 @@ class Follower:
         plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
         print(f"Run {self.run_dir} is done; probes in {table.probe_dir(self.run_dir)}", flush=True)
+        skipped = sorted({*incomplete, *self.quarantined})
         return FollowResult(self.run_dir, probed, "done", frame, skipped, plots, no_space,
                             {s: f"{q['file']}: {q['reason']}"
                              for s, q in sorted(self.quarantined.items())})

@@ -39,7 +39,7 @@ class WorkerLock:
         if not 0 < heartbeat_s < stale_s:
             raise ValueError(f"the lease heartbeat ({heartbeat_s} s) must be > 0 and shorter "
                              f"than its stale time ({stale_s} s)")
-        self.folder, self.kind = Path(folder), kind
+        self.folder = Path(folder)  # `kind`: checked, and every kind takes the lease alone
         self.path = self.folder / LEASE_NAME
         self.stale_s, self.heartbeat_s = float(stale_s), float(heartbeat_s)
         self.lease: SoftFileLease | None = None
@@ -192,5 +192,4 @@ def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
             f"follow_timeout_s) must be at least {BEATS_PER_TIMEOUT} heartbeats of the training "
             f"run (probe.worker.heartbeat_s={heartbeat_s:g} s), or a late beat reads as a dead "
             f"run; raise the timeout to >= {BEATS_PER_TIMEOUT * heartbeat_s:g} s or lower "
-            "heartbeat_s"
-        )
+            "heartbeat_s")

@@ -34,10 +34,8 @@ OFFLOAD_MODES = ("snapshots", "worker")
 def check_offload(value: str | None) -> str | None:
     """``probe.offload`` checked: null, ``snapshots`` or ``worker``; a ValueError names it."""
     if value is not None and value not in OFFLOAD_MODES:
-        raise ValueError(
-            f"probe.offload must be null (probe in the training process) or one of "
-            f"{', '.join(OFFLOAD_MODES)}, got {value!r}"
-        )
+        raise ValueError(f"probe.offload must be null (probe in the training process) or one "
+                         f"of {', '.join(OFFLOAD_MODES)}, got {value!r}")
     return value
 
 
@@ -68,8 +66,6 @@ class SnapshotWriter:
         self.step = 0  # the training step, for the heartbeat (`progress`)
         self.step_time = time.time()  # when training reached `step`: the worker judges progress
         self.rank = 0  # the writing process's global rank, in each completion marker
-        self.waited = 0.0  # seconds training waited for a previous snapshot's write
-        self.copy_seconds = 0.0  # seconds in the copies themselves (on the training thread)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] | None = None
@@ -221,17 +217,13 @@ class SnapshotWriter:
             self._pending.result()
         finally:
             self._pending = None
-        waited = time.perf_counter() - started
-        self.waited += waited
-        return waited
+        return time.perf_counter() - started
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
         """Copy `model`'s weights now and write them as ``step_<step>`` in the background, after the
         previous write (its seconds waited returned); `meta`: the rest of the checkpoint."""
         waited = self.wait()
-        started = time.perf_counter()
         weights, event = self._copy(model.state_dict())
-        self.copy_seconds += time.perf_counter() - started
         self._pending = self._pool.submit(self._write, step, weights, event, meta)
         return waited
 

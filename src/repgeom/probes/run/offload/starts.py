@@ -52,10 +52,9 @@ def claim(folder: Path) -> int:
         path = starts / f"{number:09d}{SUFFIX}"
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return number
         except FileExistsError:  # another start took this number meanwhile: the next one
             number += 1
-            continue
-        return number
 
 
 def gone(folder: Path, number: int, written: Path) -> bool:

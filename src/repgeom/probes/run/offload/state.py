@@ -19,6 +19,8 @@ from repgeom.probes.run.offload.layout import (
     DONE,
     DONE_FIELDS,
     NUMBER,
+    OBJECT,
+    TEXT,
     WEIGHTS,
     is_a,
     problem,
@@ -36,21 +38,22 @@ def _warn(path: Path, name: str, value: Any, wanted: str) -> None:
               flush=True)
 
 
-def _field(path: Path, name: str, raw: Any, ok: Callable[[Any], bool], wanted: str,
+def _field(path: Path, record: dict, name: str, ok: Callable[[Any], bool], wanted: str,
            empty: Any) -> Any:
-    """`raw` when ``ok(raw)`` (or None: absent), else `empty`, warned."""
+    """``record[name]`` when ``ok`` (or None: absent), else `empty`, warned."""
+    raw = record.get(name)
     if raw is None or ok(raw):
         return empty if raw is None else raw
     _warn(path, name, raw, wanted)
     return empty
 
 
-def _by_step(path: Path, name: str, raw: Any, ok: Callable[[Any], bool],
+def _by_step(path: Path, record: dict, name: str, ok: Callable[[Any], bool],
              wanted: str) -> dict[int, Any]:
-    """`raw` (``{"<step>": value}``) as step -> value; a bad entry is left out (warned)."""
+    """``record[name]`` (``{"<step>": value}``) as step -> value; a bad entry left out, warned."""
     steps = {}
-    for key, value in _field(path, name, raw, lambda v: isinstance(v, dict),
-                             "an object of steps", {}).items():
+    for key, value in _field(path, record, name, is_a[OBJECT], "an object of steps",
+                             {}).items():
         if str(key).isascii() and str(key).isdigit() and ok(value):
             steps[int(key)] = value
         else:
@@ -76,19 +79,15 @@ def read_worker_state(path: Path) -> WorkerState:
     raw = read_json(path) or {}
     entry = ("generation", "file", "reason")
     return WorkerState(
-        done={k: float(v) for k, v in _by_step(path, "done", raw.get("done"), is_a[NUMBER],
-                                                "a time").items()},
-        seconds=float(_field(path, "seconds", raw.get("seconds"), is_a[NUMBER], "a number",
-                             0.0)),
+        done={k: float(v) for k, v in _by_step(path, raw, "done", is_a[NUMBER], "a time").items()},
+        seconds=float(_field(path, raw, "seconds", is_a[NUMBER], "a number", 0.0)),
         phase_alerts=raw.get("phase_alerts", []),
-        spec=_field(path, "spec", raw.get("spec"), lambda v: isinstance(v, dict), "an object",
-                    None),
-        options=_field(path, "options", raw.get("options"), lambda v: isinstance(v, dict),
-                       "an object", {}),
-        finished=_field(path, "finished", raw.get("finished"),
+        spec=_field(path, raw, "spec", is_a[OBJECT], "an object", None),
+        options=_field(path, raw, "options", is_a[OBJECT], "an object", {}),
+        finished=_field(path, raw, "finished",
                         lambda v: isinstance(v, int) and not isinstance(v, bool), "a step", None),
-        quarantined=_by_step(path, "quarantined", raw.get("quarantined"),
-                             lambda v: isinstance(v, dict) and all(k in v for k in entry),
+        quarantined=_by_step(path, raw, "quarantined",
+                             lambda v: is_a[OBJECT](v) and all(k in v for k in entry),
                              "an object with generation, file and reason"))
 
 
@@ -104,8 +103,7 @@ def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
         return None
     if raw["number"] < starts.newest(path.parent):
         return None
-    return raw["step"], _by_step(path, "skipped_for_space", raw["skipped_for_space"],
-                                 lambda v: isinstance(v, str), "a reason")
+    return raw["step"], _by_step(path, raw, "skipped_for_space", is_a[TEXT], "a reason")
 
 
 def run_done(folder: Path) -> bool:
