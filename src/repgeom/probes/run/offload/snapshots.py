@@ -78,8 +78,6 @@ class SnapshotWriter:
         self._lease: Any = None  # held while this start lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
-    # -- the run's files ------------------------------------------------------------------------
-
     def start(self, run_info: dict[str, Any]) -> None:
         """Claim this start, sweep what ended starts left, write ``run.json``, start beating."""
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -205,8 +203,6 @@ class SnapshotWriter:
     def waiting(self) -> list[int]:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
         return [step for step, _ in layout.snapshots(self.folder)[0]]
-
-    # -- the snapshot ---------------------------------------------------------------------------
 
     def wait(self) -> float:
         """Block until the snapshot being written is on disk; the seconds waited."""

@@ -73,9 +73,8 @@ def gone(folder: Path, number: int, written: Path) -> bool:
 def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
     """Whether the snapshot whose marker reads `marker` stays for start `number` (`start_id`): it is
     that start's (never rewritten), or a newer start's."""
-    if marker is None:
-        return False
-    return marker.get("start") == start_id or start_number(marker) > number
+    return marker is not None and (
+        marker.get("start") == start_id or start_number(marker) > number)
 
 
 def install(tmp: Path, folder: Path, *, number: int, start_id: str,

@@ -4,15 +4,15 @@ field reads as empty, warned once: never a crash), ``snapshots/done.json`` (the 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repgeom.files import atomic_write_text, read_json
+from repgeom.files import read_json
 from repgeom.probes.core import table
+from repgeom.probes.run import resume
 from repgeom.probes.run.offload import starts
 from repgeom.probes.run.offload.layout import (
     COMPLETE,
@@ -26,8 +26,8 @@ from repgeom.probes.run.offload.layout import (
     problem,
     snapshot_time,
 )
+from repgeom.probes.run.resume import SKIPPED
 
-SKIPPED = "skipped.json"
 _SAID: set[tuple[str, str]] = set()  # (file, problem) warned once, not at every look
 
 
@@ -125,11 +125,7 @@ def generation(path: Path) -> str:
 
 
 def write_skipped(run_dir: Path, steps: dict[int, dict[str, Any]]) -> None:
-    """``probes/skipped.json``: step -> why it has no probe rows (empty: no such step)."""
-    folder = table.probe_dir(run_dir)
-    if not steps and not (folder / SKIPPED).exists():
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / SKIPPED, json.dumps({
-        f"step {step}": {"step": int(step), "revision": None, **why}
-        for step, why in sorted(steps.items())}, indent=2))
+    """``probes/skipped.json`` as for hub revisions (`resume.write_skipped`): step -> why."""
+    if steps or (table.probe_dir(run_dir) / SKIPPED).exists():
+        resume.write_skipped(run_dir, {f"step {step}": {"step": int(step), "revision": None, **why}
+                                       for step, why in sorted(steps.items())})

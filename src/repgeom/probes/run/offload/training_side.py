@@ -121,18 +121,14 @@ class Offloading:
                            "skipped for lack of disk space, so those steps have no probe rows "
                            "(a step's weights are not kept once training moves on); see the "
                            "warnings of the start that skipped them")
-        if self.worker is None:
-            return
         if not current:  # superseded: the newer start's worker probes the run
             self._stop_worker("the newer training start of this run and its worker go on")
-            return
-        if final_step is None:  # training failed or is not recorded: the worker is stopped
+        elif final_step is None:  # training failed or is not recorded: the worker is stopped
             self._stop_worker(again)
-            return
-        if not self.options["wait"]:
-            self.worker = None
-            return  # it stops by itself after the done marker
-        self._wait_for_worker(left=len(writer.waiting()))
+        elif not self.options["wait"]:
+            self.worker = None  # it stops by itself after the done marker
+        elif self.worker is not None:
+            self._wait_for_worker(left=len(writer.waiting()))
 
     def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
         """The end of a fit that did not raise; a finished run, rerun, gets its status, worker."""
