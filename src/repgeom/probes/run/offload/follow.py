@@ -1,7 +1,6 @@
-"""The probe worker that follows a training run: ``python probe.py follow=<run folder>``. It
-probes each complete snapshot of `repgeom.probes.run.offload.snapshots` in step order, with the
-training probe's own spec and `ProbeRecorder`, under the run's lease; docs/probing.md ("Probes
-off the training clock", "The run folder") states each guarantee once."""
+"""The probe worker that follows a training run (``python probe.py follow=<run folder>``): it
+probes each complete snapshot in step order, with the training probe's own spec and recorder,
+under the run's lease; docs/probing.md ("Probes off the training clock") states the guarantees."""
 
 from __future__ import annotations
 

@@ -18,8 +18,7 @@ from repgeom.files import atomic_write_text, read_json  # noqa: F401 - read_json
 from repgeom.probes.core import table
 
 SNAPSHOT_DIR = "snapshots"
-MARKER = ".repgeom-snapshots"
-"""The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
+MARKER = ".repgeom-snapshots"  # marks probes/snapshots/ as repgeom's: only such a one is cleaned
 WEIGHTS = "weights.ckpt"
 COMPLETE = "complete.json"
 TRAINING = "training.json"
@@ -53,8 +52,7 @@ def problem(record: Any, fields: dict[str, str]) -> str | None:
 
 
 def marker_problem(path: Path, marker: Any) -> tuple[Path, str] | None:
-    """The file of the snapshot in `path` (its ``complete.json`` read: `marker`) and what is
-    wrong with it (docs/probing.md, "Quarantine"); None when it is whole."""
+    """The file of the snapshot in `path` and what is wrong with it ("Quarantine"), or None."""
     bad = problem(marker, COMPLETE_FIELDS)
     if bad is None and marker["step"] != step_of(path):
         bad = f"step is {marker['step']}, in the folder of step {step_of(path)}"
@@ -152,9 +150,7 @@ def marker_time(marker: Any) -> float | None:
 
 def remove_snapshot(path: Path, *, written: float | None = None,
                     incomplete: bool = False) -> None:
-    """Delete one snapshot folder of ours: moved aside (``.removed``) first, so it is never seen
-    half-deleted; with `written` (the time of the snapshot meant) or `incomplete`, another one
-    found in its place is put back (docs/probing.md, "Replays"). Fenced (`files.check_fence`)."""
+    """Delete a snapshot of ours, moved aside first; another found in its place is put back."""
     if step_of(path) is None or not (path.parent / MARKER).is_file():
         raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
     files.check_fence()  # through the module: whatever check is in force (and tests' patches)
@@ -178,8 +174,7 @@ def start_number(marker: dict[str, Any] | None) -> int:
 
 
 def _put_back(aside: Path, path: Path) -> Path | None:
-    """Rename `aside` back to `path` (None); where another snapshot took `path` meanwhile, the
-    newer start's of the two stays there and the other is returned, to delete."""
+    """Rename `aside` back to `path` (None), unless a newer start's is there: `aside` to delete."""
     for _ in range(2):
         try:
             os.rename(aside, path)

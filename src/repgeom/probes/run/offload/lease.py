@@ -1,7 +1,5 @@
-"""Who holds a run, and whether its trainer lives, on `filelock.SoftFileLease` (docs/probing.md,
-"The run folder"): one probe worker per run (`WorkerLock`, whose token fences every write of the
-worker), each training start's own lease (`hold_start`, `start_gone`), and what the worker reads
-of its trainer (`training_alive`, `Life`)."""
+"""Who holds a run, and whether its trainer lives, on `filelock.SoftFileLease`: the worker's
+lease (`WorkerLock`), each start's (`hold_start`) and `training_alive` ("The run folder")."""
 
 from __future__ import annotations
 
@@ -127,8 +125,7 @@ def start_gone(folder: Path, number: int) -> bool:
 
 
 class Life(enum.Enum):
-    """What the worker reads of the run's trainer (`training_alive`). STOPPED: a signal (it may
-    come back); GONE: its process no longer runs; SILENT: no heartbeat, STUCK: no progress."""
+    """What the worker reads of the run's trainer (`training_alive`; STOPPED: it may come back)."""
 
     ALIVE, NOT_STARTED, FINISHED, STOPPED, FAILED, GONE, SILENT, STUCK, MALFORMED = range(9)
 
@@ -150,10 +147,8 @@ STATES = {"running": Life.ALIVE, "finished": Life.FINISHED, "stopped": Life.STOP
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None,
                    watch: dict[str, Any] | None = None) -> Verdict:
-    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why. Alive: running,
-    its heartbeat and step changed within `timeout_s`, its start not gone. With `watch` (kept
-    by the caller) the ages count on this clock since each was seen to change (nodes' clocks
-    differ); without it, the trainer's times against `now`."""
+    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why; `watch` (kept by
+    the caller): ages on this clock since each change was seen (nodes' clocks differ)."""
     beat = read_json(folder / TRAINING)
     if beat is None:
         return Verdict(Life.NOT_STARTED, "no training process has started in this run folder yet")

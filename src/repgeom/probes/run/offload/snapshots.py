@@ -1,7 +1,6 @@
-"""The training side (rank 0) of ``probe.offload``: `SnapshotWriter` copies the weights at each
-probe step and writes them in the background as ``<run>/probes/snapshots/step_<N>/``, whole or
-not at all, and keeps ``training.json``. docs/probing.md ("Probes off the training clock", "The
-run folder") states its guarantees once; the worker is `repgeom.probes.run.offload.follow`."""
+"""The training side (rank 0) of ``probe.offload``: `SnapshotWriter` writes each probe step's
+weights as ``<run>/probes/snapshots/step_<N>/`` in the background, whole or not at all, and
+``training.json``; docs/probing.md ("Probes off the training clock") states the guarantees."""
 
 from __future__ import annotations
 
@@ -134,8 +133,7 @@ class SnapshotWriter:
 
     def close(self, *, final_step: int | None, stopped: bool = False,
               skipped: dict[int, str] | None = None) -> None:
-        """Wait for the last write, stop the heartbeat, record how this start ended; only `finish`
-        raises (`RunNotRecordedError`): the exception that ended training is the one raised."""
+        """Wait for the last write, stop beating, record how this start ended (`finish` raises)."""
         failed = False
         try:
             self.wait()
@@ -163,8 +161,7 @@ class SnapshotWriter:
             self._lease = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
-        """Record the run as finished at `final_step`: ``done.json``, then ``training.json``; a file
-        that cannot be written raises `RunNotRecordedError` (docs/probing.md, "Full disk")."""
+        """Record the run finished at `final_step`, else `RunNotRecordedError` ("Full disk")."""
         self.progress(final_step)
         if not self.is_current():  # a superseded start's end is not the run's
             self._say_superseded()
@@ -216,8 +213,7 @@ class SnapshotWriter:
         return time.perf_counter() - started
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
-        """Copy `model`'s weights now and write them as ``step_<step>`` in the background, after the
-        previous write (its seconds waited returned); `meta`: the rest of the checkpoint."""
+        """Copy `model`'s weights now, write them with `meta` in the background; seconds waited."""
         waited = self.wait()
         weights, event = self._copy(model.state_dict())
         self._pending = self._pool.submit(self._write, step, weights, event, meta)

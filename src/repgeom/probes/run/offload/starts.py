@@ -71,8 +71,7 @@ def gone(folder: Path, number: int, written: Path) -> bool:
 
 
 def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
-    """Whether the snapshot whose marker reads `marker` stays for start `number` (`start_id`): it is
-    that start's (never rewritten), or a newer start's."""
+    """Whether the snapshot with `marker` stays for start `number`: its own, or a newer start's."""
     return marker is not None and (
         marker.get("start") == start_id or start_number(marker) > number)
 

@@ -1,6 +1,5 @@
-"""The worker's records, read field by field: ``snapshots/worker.json`` (its progress; a bad
-field reads as empty, warned once: never a crash), ``snapshots/done.json`` (the run's end) and
-``probes/skipped.json`` with the quarantine's `generation` (docs/probing.md, "Quarantine")."""
+"""The worker's records, read field by field (a bad field reads as empty, warned): ``worker.json``,
+``done.json`` and ``probes/skipped.json`` (docs/probing.md, "Quarantine")."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ def read_worker_state(path: Path) -> WorkerState:
 
 
 def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
-    """``done.json``: the final step and the steps skipped for space (step -> why); None when it is
-    missing, malformed (warned), or an older start's (a superseded start's end is not the run's)."""
+    """``done.json``: (final step, steps skipped for space); None: missing, bad or superseded."""
     raw = read_json(path)
     if raw is None:
         return None
@@ -112,8 +110,7 @@ def run_done(folder: Path) -> bool:
 
 
 def generation(path: Path) -> str:
-    """What names the snapshot in `path` as it is now (its marker's time, its files' stat): the
-    same generation of a broken snapshot is never tried again."""
+    """What names the snapshot in `path` now (marker time, stats): tried once per generation."""
     parts = [str(snapshot_time(path))]
     for name in (COMPLETE, WEIGHTS):
         try:

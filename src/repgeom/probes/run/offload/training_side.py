@@ -100,8 +100,7 @@ class Offloading:
             logger.log_metrics(metrics, step=step)
 
     def end(self, *, final_step: int | None, stopped: bool = False) -> None:
-        """Record how training ended and wait for our worker (``probe.worker.wait``) or, after
-        a failure or a status not written (raised by `teardown`), stop it."""
+        """Record how training ended; wait for our worker (``probe.worker.wait``), or stop it."""
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         current = writer.is_current()
