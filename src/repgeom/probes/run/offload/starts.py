@@ -78,10 +78,8 @@ def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
 
 def install(tmp: Path, folder: Path, *, number: int, start_id: str,
             superseded: Callable[[], bool]) -> bool:
-    """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start
-    winning (`keeps`): an incomplete or older start's snapshot there is removed first (only
-    that one), nothing once `superseded()`. Whether it went there (False: `tmp` is the
-    caller's to delete)."""
+    """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start winning
+    (`keeps`; nothing once `superseded()`); whether it went there (else `tmp` is the caller's)."""
     for _ in range(3):
         if superseded():
             return False
