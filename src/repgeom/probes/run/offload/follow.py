@@ -1,23 +1,11 @@
-"""The probe worker that follows a training run: ``python probe.py follow=<run folder>``.
-
-It probes each complete snapshot the training callback writes
-(`repgeom.probes.run.offload.snapshots`), in step order, as it appears, with the training probe's
-own spec and probe set (read from the snapshot as ``probe.py ckpt=`` reads a checkpoint), and
-records it with the callback's own `ProbeRecorder`, so its table equals the in-process one. It
-holds the run's lease (`repgeom.probes.run.offload.lease`) and fences every write with it; a
-snapshot whose marker is malformed, or that cannot be read or loaded, is quarantined
-(`repgeom.probes.run.offload.state`). It stops at the newest start's ``done.json``, or when
-the trainer died (`lease.Life`: at once when it failed or is gone, else after
-``follow_timeout_s`` without a heartbeat, progress or new snapshot). docs/probing.md ("Probes off
-the training clock", "The run folder") states each guarantee once.
-"""
+"""The probe worker that follows a training run (``python probe.py follow=<run folder>``): it
+probes each complete snapshot in step order, with the training probe's own spec and recorder,
+under the run's lease; docs/probing.md ("Probes off the training clock") states the guarantees."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +26,7 @@ from repgeom.probes.run.offload.lease import Life, WorkerLock, check_heartbeat, 
 from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
 from repgeom.probes.run.recorder import ProbeRecorder
 
-POLL_S = 0.5
-"""Seconds between two looks at the snapshot folder while nothing is waiting."""
+POLL_S = 0.5  # seconds between two looks at the snapshot folder while nothing is waiting
 
 
 class TrainingDiedError(RuntimeError):
@@ -48,9 +35,7 @@ class TrainingDiedError(RuntimeError):
 
 @dataclass
 class FollowResult:
-    """What a worker did: the steps it probed, why it stopped, the table, the steps it skipped
-    (incomplete or quarantined), those training skipped for lack of space (step -> why), and the
-    quarantined ones (step -> the file and why)."""
+    """What a worker did: the steps probed, why it stopped, the table and the steps skipped."""
 
     run_dir: Path
     probed: list[int]
@@ -63,8 +48,7 @@ class FollowResult:
 
 
 class Follower:
-    """One worker on one run folder (`follow`); its progress (``worker.json``) is read only once
-    it holds the run, never an older state it would write back."""
+    """One worker on one run folder; ``worker.json`` is read only once it holds the run."""
 
     def __init__(self, run_dir: Path, *, device: torch.device, timeout_s: float,
                  keep_snapshots: bool, wandb: bool = True, lock: str = "auto") -> None:
@@ -93,13 +77,9 @@ class Follower:
         self._options, self.finished = state.options, state.finished
         self.quarantined = state.quarantined
 
-    @contextlib.contextmanager
-    def fenced(self) -> Iterator[None]:
+    def fenced(self) -> Any:
         """Every rename into place and deletion inside checks the lease (`WorkerLock.check`)."""
-        with files.fenced(self.lock.check):
-            yield
-
-    # -- the loop -------------------------------------------------------------------------------
+        return files.fenced(self.lock.check)
 
     def run(self) -> FollowResult:
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
@@ -141,9 +121,7 @@ class Follower:
                 last_news = time.monotonic()
                 continue
             if finished:
-                return self._finish(probed, sorted({*(s for s, _ in incomplete),
-                                                    *self.quarantined}),
-                                    {s: p for s, p in incomplete})
+                return self._finish(probed, dict(incomplete))
             verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
             certain = verdict.life.certain  # stop at once, after a last look found nothing new
             if verdict.life is Life.ALIVE:
@@ -159,8 +137,6 @@ class Follower:
                     f"{sorted(self.done) or 'none'}; resume training with its own command, then "
                     f"run this worker again (it goes on from there)")
             time.sleep(POLL_S)
-
-    # -- one snapshot ---------------------------------------------------------------------------
 
     def _prepare(self, path: Path, ckpt: dict) -> None:
         """The spec, probe set, recorder and W&B runs, from the first snapshot."""
@@ -182,12 +158,21 @@ class Follower:
             plot_metrics=self._options.get("plot_metrics"),
             n_probes=self._options.get("n_probes"))
         self.recorder.load_state_dict(self._phase_state)
-        if self.use_wandb:
-            self.runs = _wandb_runs(self.folder, self.run_dir, spec)
+        info = self.use_wandb and (snapshots.read_json(self.folder / snapshots.RUN) or {}).get(
+            "wandb")
+        if info:  # a W&B run in the training run's group (run.json), "<its name>-probes"
+            import wandb
+
+            run = wandb.init(
+                project=info.get("project"), group=info.get("group"),
+                name=f"{info.get('name')}-probes", id=f"{info['id']}-probes", resume="allow",
+                job_type="probe", dir=str(self.run_dir), config={"followed_run": info["id"]},
+                mode="offline" if info.get("offline") else "online")
+            sink.prepare_wandb_run(run, {"probe": spec.to_dict()})
+            self.runs = [run]
 
     def _read(self, path: Path) -> tuple[Any, tuple[Path, str] | None]:
-        """The model of the snapshot in `path` and its masking, or None and the file and error
-        that stopped it; errors of the run's own setup (`_prepare`) are raised."""
+        """The snapshot's model and masking, or None and the failing file and why."""
         weights, ckpt = path / snapshots.WEIGHTS, None
         try:
             ckpt = read_checkpoint(weights)
@@ -205,8 +190,7 @@ class Follower:
                           if gone else f"{type(error).__name__}: {error}")
 
     def _probe(self, step: int, path: Path, *, waiting: int) -> bool:
-        """Probe, record and delete one snapshot; False when it changed or vanished while read
-        (nothing recorded), or is quarantined (a bad marker, unreadable, not loadable)."""
+        """Probe, record and delete one snapshot; False: it changed while read, or quarantined."""
         started = time.perf_counter()
         before = records.generation(path)
         marker, unreadable = files.read_json_why(path / snapshots.COMPLETE)  # None, None: gone
@@ -221,7 +205,13 @@ class Follower:
                   "again", flush=True)
             return False
         if failed is not None:  # the same files before and after: broken for good
-            self._quarantine(step, before, *failed)
+            file, reason = failed
+            self.quarantined[step] = {"generation": before, "file": str(file), "reason": reason}
+            print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
+                  f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
+                  "if training writes this step again, the new snapshot is probed", flush=True)
+            self._save()
+            self._write_skipped({})
             return False
         output = probe_gpt(model, self.probes, batch_size=self.spec.batch_size,
                            settings=self.recorder.settings, keep_states=bool(self.recorder.pairs),
@@ -250,15 +240,6 @@ class Follower:
                      "probe/worker/lag_steps": lag})
         return True
 
-    def _quarantine(self, step: int, generation: str, file: Path, reason: str) -> None:
-        """Record a snapshot that cannot be probed, and warn once naming its file."""
-        self.quarantined[step] = {"generation": generation, "file": str(file), "reason": reason}
-        print(f"warning: the snapshot of step {step} cannot be probed and is skipped: {file}: "
-              f"{reason}. It is named in {table.probe_dir(self.run_dir) / records.SKIPPED}; "
-              "if training writes this step again, the new snapshot is probed", flush=True)
-        self._save()
-        self._write_skipped({})
-
     def _write_skipped(self, more: dict[int, dict[str, Any]]) -> None:
         """``skipped.json``: the quarantined steps and `more` (incomplete, no space)."""
         steps = {s: {"reason": q["reason"], "file": q["file"]}
@@ -282,8 +263,7 @@ class Follower:
                 "quarantined": {str(k): v for k, v in sorted(self.quarantined.items())},
                 "token": self.lock.token})  # the fencing token of the holder that wrote it
 
-    def _finish(self, probed: list[int], skipped: list[int],
-                incomplete: dict[int, Path]) -> FollowResult:
+    def _finish(self, probed: list[int], incomplete: dict[int, Path]) -> FollowResult:
         """The end-of-run work, unless ``worker.json`` says it is done for this final step."""
         if incomplete:
             print(f"warning: incomplete snapshots of steps {sorted(incomplete)} (no "
@@ -325,6 +305,7 @@ class Follower:
         plots = sorted(table.plot_dir(self.run_dir).glob("*.png"))
         self._finish_wandb()
         print(f"Run {self.run_dir} is done; probes in {table.probe_dir(self.run_dir)}", flush=True)
+        skipped = sorted({*incomplete, *self.quarantined})
         return FollowResult(self.run_dir, probed, "done", frame, skipped, plots, no_space,
                             {s: f"{q['file']}: {q['reason']}"
                              for s, q in sorted(self.quarantined.items())})
@@ -336,8 +317,7 @@ class Follower:
 
 
 def work_left(run_dir: Path) -> bool:
-    """Whether a finished run (``done.json``) still has probing to do: a complete snapshot
-    not probed (nor quarantined as it is), or the end-of-run work not done (``worker.json``)."""
+    """Whether a finished run still has probing to do (a snapshot or its end-of-run work)."""
     folder = snapshots.snapshot_dir(run_dir)
     done = read_done(folder / snapshots.DONE)
     if done is None:
@@ -349,30 +329,9 @@ def work_left(run_dir: Path) -> bool:
     return bool(waiting) or state.finished != done[0]
 
 
-def _wandb_runs(folder: Path, run_dir: Path, spec: ProbeSpec) -> list:
-    """A W&B run in the training run's group (``run.json``), named ``<its name>-probes``; none
-    when training logged to no W&B run."""
-    info = (snapshots.read_json(folder / snapshots.RUN) or {}).get("wandb")
-    if not info:
-        return []
-    import wandb
-
-    run = wandb.init(
-        project=info.get("project"), group=info.get("group"), name=f"{info.get('name')}-probes",
-        id=f"{info['id']}-probes", resume="allow", job_type="probe", dir=str(run_dir),
-        mode="offline" if info.get("offline") else "online",
-        config={"followed_run": info["id"]},
-    )
-    sink.prepare_wandb_run(run, {"probe": spec.to_dict()})
-    return [run]
-
-
 def follow(run_dir: str | os.PathLike, *, device: torch.device | str = "cpu",
            timeout_s: float = 600.0, keep_snapshots: bool = False,
            wandb: bool = True, lock: str = "auto") -> FollowResult:
-    """Probe the snapshots of the run in `run_dir` until it is done (see the module); raises
-    `TrainingDiedError` when it stopped without its done marker (what was complete probed
-    first), `lease.LockLostError` when another worker took the run over. `lock`:
-    ``follow_lock``, every kind of which takes the lease."""
+    """Probe the run in `run_dir` until done (see the module); `TrainingDiedError` if it died."""
     return Follower(Path(run_dir), device=torch.device(device), timeout_s=timeout_s,
                     keep_snapshots=keep_snapshots, wandb=wandb, lock=lock).run()

@@ -18,8 +18,7 @@ from repgeom.files import atomic_write_text, read_json  # noqa: F401 - read_json
 from repgeom.probes.core import table
 
 SNAPSHOT_DIR = "snapshots"
-MARKER = ".repgeom-snapshots"
-"""The file that marks ``probes/snapshots/`` as repgeom's (only such a folder is cleaned)."""
+MARKER = ".repgeom-snapshots"  # marks probes/snapshots/ as repgeom's: only such a one is cleaned
 WEIGHTS = "weights.ckpt"
 COMPLETE = "complete.json"
 TRAINING = "training.json"
@@ -33,8 +32,7 @@ COMPLETE_FIELDS = {"step": WHOLE, "time": NUMBER, "rank": WHOLE, "pid": WHOLE, "
 TRAINING_FIELDS = {"pid": WHOLE, "step": WHOLE, "step_time": NUMBER, "time": NUMBER,
                    "state": TEXT, "heartbeat_s": NUMBER, "number": WHOLE}
 DONE_FIELDS = {"step": WHOLE, "time": NUMBER, "skipped_for_space": OBJECT, "number": WHOLE}
-"""Every field of each marker, and what it must be: a missing key, a wrong type, NaN or an
-infinity (which Python's json reads without complaint) makes the marker malformed."""
+"""Every field of each marker: one missing, of a wrong type, NaN or infinite is malformed."""
 is_a = {NUMBER: lambda v: isinstance(v, int | float) and not isinstance(v, bool)
        and math.isfinite(v),
        WHOLE: lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
@@ -54,9 +52,7 @@ def problem(record: Any, fields: dict[str, str]) -> str | None:
 
 
 def marker_problem(path: Path, marker: Any) -> tuple[Path, str] | None:
-    """What is wrong with the snapshot in `path`, whose ``complete.json`` reads `marker`, and in
-    which file: a field (`COMPLETE_FIELDS`), another step than its folder's, or a weights file
-    of another size than the marker records (cut short); None when it is whole."""
+    """The file of the snapshot in `path` and what is wrong with it ("Quarantine"), or None."""
     bad = problem(marker, COMPLETE_FIELDS)
     if bad is None and marker["step"] != step_of(path):
         bad = f"step is {marker['step']}, in the folder of step {step_of(path)}"
@@ -85,8 +81,7 @@ REMOVED = ".removed"  # one being deleted: .step_<N>.<random id>.removed (no pid
 
 
 def step_of(path: Path) -> int | None:
-    """``step_000000125`` (or its hidden ``.step_000000125.<id>.tmp`` or ``.<id>.removed``) -> 125;
-    None for any other name."""
+    """``step_000000125`` (or its hidden ``.tmp`` or ``.removed``) -> 125; else None."""
     name = path.name
     if name.startswith(".") and name.endswith((WRITING, REMOVED)):
         name = name[1:].split(".", 1)[0]
@@ -96,8 +91,7 @@ def step_of(path: Path) -> int | None:
 
 
 def writer_of(path: Path) -> int | None:
-    """The number of the start that writes the hidden snapshot folder `path`; None for any
-    other name."""
+    """The number of the start that writes the hidden snapshot folder `path`, or None."""
     if not path.name.startswith(".") or not path.name.endswith(WRITING):
         return None
     number = path.name[1:].split(".", 1)[-1].split("-", 1)[0]
@@ -105,8 +99,7 @@ def writer_of(path: Path) -> int | None:
 
 
 def snapshots(folder: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
-    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order;
-    incomplete: a ``step_<N>`` without ``complete.json``, or a hidden one being written."""
+    """(complete, incomplete) snapshots of `folder` as (step, folder), each in step order."""
     complete, incomplete = [], []
     if not folder.is_dir():
         return complete, incomplete
@@ -140,7 +133,7 @@ def leftovers(folder: Path, *, min_age_s: float = 0.0) -> list[Path]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """`data` as JSON at `path`, atomically (`repgeom.files.atomic_write_text`)."""
+    """`data` as JSON at `path`, atomically."""
     atomic_write_text(path, json.dumps(data, indent=1))
 
 
@@ -150,19 +143,14 @@ def snapshot_time(path: Path) -> float | None:
 
 
 def marker_time(marker: Any) -> float | None:
-    """`snapshot_time` of a ``complete.json`` already read; None when it is unreadable or its
-    time is not a finite number (NaN never equals itself: it could never be recorded as done)."""
+    """`snapshot_time` of a marker read; None unless a finite number (NaN never equals itself)."""
     time_ = marker.get("time") if isinstance(marker, dict) else None
     return float(time_) if is_a[NUMBER](time_) else None
 
 
 def remove_snapshot(path: Path, *, written: float | None = None,
                     incomplete: bool = False) -> None:
-    """Delete one snapshot folder of ours (in a marked folder): renamed to a hidden
-    ``.step_<N>.<random id>.removed`` first, so ``step_<N>`` is gone at once, never half-deleted.
-    With `written` (the time of the snapshot probed) or `incomplete`, one found in its place
-    that is not that snapshot (a replay's, a complete one) is put back. The fence
-    (`repgeom.files.check_fence`) runs first: a worker that lost the run deletes nothing."""
+    """Delete a snapshot of ours, moved aside first; another found in its place is put back."""
     if step_of(path) is None or not (path.parent / MARKER).is_file():
         raise ValueError(f"{path} is not a repgeom snapshot folder; not deleting it")
     files.check_fence()  # through the module: whatever check is in force (and tests' patches)
@@ -180,15 +168,13 @@ def remove_snapshot(path: Path, *, written: float | None = None,
 
 
 def start_number(marker: dict[str, Any] | None) -> int:
-    """The number of the training start that wrote a snapshot, from its ``complete.json``
-    (`marker`, read); -1 when it names none (an older version's, unreadable)."""
+    """The number of the start that wrote a snapshot, from its marker read; -1 when none."""
     number = (marker or {}).get("number")
     return number if isinstance(number, int) and not isinstance(number, bool) else -1
 
 
 def _put_back(aside: Path, path: Path) -> Path | None:
-    """Rename `aside` back to `path`; None when done. Where another snapshot took `path`
-    meanwhile, the newer start's of the two stays there: the other is returned, to delete."""
+    """Rename `aside` back to `path` (None), unless a newer start's is there: `aside` to delete."""
     for _ in range(2):
         try:
             os.rename(aside, path)
@@ -203,18 +189,17 @@ def _put_back(aside: Path, path: Path) -> Path | None:
     return aside
 
 
-def _move_aside(path: Path, tries: int = 3) -> Path | None:
+def _move_aside(path: Path) -> Path | None:
     """`path` renamed to a hidden ``.step_<N>.<random id>.removed`` beside it; None: gone."""
     stem = path.name.lstrip(".").split(".", 1)[0]
-    for attempt in range(tries):
+    for attempt in range(3):
         gone = path.with_name(f".{stem}.{uuid.uuid4().hex}{REMOVED}")
         try:
             os.rename(path, gone)
+            return gone
         except FileNotFoundError:
             return None
         except OSError as error:
-            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == tries - 1:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or attempt == 2:
                 raise
-            continue
-        return gone
     return None  # not reached: the last try returns or raises

@@ -1,7 +1,5 @@
-"""Who holds a run, and whether its trainer lives, on `filelock.SoftFileLease` (docs/probing.md,
-"The run folder"): one probe worker per run (`WorkerLock`, whose token fences every write of the
-worker), each training start's own lease (`hold_start`, `start_gone`), and what the worker reads
-of its trainer (`training_alive`, `Life`)."""
+"""Who holds a run, and whether its trainer lives, on `filelock.SoftFileLease`: the worker's
+lease (`WorkerLock`), each start's (`hold_start`) and `training_alive` ("The run folder")."""
 
 from __future__ import annotations
 
@@ -39,22 +37,18 @@ class WorkerLock:
         if not 0 < heartbeat_s < stale_s:
             raise ValueError(f"the lease heartbeat ({heartbeat_s} s) must be > 0 and shorter "
                              f"than its stale time ({stale_s} s)")
-        self.folder, self.kind = Path(folder), kind
+        self.folder = Path(folder)  # `kind`: checked, and every kind takes the lease alone
+        self.path = self.folder / LEASE_NAME
         self.stale_s, self.heartbeat_s = float(stale_s), float(heartbeat_s)
         self.lease: SoftFileLease | None = None
         self.token: str | None = None  # while held: the fencing token
-
-    @property
-    def path(self) -> Path:
-        return self.folder / LEASE_NAME
 
     def holder(self) -> str:
         owner = self.lease.owner if self.lease is not None else None
         return "an unknown holder" if owner is None else f"pid {owner.pid} on {owner.hostname}"
 
     def acquire(self, timeout_s: float, what: str) -> None:
-        """Hold the lease within `timeout_s` seconds, saying once whom it waits for; `what` (the
-        run folder) is named in the messages."""
+        """Hold the lease within `timeout_s` s, saying once whom it waits for (`what`: the run)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         self.lease = SoftFileLease(self.path, lease_duration=self.stale_s,
                                    heartbeat_interval=self.heartbeat_s, thread_local=False)
@@ -80,8 +74,7 @@ class WorkerLock:
             time.sleep(POLL_S)
 
     def check(self) -> None:
-        """Raise `LockLostError` unless this worker still holds the run: its marker names its
-        token (read up to `LEASE_READS` times while unreadable) and filelock saw no compromise."""
+        """`LockLostError` unless it still holds the run (docs/probing.md, "The run folder")."""
         if self.token is None or self.lease is None:
             return
         owner = None
@@ -121,9 +114,7 @@ def hold_start(folder: Path, number: int) -> SoftFileLease:
 
 
 def start_gone(folder: Path, number: int) -> bool:
-    """Whether training start `number` of `folder` is gone for sure: it let go of its lease, or
-    holds it from a process of this host that no longer runs. A start on another host, or one
-    that cannot be asked, is not gone: it is judged by its heartbeat."""
+    """Whether training start `number` is gone for sure (docs/probing.md, "The run folder")."""
     lease = _start_lease(folder, number)
     try:
         lease.acquire(timeout=0)
@@ -134,9 +125,7 @@ def start_gone(folder: Path, number: int) -> bool:
 
 
 class Life(enum.Enum):
-    """What the worker reads of the run's trainer (`training_alive`): it decides on this, never
-    on a message's wording. STOPPED: a signal (a SLURM requeue; it may come back); GONE: its
-    process no longer runs; SILENT: no heartbeat, STUCK: no progress, for the timeout."""
+    """What the worker reads of the run's trainer (`training_alive`; STOPPED: it may come back)."""
 
     ALIVE, NOT_STARTED, FINISHED, STOPPED, FAILED, GONE, SILENT, STUCK, MALFORMED = range(9)
 
@@ -158,13 +147,8 @@ STATES = {"running": Life.ALIVE, "finished": Life.FINISHED, "stopped": Life.STOP
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None,
                    watch: dict[str, Any] | None = None) -> Verdict:
-    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why.
-
-    Alive: state ``running``, a heartbeat less than `timeout_s` old, a training step that moved
-    less than `timeout_s` ago (a deadlocked trainer's heartbeat thread still beats), and its
-    start not gone (`start_gone`). With `watch` (kept by the caller between looks) the ages count
-    on this process's clock from when it saw the heartbeat, and the step, last change: two
-    nodes' clocks can be minutes apart. Without it, the trainer's times against `now`."""
+    """What `folder`'s ``training.json`` says of its trainer (`Life`), and why; `watch` (kept by
+    the caller): ages on this clock since each change was seen (nodes' clocks differ)."""
     beat = read_json(folder / TRAINING)
     if beat is None:
         return Verdict(Life.NOT_STARTED, "no training process has started in this run folder yet")
@@ -203,5 +187,4 @@ def check_heartbeat(heartbeat_s: float, timeout_s: float) -> None:
             f"follow_timeout_s) must be at least {BEATS_PER_TIMEOUT} heartbeats of the training "
             f"run (probe.worker.heartbeat_s={heartbeat_s:g} s), or a late beat reads as a dead "
             f"run; raise the timeout to >= {BEATS_PER_TIMEOUT * heartbeat_s:g} s or lower "
-            "heartbeat_s"
-        )
+            "heartbeat_s")

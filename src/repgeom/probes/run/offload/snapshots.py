@@ -1,12 +1,6 @@
-"""Probes off the training clock: the training side (rank 0) of ``probe.offload``. At each probe
-step `SnapshotWriter.snapshot` copies the weights (before the next optimizer step: on a GPU into
-pinned buffers on a side stream the next ``optimizer.step`` waits for) and a background thread
-writes them, whole or not at all, as ``<run>/probes/snapshots/step_<N>/``; a heartbeat thread
-keeps ``training.json``; `close` records how the start ended. The files, the rules between
-overlapping starts (`repgeom.probes.run.offload.starts`), the fence of a superseded start and the
-full-disk behaviour are described once, in docs/probing.md ("Probes off the training clock",
-"The run folder"); a worker (`repgeom.probes.run.offload.follow`) probes the snapshots.
-"""
+"""The training side (rank 0) of ``probe.offload``: `SnapshotWriter` writes each probe step's
+weights as ``<run>/probes/snapshots/step_<N>/`` in the background, whole or not at all, and
+``training.json``; docs/probing.md ("Probes off the training clock") states the guarantees."""
 
 from __future__ import annotations
 
@@ -39,10 +33,8 @@ OFFLOAD_MODES = ("snapshots", "worker")
 def check_offload(value: str | None) -> str | None:
     """``probe.offload`` checked: null, ``snapshots`` or ``worker``; a ValueError names it."""
     if value is not None and value not in OFFLOAD_MODES:
-        raise ValueError(
-            f"probe.offload must be null (probe in the training process) or one of "
-            f"{', '.join(OFFLOAD_MODES)}, got {value!r}"
-        )
+        raise ValueError(f"probe.offload must be null (probe in the training process) or one "
+                         f"of {', '.join(OFFLOAD_MODES)}, got {value!r}")
     return value
 
 
@@ -54,42 +46,12 @@ def _free_bytes(folder: Path) -> int | None:
         return None
 
 
-def _disk_full(error: BaseException) -> OSError | None:
-    """The ENOSPC or EDQUOT behind `error`, if any. torch.save does not raise it as such: its
-    zip writer turns the OSError of the file's write into a RuntimeError ("unexpected pos"),
-    with the OSError as its ``__context__``; so the whole chain is searched."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return error
-        error = error.__cause__ or error.__context__
-    return None
-
-
-
 class RunNotRecordedError(RuntimeError):
     """Training finished, but ``done.json`` or ``training.json`` could not be written."""
 
 
-def _not_recorded(path: Path, final_step: int, error: OSError) -> str:
-    """What `RunNotRecordedError` says: the file, its folder and free space, and the fix."""
-    free = _free_bytes(path.parent)
-    space = "unknown" if free is None else f"{free / 1e9:.2f} GB"
-    fix = ("free some space on that disk (or raise the quota)"
-           if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
-    return (f"training finished at step {final_step} and its checkpoints are saved, but the run "
-            f"could not be recorded as finished: writing {path.name} in {path.parent} failed "
-            f"({error.strerror or error}; {space} free there). To finish it, {fix}, then run the "
-            "same train.py command again: it resumes the finished run without training and writes "
-            f"{path.name}; then its probe worker (probe.offload=worker), or python probe.py "
-            "follow=<the run folder>, probes what is left")
-
-
 class SnapshotWriter:
-    """Copies the weights at a probe step and writes them in a background thread (rank 0 only)
-    into `run_dir`; ``training.json`` every `heartbeat_s`; a snapshot that would leave less than
-    `min_free_gb` GB free is skipped."""
+    """Writes the snapshots and ``training.json`` of `run_dir` (rank 0 only; see the module)."""
 
     def __init__(self, run_dir: Path, *, heartbeat_s: float, min_free_gb: float = 1.0) -> None:
         if heartbeat_s <= 0:
@@ -103,8 +65,6 @@ class SnapshotWriter:
         self.step = 0  # the training step, for the heartbeat (`progress`)
         self.step_time = time.time()  # when training reached `step`: the worker judges progress
         self.rank = 0  # the writing process's global rank, in each completion marker
-        self.waited = 0.0  # seconds training waited for a previous snapshot's write
-        self.copy_seconds = 0.0  # seconds in the copies themselves (on the training thread)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] | None = None
@@ -117,11 +77,8 @@ class SnapshotWriter:
         self._lease: Any = None  # held while this start lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
-    # -- the run's files ------------------------------------------------------------------------
-
     def start(self, run_info: dict[str, Any]) -> None:
-        """Claim this start's number, prepare the folder (incomplete snapshots of ended starts
-        and an old done marker removed), write ``run.json`` and start the heartbeat."""
+        """Claim this start, sweep what ended starts left, write ``run.json``, start beating."""
         self.folder.mkdir(parents=True, exist_ok=True)
         marker = self.folder / layout.MARKER
         if not marker.is_file():
@@ -145,15 +102,12 @@ class SnapshotWriter:
         self._heartbeat.start()
 
     def progress(self, step: int, *, busy: bool = False) -> None:
-        """Training is at `step` (the next heartbeat says so, with when it got there); `busy`:
-        it is still there but works (a validation batch ended), which counts as progress too."""
+        """Training is at `step` (`busy`: still there but working, which counts as progress too)."""
         if step != self.step or busy:
             self.step, self.step_time = int(step), time.time()
 
     def is_current(self) -> bool:
-        """Whether this start is still the run's newest: the fence every write of the run's
-        shared state checks (snapshots, ``training.json``, ``done.json``); a callback may ask it
-        too. A writer that claimed no start (`finish` of a finished run, rerun) is current."""
+        """Whether this start is still the run's newest: the fence of every shared write."""
         return self.number < 0 or starts.newest(self.folder) <= self.number
 
     def _beat(self, state: str) -> None:
@@ -179,10 +133,7 @@ class SnapshotWriter:
 
     def close(self, *, final_step: int | None, stopped: bool = False,
               skipped: dict[int, str] | None = None) -> None:
-        """Wait for the last write, stop the heartbeat, and record how this start ended: with
-        `final_step` finished (`finish`), else ``failed``, or ``stopped`` (a signal: it may come
-        back); a superseded start records nothing. Only `finish` raises (`RunNotRecordedError`):
-        the exception that ended training is the one raised."""
+        """Wait for the last write, stop beating, record how this start ended (`finish` raises)."""
         failed = False
         try:
             self.wait()
@@ -210,11 +161,7 @@ class SnapshotWriter:
             self._lease = None
 
     def finish(self, final_step: int, skipped: dict[int, str] | None = None) -> None:
-        """Record the run as finished at `final_step` (also a rerun's, where an earlier start
-        could not): ``done.json`` (with the steps skipped for space: `skipped` and this
-        writer's), then ``training.json`` ``finished``. A file that cannot be written raises
-        `RunNotRecordedError` naming it, its free space and the fix (``stopped`` is written if
-        it can be: the run comes back when rerun)."""
+        """Record the run finished at `final_step`, else `RunNotRecordedError` ("Full disk")."""
         self.progress(final_step)
         if not self.is_current():  # a superseded start's end is not the run's
             self._say_superseded()
@@ -229,7 +176,18 @@ class SnapshotWriter:
             self._beat("finished")
         except OSError as error:
             self._try_beat("stopped")
-            raise RunNotRecordedError(_not_recorded(path, final_step, error)) from error
+            free = _free_bytes(path.parent)
+            fix = ("free some space on that disk (or raise the quota)"
+                   if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make that folder writable")
+            raise RunNotRecordedError(
+                f"training finished at step {final_step} and its checkpoints are saved, but the "
+                f"run could not be recorded as finished: writing {path.name} in {path.parent} "
+                f"failed ({error.strerror or error}; "
+                f"{'unknown' if free is None else f'{free / 1e9:.2f} GB'} free there). To finish "
+                f"it, {fix}, then run the same train.py command again: it resumes the finished "
+                f"run without training and writes {path.name}; then its probe worker "
+                "(probe.offload=worker), or python probe.py follow=<the run folder>, probes what "
+                "is left") from error
 
     def _try_beat(self, state: str) -> None:
         """`_beat`, where a full disk only logs: the caller has a more important error."""
@@ -243,8 +201,6 @@ class SnapshotWriter:
         """Steps of the complete snapshots no worker has probed yet (still on disk)."""
         return [step for step, _ in layout.snapshots(self.folder)[0]]
 
-    # -- the snapshot ---------------------------------------------------------------------------
-
     def wait(self) -> float:
         """Block until the snapshot being written is on disk; the seconds waited."""
         if self._pending is None:
@@ -254,18 +210,12 @@ class SnapshotWriter:
             self._pending.result()
         finally:
             self._pending = None
-        waited = time.perf_counter() - started
-        self.waited += waited
-        return waited
+        return time.perf_counter() - started
 
     def snapshot(self, step: int, model: torch.nn.Module, meta: dict[str, Any]) -> float:
-        """Copy `model`'s weights now and write them, with `meta` (the rest of the checkpoint),
-        as ``step_<step>`` in the background; a previous snapshot still being written is waited
-        for first (its seconds are returned): one set of buffers, at most one waiting."""
+        """Copy `model`'s weights now, write them with `meta` in the background; seconds waited."""
         waited = self.wait()
-        started = time.perf_counter()
         weights, event = self._copy(model.state_dict())
-        self.copy_seconds += time.perf_counter() - started
         self._pending = self._pool.submit(self._write, step, weights, event, meta)
         return waited
 
@@ -317,18 +267,35 @@ class SnapshotWriter:
         # containers) may share a pid, and one must never write into or remove the other's
         tmp = self.folder / f".{folder.name}.{self.number}-{uuid.uuid4().hex[:16]}{layout.WRITING}"
         try:
-            self._write_files(folder, tmp, step, weights, meta)
+            tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
+            path = tmp / layout.WEIGHTS
+            with open(path, "wb") as handle:
+                torch.save({**meta, "global_step": int(step),
+                            "state_dict": {f"model.{k}": v for k, v in weights.items()}}, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            layout.write_json(tmp / layout.COMPLETE, {
+                "step": int(step), "time": time.time(), "rank": int(self.rank),
+                "pid": os.getpid(), "start": self.start_id, "number": self.number,
+                "bytes": path.stat().st_size})
+            if not starts.install(tmp, folder, number=self.number, start_id=self.start_id,
+                                  superseded=lambda: self._superseded(step)):
+                shutil.rmtree(tmp, ignore_errors=True)  # kept: ours, or a newer start's is there
         except Exception as error:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays, whatever failed
-            full = _disk_full(error)
-            if full is None:
+            # torch.save's zip writer turns ENOSPC into a RuntimeError ("unexpected pos") whose
+            # __context__ is the OSError: the whole chain is searched
+            full, seen = error, set()
+            while full is not None and id(full) not in seen and not (
+                    isinstance(full, OSError) and full.errno in (errno.ENOSPC, errno.EDQUOT)):
+                seen.add(id(full))
+                full = full.__cause__ or full.__context__
+            if full is None or id(full) in seen:
                 raise
             self._skip(step, f"{full.strerror or full} while writing")
 
     def _superseded(self, step: int) -> bool:
-        """Whether a newer training start of this run has begun: this one (still alive, on a
-        hung node, say) then writes no more snapshots (its weights are an abandoned
-        trajectory's), nor the run's state."""
+        """Whether a newer start has begun: this one writes nothing more ("Overlapping starts")."""
         if self.is_current():
             return False
         self._say_superseded()
@@ -350,22 +317,3 @@ class SnapshotWriter:
             "disk full: the snapshot of step %d is skipped, so that step is not probed (%s; "
             "%s free in %s); training goes on. Free some space, or write the run to a larger "
             "disk", step, why, where, self.folder)
-
-    def _write_files(self, folder: Path, tmp: Path, step: int,
-                     weights: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-        """The snapshot written into `tmp`, then renamed to `folder` whole."""
-        tmp.mkdir(parents=True)  # new: a write cut by a kill is removed by the next start
-        checkpoint = {**meta, "global_step": int(step),
-                      "state_dict": {f"model.{k}": v for k, v in weights.items()}}
-        path = tmp / layout.WEIGHTS
-        with open(path, "wb") as handle:
-            torch.save(checkpoint, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        layout.write_json(tmp / layout.COMPLETE, {"step": int(step), "time": time.time(),
-                                    "rank": int(self.rank), "pid": os.getpid(),
-                                    "start": self.start_id, "number": self.number,
-                                    "bytes": path.stat().st_size})
-        if not starts.install(tmp, folder, number=self.number, start_id=self.start_id,
-                              superseded=lambda: self._superseded(step)):
-            shutil.rmtree(tmp, ignore_errors=True)  # kept: ours, or a newer start's, is there

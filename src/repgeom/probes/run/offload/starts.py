@@ -1,10 +1,6 @@
-"""The training starts of one run, in the order they began (docs/probing.md, "Overlapping
-starts"): each claims the next number in ``<run>/probes/snapshots/starts/`` (``<number>.lock``
-created with ``O_EXCL``, so numbers follow the order of the claims whatever the hosts' clocks
-say; the files stay) and holds its lease (`lease.hold_start`) while it lives. The newest start
-wins (`keeps`, `install`); a superseded one writes nothing more (`SnapshotWriter.is_current`); a
-start sweeps only the temporaries of starts that have ended (`gone`).
-"""
+"""The training starts of one run, in the order they began: each claims the next number in
+``<run>/probes/snapshots/starts/`` (created with ``O_EXCL``: no clocks compared) and the newest
+wins (`keeps`, `install`). docs/probing.md, "Overlapping starts", states the rules."""
 
 from __future__ import annotations
 
@@ -56,48 +52,34 @@ def claim(folder: Path) -> int:
         path = starts / f"{number:09d}{SUFFIX}"
         try:
             os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return number
         except FileExistsError:  # another start took this number meanwhile: the next one
             number += 1
-            continue
-        return number
 
 
 def gone(folder: Path, number: int, written: Path) -> bool:
-    """Whether start `number` of `folder`, which wrote `written`, has ended: its lease is let go
-    or its process gone from this host (`lease.start_gone`), or, for a start this host cannot
-    ask (another host's), `written` has not changed for `STALE_S`."""
+    """Whether start `number` (which wrote `written`) has ended: its lease, or `STALE_S` idle."""
     if not (folder / STARTS / f"{number:09d}{SUFFIX}").is_file():
         return False  # never claimed this way: not known to be gone
-    return start_gone(folder, number) or time.time() - _last_change(written) > STALE_S
-
-
-def _last_change(path: Path) -> float:
-    """The latest modification time of `path` and the files in it (now, if none can be read)."""
-    try:
-        return max(p.stat().st_mtime for p in [path, *path.iterdir()])
+    if start_gone(folder, number):
+        return True
+    try:  # its latest change, of the folder or a file in it (unreadable: now)
+        changed = max(p.stat().st_mtime for p in [written, *written.iterdir()])
     except OSError:
-        return time.time()
+        return False
+    return time.time() - changed > STALE_S
 
 
 def keeps(marker: dict[str, Any] | None, number: int, start_id: str) -> bool:
-    """Whether the complete snapshot whose ``complete.json`` reads `marker` stays as it is for
-    start `number` (`start_id`): that start wrote it (never rewritten: a worker may read it), or
-    a newer start did (the older start's would be the abandoned trajectory's). None there, an
-    unreadable one, or an older start's: False (it is replaced)."""
-    if marker is None:
-        return False
-    return marker.get("start") == start_id or start_number(marker) > number
+    """Whether the snapshot with `marker` stays for start `number`: its own, or a newer start's."""
+    return marker is not None and (
+        marker.get("start") == start_id or start_number(marker) > number)
 
 
 def install(tmp: Path, folder: Path, *, number: int, start_id: str,
             superseded: Callable[[], bool]) -> bool:
-    """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start
-    winning (`keeps`); whether it went there (False: `tmp` is the caller's to delete).
-
-    An incomplete snapshot there, or an older start's, is removed first: the replay's weights
-    are the run's now (a worker reading the old one sees its marker change). Only that one is
-    removed: a newer start's put there meanwhile is put back, and kept the next round. Nothing
-    is renamed once `superseded()` says a newer start has begun."""
+    """Rename the complete snapshot `tmp` of start `number` to `folder`, the newest start winning
+    (`keeps`; nothing once `superseded()`); whether it went there (else `tmp` is the caller's)."""
     for _ in range(3):
         if superseded():
             return False

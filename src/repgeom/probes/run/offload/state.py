@@ -1,31 +1,32 @@
-"""The worker's records, read field by field: ``snapshots/worker.json`` (its progress; a bad
-field reads as empty, warned once: never a crash), ``snapshots/done.json`` (the run's end) and
-``probes/skipped.json`` with the quarantine's `generation` (docs/probing.md, "Quarantine")."""
+"""The worker's records, read field by field (a bad field reads as empty, warned): ``worker.json``,
+``done.json`` and ``probes/skipped.json`` (docs/probing.md, "Quarantine")."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repgeom.files import atomic_write_text, read_json
+from repgeom.files import read_json
 from repgeom.probes.core import table
+from repgeom.probes.run import resume
 from repgeom.probes.run.offload import starts
 from repgeom.probes.run.offload.layout import (
     COMPLETE,
     DONE,
     DONE_FIELDS,
     NUMBER,
+    OBJECT,
+    TEXT,
     WEIGHTS,
     is_a,
     problem,
     snapshot_time,
 )
+from repgeom.probes.run.resume import SKIPPED
 
-SKIPPED = "skipped.json"
 _SAID: set[tuple[str, str]] = set()  # (file, problem) warned once, not at every look
 
 
@@ -36,21 +37,22 @@ def _warn(path: Path, name: str, value: Any, wanted: str) -> None:
               flush=True)
 
 
-def _field(path: Path, name: str, raw: Any, ok: Callable[[Any], bool], wanted: str,
+def _field(path: Path, record: dict, name: str, ok: Callable[[Any], bool], wanted: str,
            empty: Any) -> Any:
-    """`raw` when ``ok(raw)`` (or None: absent), else `empty`, warned."""
+    """``record[name]`` when ``ok`` (or None: absent), else `empty`, warned."""
+    raw = record.get(name)
     if raw is None or ok(raw):
         return empty if raw is None else raw
     _warn(path, name, raw, wanted)
     return empty
 
 
-def _by_step(path: Path, name: str, raw: Any, ok: Callable[[Any], bool],
+def _by_step(path: Path, record: dict, name: str, ok: Callable[[Any], bool],
              wanted: str) -> dict[int, Any]:
-    """`raw` (``{"<step>": value}``) as step -> value; a bad entry is left out (warned)."""
+    """``record[name]`` (``{"<step>": value}``) as step -> value; a bad entry left out, warned."""
     steps = {}
-    for key, value in _field(path, name, raw, lambda v: isinstance(v, dict),
-                             "an object of steps", {}).items():
+    for key, value in _field(path, record, name, is_a[OBJECT], "an object of steps",
+                             {}).items():
         if str(key).isascii() and str(key).isdigit() and ok(value):
             steps[int(key)] = value
         else:
@@ -60,9 +62,7 @@ def _by_step(path: Path, name: str, raw: Any, ok: Callable[[Any], bool],
 
 @dataclass
 class WorkerState:
-    """``worker.json``: the steps probed (step -> the ``time`` of the snapshot probed), seconds
-    spent, the recorder's phase alerts, the probe spec and options, the final step whose
-    end-of-run work is done, and the quarantined steps (step -> generation, file, reason)."""
+    """``worker.json``: the steps probed (step -> snapshot time), the end of run, quarantine."""
 
     done: dict[int, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -73,34 +73,25 @@ class WorkerState:
     quarantined: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def read_worker_state(path: Path) -> WorkerState:
     """``worker.json`` at `path` (missing or not an object: the empty state)."""
     raw = read_json(path) or {}
     entry = ("generation", "file", "reason")
     return WorkerState(
-        done={k: float(v) for k, v in _by_step(path, "done", raw.get("done"), is_a[NUMBER],
-                                                "a time").items()},
-        seconds=float(_field(path, "seconds", raw.get("seconds"), is_a[NUMBER], "a number",
-                             0.0)),
+        done={k: float(v) for k, v in _by_step(path, raw, "done", is_a[NUMBER], "a time").items()},
+        seconds=float(_field(path, raw, "seconds", is_a[NUMBER], "a number", 0.0)),
         phase_alerts=raw.get("phase_alerts", []),
-        spec=_field(path, "spec", raw.get("spec"), lambda v: isinstance(v, dict), "an object",
-                    None),
-        options=_field(path, "options", raw.get("options"), lambda v: isinstance(v, dict),
-                       "an object", {}),
-        finished=_field(path, "finished", raw.get("finished"), _whole, "a step", None),
-        quarantined=_by_step(path, "quarantined", raw.get("quarantined"),
-                             lambda v: isinstance(v, dict) and all(k in v for k in entry),
+        spec=_field(path, raw, "spec", is_a[OBJECT], "an object", None),
+        options=_field(path, raw, "options", is_a[OBJECT], "an object", {}),
+        finished=_field(path, raw, "finished",
+                        lambda v: isinstance(v, int) and not isinstance(v, bool), "a step", None),
+        quarantined=_by_step(path, raw, "quarantined",
+                             lambda v: is_a[OBJECT](v) and all(k in v for k in entry),
                              "an object with generation, file and reason"))
 
 
 def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
-    """``done.json`` at `path`: the final step and the steps training skipped for lack of space
-    (step -> why); None when it is missing, malformed (`DONE_FIELDS`; warned), or written by a
-    start older than the newest (a superseded start's end is not the run's)."""
+    """``done.json``: (final step, steps skipped for space); None: missing, bad or superseded."""
     raw = read_json(path)
     if raw is None:
         return None
@@ -110,19 +101,16 @@ def read_done(path: Path) -> tuple[int, dict[int, str]] | None:
         return None
     if raw["number"] < starts.newest(path.parent):
         return None
-    return raw["step"], _by_step(path, "skipped_for_space", raw["skipped_for_space"],
-                                 lambda v: isinstance(v, str), "a reason")
+    return raw["step"], _by_step(path, raw, "skipped_for_space", is_a[TEXT], "a reason")
 
 
 def run_done(folder: Path) -> bool:
     """Whether the run of the snapshot folder `folder` is done: its newest start's done.json."""
-    return (folder / DONE).is_file() and read_done(folder / DONE) is not None
+    return read_done(folder / DONE) is not None
 
 
 def generation(path: Path) -> str:
-    """What names the snapshot in `path` as it is now: its marker's time, and the inode, size,
-    mtime and ctime of its two files ("-" for one missing): the same generation of a broken
-    snapshot is never tried again."""
+    """What names the snapshot in `path` now (marker time, stats): tried once per generation."""
     parts = [str(snapshot_time(path))]
     for name in (COMPLETE, WEIGHTS):
         try:
@@ -134,11 +122,7 @@ def generation(path: Path) -> str:
 
 
 def write_skipped(run_dir: Path, steps: dict[int, dict[str, Any]]) -> None:
-    """``probes/skipped.json``: step -> why it has no probe rows (empty: no such step)."""
-    folder = table.probe_dir(run_dir)
-    if not steps and not (folder / SKIPPED).exists():
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / SKIPPED, json.dumps({
-        f"step {step}": {"step": int(step), "revision": None, **why}
-        for step, why in sorted(steps.items())}, indent=2))
+    """``probes/skipped.json`` as for hub revisions (`resume.write_skipped`): step -> why."""
+    if steps or (table.probe_dir(run_dir) / SKIPPED).exists():
+        resume.write_skipped(run_dir, {f"step {step}": {"step": int(step), "revision": None, **why}
+                                       for step, why in sorted(steps.items())})

@@ -1,8 +1,6 @@
-"""The training process's side of ``probe.offload`` (rank 0): `Offloading`, which
-`repgeom.probes.run.callback.ProbeCallback` calls from its Lightning hooks (`start`, `snapshot`,
-`end`, `teardown`): the snapshot writer (`repgeom.probes.run.offload.snapshots`), our own probe
-worker (``probe.offload=worker``: `start_worker`, `stop_worker`) and the end of the run's
-records."""
+"""Rank 0's half of ``probe.offload`` (docs/probing.md, "Probes off the training clock"):
+`Offloading`, which `repgeom.probes.run.callback.ProbeCallback` calls from its hooks, and our
+own worker process (`start_worker`, `stop_worker`)."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_warn
+from omegaconf import OmegaConf
 
 from repgeom.probes.core import table
 from repgeom.probes.core.spec import WorkerConf
@@ -28,21 +27,17 @@ WORKER_STOP_S = 30.0  # seconds a worker stopped by train.py (SIGTERM) has befor
 
 
 class Offloading:
-    """Rank 0's half of the probes taken off the training clock: `mode` is ``probe.offload``
-    (None: only `skipped` is called), `worker` ``probe.worker`` (`WorkerConf`; an unknown option
-    is a ValueError naming the known ones)."""
+    """Rank 0's half of offloaded probes: `mode` ``probe.offload``, `worker` ``probe.worker``."""
 
     def __init__(self, mode: str | None, worker: dict[str, Any] | None) -> None:
         self.mode = snapshots.check_offload(mode)
-        given = {str(k): v for k, v in dict(worker or {}).items()}
-        unknown = set(given) - set(WorkerConf().__dict__)
-        self.options = {**WorkerConf().__dict__, **given}
-        if unknown:
-            raise ValueError(f"probe.worker: unknown option(s) {sorted(unknown)}; known: "
-                             f"{sorted(WorkerConf().__dict__)}")
+        given, known = {str(k): v for k, v in dict(worker or {}).items()}, WorkerConf().__dict__
+        self.options = {**known, **given}
+        if set(given) - set(known):
+            raise ValueError(f"probe.worker: unknown option(s) {sorted(set(given) - set(known))}"
+                             f"; known: {sorted(known)}")
         if self.mode == "worker":  # probe.py follow= checks its own follow_timeout_s
-            check_heartbeat(float(self.options["heartbeat_s"]),
-                                           float(self.options["timeout_s"]))
+            check_heartbeat(float(self.options["heartbeat_s"]), float(self.options["timeout_s"]))
         self.run_dir: Path | None = None
         self.writer: snapshots.SnapshotWriter | None = None  # while training runs
         self.worker: subprocess.Popen | None = None  # probe.offload=worker
@@ -51,8 +46,7 @@ class Offloading:
         self.not_recorded: snapshots.RunNotRecordedError | None = None
 
     def is_current(self) -> bool:
-        """Whether this training start is still the run's newest (no requeue has begun a newer
-        one): the fence of every write into the run's shared state; True while not writing."""
+        """Whether this start is still the run's newest (the fence); True while not writing."""
         return self.writer is None or self.writer.is_current()
 
     def setup(self, run_dir: Path) -> None:
@@ -74,7 +68,11 @@ class Offloading:
             min_free_gb=float(self.options["min_free_gb"]))
         self.writer.rank = trainer.global_rank
         self.writer.progress(trainer.global_step)  # a resumed run's step, from its first beat
-        self.writer.start({"wandb": _wandb_info(trainer), "schedule": schedule})
+        wandb = next(({"project": run.project, "group": run.group or None, "id": run.id,
+                       "name": run.name, "offline": bool(run.offline)}
+                      for run in (logger.experiment for logger in trainer.loggers
+                                  if isinstance(logger, WandbLogger))), None)
+        self.writer.start({"wandb": wandb, "schedule": schedule})  # the worker's W&B run
         if self.mode == "worker":
             self.worker = start_worker(self.run_dir, self.options)
             print(f"Probe worker started (pid {self.worker.pid}, device "
@@ -83,9 +81,7 @@ class Offloading:
 
     def snapshot(self, trainer: L.Trainer, pl_module: L.LightningModule, step: int,
                  probe_meta: dict[str, Any]) -> None:
-        """Hand the weights of `step` to the writer, with the run's hyperparameters, the
-        datamodule's state and `probe_meta` (what the worker needs of the training probe);
-        report a worker that falls behind."""
+        """Hand the weights of `step` to the writer with what the worker needs; report its lag."""
         meta = {"hyper_parameters": _plain(dict(pl_module.hparams)), **probe_meta}
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is not None and hasattr(datamodule, "state_dict"):
@@ -104,10 +100,7 @@ class Offloading:
             logger.log_metrics(metrics, step=step)
 
     def end(self, *, final_step: int | None, stopped: bool = False) -> None:
-        """Write the done marker (or mark the run failed, or ``stopped`` after a SIGTERM) and,
-        for a worker of our own with ``probe.worker.wait``, wait for it to probe what is left
-        (at most ``probe.worker.wait_timeout_s``). After a failure, or when the done marker
-        cannot be written (kept for `teardown` to raise), our worker is stopped instead."""
+        """Record how training ended; wait for our worker (``probe.worker.wait``), or stop it."""
         writer, self.writer = self.writer, None
         again = f"python probe.py follow={self.run_dir} goes on where it stopped"
         current = writer.is_current()
@@ -127,24 +120,17 @@ class Offloading:
                            "skipped for lack of disk space, so those steps have no probe rows "
                            "(a step's weights are not kept once training moves on); see the "
                            "warnings of the start that skipped them")
-        if self.worker is None:
-            return
         if not current:  # superseded: the newer start's worker probes the run
             self._stop_worker("the newer training start of this run and its worker go on")
-            return
-        if final_step is None:  # training failed or is not recorded: the worker is stopped
+        elif final_step is None:  # training failed or is not recorded: the worker is stopped
             self._stop_worker(again)
-            return
-        if not self.options["wait"]:
-            self.worker = None
-            return  # it stops by itself after the done marker
-        self._wait_for_worker(left=len(writer.waiting()))
+        elif not self.options["wait"]:
+            self.worker = None  # it stops by itself after the done marker
+        elif self.worker is not None:
+            self._wait_for_worker(left=len(writer.waiting()))
 
     def teardown(self, trainer: L.Trainer, *, trained: bool) -> None:
-        """The end of a fit that did not raise: nothing left "running", no worker left behind; a
-        status `end` could not write raises `RunNotRecordedError` here. A skipped fit (a
-        finished run, rerun) writes that status if needed, and starts and waits for the worker
-        only when the run's probing is unfinished."""
+        """The end of a fit that did not raise; a finished run, rerun, gets its status, worker."""
         if self.not_recorded is not None:
             error, self.not_recorded = self.not_recorded, None
             raise error
@@ -153,28 +139,21 @@ class Offloading:
             return
         if trained or not self.mode or self.run_dir is None:
             return
-        self._record_finished_run(trainer)
+        folder = snapshots.snapshot_dir(self.run_dir)
+        state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
+        if not (run_done(folder) and state == "finished") and (
+                trainer.global_step >= trainer.max_steps and (folder / snapshots.MARKER).is_file()):
+            # where an earlier start could not (a full disk at its end); only in a folder of ours
+            writer = snapshots.SnapshotWriter(self.run_dir, heartbeat_s=float(
+                self.options["heartbeat_s"]))
+            writer.finish(trainer.global_step, self.skipped_for_space)
+            print(f"This run is finished at step {trainer.global_step}; its status, missing "
+                  f"until now, is written: {folder / snapshots.DONE}")
         if self.mode == "worker" and follow.work_left(self.run_dir):
             self.worker = start_worker(self.run_dir, self.options)
             print(f"This run is finished, its probing is not: probe worker started (pid "
                   f"{self.worker.pid}); its log: {table.probe_dir(self.run_dir) / 'worker.log'}")
-            folder = snapshots.snapshot_dir(self.run_dir)
             self._wait_for_worker(left=len(snapshots.snapshots(folder)[0]))
-
-    def _record_finished_run(self, trainer: L.Trainer) -> None:
-        """A finished run, rerun: write its ``done.json`` and ``finished`` state where an earlier
-        start could not (a full disk at its end); only in a snapshot folder of ours."""
-        folder = snapshots.snapshot_dir(self.run_dir)
-        state = (snapshots.read_json(folder / snapshots.TRAINING) or {}).get("state")
-        recorded = run_done(folder) and state == "finished"
-        if recorded or trainer.global_step < trainer.max_steps or not (
-                folder / snapshots.MARKER).is_file():
-            return
-        writer = snapshots.SnapshotWriter(self.run_dir, heartbeat_s=float(
-            self.options["heartbeat_s"]))
-        writer.finish(trainer.global_step, self.skipped_for_space)
-        print(f"This run is finished at step {trainer.global_step}; its status, missing until "
-              f"now, is written: {folder / snapshots.DONE}")
 
     def _stop_worker(self, again: str) -> None:
         """Stop our worker, if any (`WORKER_STOP_S`); `again`: how it resumes."""
@@ -201,49 +180,21 @@ class Offloading:
                            f"{table.probe_dir(self.run_dir) / 'worker.log'}. {again}")
 
 
-def _wandb_info(trainer: L.Trainer) -> dict[str, Any] | None:
-    """The training run's W&B run (project, group, id, name), for the worker's own run."""
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
-            run = logger.experiment
-            return {"project": run.project, "group": run.group or None, "id": run.id,
-                    "name": run.name, "offline": bool(run.offline)}
-    return None
-
-
 def _plain(value: Any) -> Any:
     """Containers of plain values only (a snapshot is read with ``weights_only=True``)."""
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
-    if isinstance(value, Path):
-        return str(value)
-    try:
-        from omegaconf import OmegaConf
-
-        if OmegaConf.is_config(value):
-            return _plain(OmegaConf.to_container(value, resolve=True))
-    except ImportError:
-        pass
-    return str(value)
-
-
-def worker_command(run_dir: Path, *, device: str, timeout_s: float, keep_snapshots: bool
-                   ) -> list[str]:
-    """``repgeom-probe follow=<run_dir> ...`` (`repgeom.cli.probe`), its Hydra files in
-    ``<run_dir>/probes/worker/``."""
-    return [sys.executable, "-m", "repgeom.cli.probe",
-            f"follow={run_dir}", f"device={device}", f"follow_timeout_s={timeout_s}",
-            f"keep_snapshots={str(keep_snapshots).lower()}",
-            f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
+    return str(value)  # a Path, or anything else
 
 
 def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
-    """Start a worker process for `run_dir` on this node with ``probe.worker``'s `options`
-    (threads, device, cpus, timeout_s, keep_snapshots); its log: ``probes/worker.log``."""
+    """Start a worker process for `run_dir` on this node (``probe.worker``'s `options`)."""
     threads = int(options.get("threads") or 1)
     check_heartbeat(float(options.get("heartbeat_s") or 10.0),
                     float(options.get("timeout_s") or 600.0))
@@ -254,9 +205,11 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
         raise ValueError("probe.worker.cpus needs Linux (os.sched_setaffinity); leave it null")
     log_path = table.probe_dir(run_dir) / "worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = worker_command(run_dir, device=str(options.get("device") or "cpu"),
-                             timeout_s=float(options.get("timeout_s") or 600.0),
-                             keep_snapshots=bool(options.get("keep_snapshots")))
+    command = [sys.executable, "-m", "repgeom.cli.probe", f"follow={run_dir}",  # probe.py
+               f"device={options.get('device') or 'cpu'}",
+               f"follow_timeout_s={float(options.get('timeout_s') or 600.0)}",
+               f"keep_snapshots={str(bool(options.get('keep_snapshots'))).lower()}",
+               f"hydra.run.dir={table.probe_dir(run_dir) / 'worker'}"]
     with open(log_path, "ab") as log:
         # start_new_session, not preexec_fn (unsafe once threads run); its own session keeps a
         # Ctrl-C for train.py from it: it stops on the failed state or its start's lease
@@ -268,8 +221,7 @@ def start_worker(run_dir: Path, options: dict[str, Any]) -> subprocess.Popen:
 
 
 def stop_worker(process: subprocess.Popen, limit_s: float) -> int | None:
-    """Wait at most `limit_s` seconds for `process` (a worker of `start_worker`) to exit; then
-    SIGTERM, `WORKER_STOP_S` seconds more, then SIGKILL. Its exit code, None when stopped."""
+    """Wait `limit_s` for `process`, SIGTERM, `WORKER_STOP_S`, SIGKILL; its exit code or None."""
     try:
         return process.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
