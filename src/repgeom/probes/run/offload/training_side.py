@@ -45,10 +45,6 @@ class Offloading:
         # the end-of-run status could not be written: raised by `teardown`
         self.not_recorded: snapshots.RunNotRecordedError | None = None
 
-    def is_current(self) -> bool:
-        """Whether this start is still the run's newest (the fence); True while not writing."""
-        return self.writer is None or self.writer.is_current()
-
     def setup(self, run_dir: Path) -> None:
         """A new fit of the run in `run_dir`."""
         self.run_dir = run_dir
