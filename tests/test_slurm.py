@@ -293,8 +293,9 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
     import time
 
     import numpy as np
+    from filelock import SoftFileLease
 
-    from repgeom.probes.run.offload import snapshots
+    from repgeom.probes.run.offload import lease, snapshots
 
     run_dir, log, worker_log = tmp_path / "run", tmp_path / "job.out", tmp_path / "worker.out"
     # Long enough that the worker job starts and probes before training ends: on one thread
@@ -338,7 +339,9 @@ def test_a_requeued_training_job_and_a_lagging_worker_end_with_the_in_process_ta
     wait_for("the worker's first probe", lambda: probed() >= 1)
     # The worker lags from here on: stopped (SIGSTOP). `scontrol suspend` would be the cluster's
     # way, but on this test node (proctrack/linuxproc, no cgroups) it leaves a batch job running.
-    worker_pid = int((folder / "worker.lock").read_text().strip())
+    # The worker's pid: the holder filelock's lease names (offload.lease, issue 47).
+    worker_pid = SoftFileLease(folder / lease.LEASE_NAME, lease_duration=lease.LEASE_STALE_S) \
+        .owner.pid
     os.kill(worker_pid, signal.SIGSTOP)
     try:
         # Mid-run, after a checkpoint, with snapshots waiting for the stopped worker.
