@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload import lease, snapshots, starts
 from repgeom.probes.run.offload.follow import follow
 
 HEARTBEAT_S = 0.1
@@ -120,3 +120,24 @@ def test_a_marker_with_a_bad_field_is_quarantined_once_never_probed_again_and_ag
     assert skipped["step 10"]["step"] == 10 and key in skipped["step 10"]["reason"]
     assert follow(run_dir, timeout_s=60, wandb=False).probed == []  # not tried again
     assert probes == []
+
+
+def test_a_start_superseded_between_its_fence_and_its_write_writes_its_own_number(
+        tmp_path, monkeypatch) -> None:
+    """The review's race: the older start passes `is_current`, the newer one claims, then the
+    older writes. It stamped the newest number (the newer start's) on its own done.json and
+    training.json, so the worker took them for the newer start's and ended the run."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    folder = snapshots.snapshot_dir(run_dir)
+    old = snapshots.SnapshotWriter(run_dir, heartbeat_s=60, min_free_gb=0)
+    old.start({"wandb": None})
+    monkeypatch.setattr(old, "is_current", lambda: True)  # it checked before the newer claimed
+    newer = starts.claim(folder)
+    old.close(final_step=None)  # fails
+    beat = snapshots.read_json(folder / snapshots.TRAINING)
+    assert beat["state"] == "failed" and beat["number"] == old.number < newer
+    # The worker's verdict: the newer start has claimed and not yet beaten, so it waits (not
+    # certain) rather than ending at once on the older start's word.
+    verdict = lease.training_alive(folder, 600, newest=starts.newest(folder))
+    assert verdict.life is lease.Life.NOT_STARTED and not verdict.life.certain

@@ -20,8 +20,9 @@ from repgeom.probes.core.sampling import ProbeSet, probe_set
 from repgeom.probes.core.spec import ProbeSpec, training_probe
 from repgeom.probes.core.targets import checkpoint_masking, probe_gpt
 from repgeom.probes.report import sink
-from repgeom.probes.run.offload import snapshots
+from repgeom.probes.run.offload import snapshots, starts
 from repgeom.probes.run.offload import state as records
+from repgeom.probes.run.offload.layout import NUMBER, is_a
 from repgeom.probes.run.offload.lease import Life, WorkerLock, check_heartbeat, training_alive
 from repgeom.probes.run.offload.state import WorkerState, read_done, read_worker_state, run_done
 from repgeom.probes.run.recorder import ProbeRecorder
@@ -83,7 +84,7 @@ class Follower:
 
     def run(self) -> FollowResult:
         beat = snapshots.read_json(self.folder / snapshots.TRAINING) or {}
-        if beat.get("state") == "running" and isinstance(beat.get("heartbeat_s"), int | float):
+        if beat.get("state") == "running" and is_a[NUMBER](beat.get("heartbeat_s")):
             check_heartbeat(float(beat["heartbeat_s"]), self.timeout_s)  # judged by its beats
         self.lock.acquire(self.timeout_s, str(self.run_dir))
         try:
@@ -122,7 +123,8 @@ class Follower:
                 continue
             if finished:
                 return self._finish(probed, dict(incomplete))
-            verdict = training_alive(self.folder, self.timeout_s, watch=self._beats)
+            verdict = training_alive(self.folder, self.timeout_s, watch=self._beats,
+                                     newest=starts.newest(self.folder))
             certain = verdict.life.certain  # stop at once, after a last look found nothing new
             if verdict.life is Life.ALIVE:
                 last_news = time.monotonic()

@@ -146,9 +146,10 @@ STATES = {"running": Life.ALIVE, "finished": Life.FINISHED, "stopped": Life.STOP
 
 
 def training_alive(folder: Path, timeout_s: float, now: float | None = None,
-                   watch: dict[str, Any] | None = None) -> Verdict:
+                   watch: dict[str, Any] | None = None, newest: int = -1) -> Verdict:
     """What `folder`'s ``training.json`` says of its trainer (`Life`), and why; `watch` (kept by
-    the caller): ages on this clock since each change was seen (nodes' clocks differ)."""
+    the caller): ages on this clock since each change was seen (nodes' clocks differ); `newest`:
+    the newest start claimed (`starts.newest`), whose word outranks an older start's beat."""
     beat = read_json(folder / TRAINING)
     if beat is None:
         return Verdict(Life.NOT_STARTED, "no training process has started in this run folder yet")
@@ -156,6 +157,10 @@ def training_alive(folder: Path, timeout_s: float, now: float | None = None,
         None if beat["state"] in STATES else f"state is not one of {sorted(STATES)}")
     if bad is not None:
         return Verdict(Life.MALFORMED, f"its heartbeat {folder / TRAINING} is malformed: {bad}")
+    if beat["number"] < newest:  # a newer start claimed the run and has not beaten yet: the
+        # older start's word no longer counts, and the newer one's lease is not asked either
+        # (a probe of it between its claim and its hold would take it): waited out, not certain
+        return Verdict(Life.NOT_STARTED, f"training start {newest} has begun, no heartbeat yet")
     life = STATES[beat["state"]]
     if life is not Life.ALIVE:
         return Verdict(life, f"the training process {beat['state']}")

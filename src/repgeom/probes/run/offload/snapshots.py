@@ -121,8 +121,10 @@ class SnapshotWriter:
             "number": self._number()})
 
     def _number(self) -> int:
-        """This start's number; a writer that claimed none writes for the newest start."""
-        return max(self.number, starts.newest(self.folder), 0)
+        """This start's number; a writer that claimed none writes for the newest start. A start
+        that claimed one writes its own, never a newer start's: one superseded between its
+        fence check and its write is then still told apart (`state.read_done`)."""
+        return self.number if self.number >= 0 else max(starts.newest(self.folder), 0)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(self.heartbeat_s) and self.is_current():
