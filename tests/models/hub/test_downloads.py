@@ -42,6 +42,8 @@ from repgeom.probes.run.trajectory import Step, Trajectory
 
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
+CHUNK = 16_384
+"""The chunk huggingface_hub's http_get writes at a time in these tests (`use`); 10 MiB by default."""
 
 
 def _revision(folder: Path, seed: int, *, weights: str | None = "safetensors",
@@ -87,6 +89,9 @@ def use(monkeypatch, tmp_path):
         monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                             hub.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.delenv("HF_TOKEN", raising=False)
+        # huggingface_hub's http_get writes what arrives in chunks of 10 MiB; the stand-in's files
+        # are 300 kB: a smaller chunk lets a cut or a kill keep part of one file
+        monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
         return hub
 
     return point
@@ -356,7 +361,9 @@ def test_a_kill_during_a_download_then_the_rerun_resumes(repo, use, tmp_path) ->
     request), so no byte is sent twice."""
     work = tmp_path / "work"
     code = textwrap.dedent(f"""
+        import huggingface_hub.constants
         from repgeom.models.hub.downloads import fetch_revision
+        huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = {CHUNK}  # as `use` does
         fetch_revision({REPO!r}, "step10", {str(work)!r}, owner={str(tmp_path / "out")!r})
     """)
     with FakeHub(REPO, repo, bytes_per_second=100_000) as hub:  # 3 s for the weights
@@ -432,7 +439,9 @@ def test_a_connection_cut_mid_file_resumes_where_it_stopped(repo, use, tmp_path)
         files = _fetch("step30", tmp_path / "work")
     served = [(r.range_start, status, n) for r, status, n in hub.served
               if r.filename == "model.safetensors"]
-    assert served == [(0, 200, 100_000), (100_000, 206, 100_000), (200_000, 206, 100_000)]
+    kept = 100_000 // CHUNK * CHUNK  # a cut loses the chunk that was arriving (`CHUNK`)
+    assert served == [(0, 200, 100_000), (kept, 206, 100_000),
+                      (2 * kept, 206, WEIGHTS_BYTES - 2 * kept)]
     assert _sha256(files.path / "model.safetensors") == _sha256(
         repo["step30"] / "model.safetensors")
     assert files.bytes == sum(p.stat().st_size for p in repo["step30"].iterdir())

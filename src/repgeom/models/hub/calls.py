@@ -36,10 +36,12 @@ all; repgeom's calls go through this module instead, so one budget bounds them a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -145,22 +147,102 @@ def timeout():
     return httpx.Timeout(read_timeout_s(), connect=connect_timeout_s())
 
 
-def bound_session() -> None:
-    """Give huggingface_hub's shared session `timeout()` when it has no read timeout (its
-    default): then ``HfApi`` calls that pass no timeout (``list_repo_refs``) are bounded too. A
-    timeout the user's own client factory set is left as it is; one given here before is given
-    again, so that ``HF_HUB_*_TIMEOUT`` set since are used."""
+class _Attempt(threading.local):
+    """The try in flight on this thread (`Retrier.attempt`): its retrier, what it is, when it
+    started, and when it last kept bytes (`kept`)."""
+
+    retrier: Retrier | None = None
+    what: str = ""
+    quiet_since: float = 0.0
+    answered: bool = False  # a GET of this try was answered: another is the library's retry
+
+
+_attempt = _Attempt()
+
+
+class LibraryRetry(ConnectionError):
+    """huggingface_hub asked again on its own within one try (``http_get`` resumes after a cut,
+    a second apart, for ever while bytes arrive, however few it keeps): the try ends, and the
+    retrier decides."""
+
+
+class RangeMismatch(ConnectionError):
+    """A resumed request (``Range: bytes=N-``) answered by a 206 from another byte than N."""
+
+
+def _bound_request(request) -> None:
+    """huggingface_hub's session hook before every request it sends (`watch_session`): within
+    a try (`Retrier.attempt`), stop at once when the run is aborted or when the seconds since the
+    try last kept a byte spend the budget (huggingface_hub's own retries, of a HEAD's timeouts,
+    wait outside it), and bound the request's connect and read by `timeout()` (the
+    ``HF_HUB_*_TIMEOUT`` settings read now) and by the budget left (``HfApi.list_repo_refs``
+    passes no timeout; the session has none)."""
+    retrier = _attempt.retrier
+    if retrier is None:
+        return
+    retrier.check_abort()
+    if request.method == "GET" and _attempt.answered:
+        raise LibraryRetry(f"{_attempt.what}: the transfer broke off")
+    left = retrier.left_s - (time.monotonic() - _attempt.quiet_since)
+    if left <= 0:
+        raise RetriesExhausted(f"{_attempt.what}: the {retrier.budget_s:.0f} s retry budget is "
+                               f"spent (asking {str(request.url).split('?', 1)[0]})", None)
+    bound = timeout()  # ours, read now: the library's constants were read at its import
+    request.extensions["timeout"] = {key: min(getattr(bound, key), left)
+                                     for key in ("connect", "read", "write", "pool")}
+
+
+def _judge_response(response) -> None:
+    """huggingface_hub's session hook on every answer (`watch_session`), within a try: an answer
+    that another try may mend (429, 408, 5xx) ends the library's call at once, so that the
+    retrier waits as the hub asks, within its budget, and says so (huggingface_hub's own
+    ``http_backoff`` retries these silently, up to 8 s apart, outside any budget); a 206 from
+    byte 0 to a resumed request is the whole file, and is handed on as the 200 it is (the library
+    then starts its file again); a 206 from any other byte is `RangeMismatch`."""
+    if _attempt.retrier is None:
+        return
+    status = response.status_code
+    _attempt.answered |= response.request.method == "GET" and 200 <= status < 300
+    if status in RETRY_STATUS or status >= 500:
+        from huggingface_hub.utils import hf_raise_for_status
+
+        response.read()  # the error's message is in the body
+        hf_raise_for_status(response)
+    asked = response.request.headers.get("Range", "")
+    if status == 206 and asked.startswith("bytes=") and asked.endswith("-"):
+        start = first_byte(response)
+        if start == 0:
+            response.status_code = 200
+        elif str(start) != asked[len("bytes="):-1]:
+            raise RangeMismatch(
+                f"asked for the bytes from {asked[len('bytes='):-1]}, the server answered 206 "
+                f"with Content-Range {response.headers.get('Content-Range')!r}; asking for the "
+                "whole file")
+
+
+def first_byte(response) -> int | None:
+    """The byte of the file an answer's body starts at: 0 for a 200, the ``START`` of a 206's
+    ``Content-Range: bytes START-END/TOTAL`` (RFC 9110 section 14.4), None for a 206 without
+    one that can be read."""
+    if response.status_code != 206:
+        return 0
+    found = re.fullmatch(r"bytes\s+(\d+)-\d+/(?:\d+|\*)",
+                         response.headers.get("Content-Range", "").strip())
+    return int(found.group(1)) if found else None
+
+
+def watch_session() -> None:
+    """Hook `_bound_request` and `_judge_response` into huggingface_hub's shared session (made by
+    the user's client factory, if they set one: ``set_client_factory``), once per session: the
+    library closes and makes it anew after a refused connection. They act only on this thread's
+    try (`Retrier.attempt`); every other call is left as the library makes it."""
     from huggingface_hub.utils import get_session
 
-    session = get_session()
-    current = getattr(session, "timeout", None)
-    if current is not None and (getattr(current, "read", 0) is None or current == _given[0]):
-        _given[0] = timeout()  # ours again when it was: the settings may have changed since
-        session.timeout = _given[0]
-
-
-_given: list = [None]
-"""The timeout `bound_session` last gave the shared session (one it may replace)."""
+    hooks = get_session().event_hooks
+    if _bound_request not in hooks["request"]:
+        hooks["request"].append(_bound_request)
+    if _judge_response not in hooks["response"]:
+        hooks["response"].append(_judge_response)
 
 
 def cause_of(error: BaseException) -> BaseException:
@@ -335,10 +417,29 @@ class Retrier:
             self.check_abort()
             started = time.monotonic()
             try:
-                bound_session()
-                return fn()
+                with self.attempt(what):
+                    return fn()
             except Exception as error:  # noqa: BLE001 - sorted by `failed`
                 self.failed(error, what, seconds=time.monotonic() - started)
+
+    @contextlib.contextmanager
+    def attempt(self, what: str):
+        """One try of `what` on this thread: huggingface_hub's calls in it are bounded by this
+        retrier (`watch_session`); `kept` marks the bytes it keeps as progress."""
+        watch_session()
+        outer = (_attempt.retrier, _attempt.what, _attempt.quiet_since, _attempt.answered)
+        _attempt.retrier, _attempt.what = self, what
+        _attempt.quiet_since, _attempt.answered = time.monotonic(), False
+        try:
+            yield self
+        finally:
+            (_attempt.retrier, _attempt.what, _attempt.quiet_since,
+             _attempt.answered) = outer
+
+    @staticmethod
+    def kept() -> None:
+        """The try in flight kept bytes: the budget counts its seconds from now."""
+        _attempt.quiet_since = time.monotonic()
 
     def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
                progressed: bool = False) -> None:

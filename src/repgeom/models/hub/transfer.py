@@ -1,46 +1,46 @@
-"""One hub file onto the disk: resumed where a try stopped, proved by its hash before it takes
-its name, every try bounded and inside the revision's retry budget.
+"""One hub file onto the disk: resumed where a try (or an earlier run) stopped, proved by its
+hash before it takes its name, every try bounded and inside the revision's retry budget.
 
-Files are fetched here, one HTTP ``GET`` each (by commit, through huggingface_hub's session and
-token), not with ``snapshot_download``: huggingface_hub 2.x downloads into a temporary file unique
-to each call and deletes it when the call fails (``file_download._download_to_tmp_and_move``,
-huggingface_hub PR 4228), so a file dropped at 2.8 of 2.9 GB started again from zero, and its own
-retries (5, at most 8 s apart) are silent and outside any budget.
+The bytes are fetched by huggingface_hub's own ``file_download.http_get`` (its ``Range`` request,
+its handling of a server that ignores ``Range``, its progress bar), one call per try, into a
+partial file of ours, ``<name>.incomplete``. What the library lacks, and this module adds:
 
-**Proof.** A file is accepted by its content, never by its size: the hub's LFS sha256, else the
-git blob id the hub lists (``blobId``: the sha1 of ``blob <size>\\0`` and the content), else the
-commit it was fetched at. The proof is recorded beside the file
-(`repgeom.models.hub.download_folders.record_proof`); a finished file found on a later start is
-kept only when its recorded proof is the one the hub gives now and its size is the hub's (a
-node that crashed after the rename can leave it short: its bytes are fsynced before the proof is
-recorded, but a file written by an older repgeom was not).
-
-**Resuming.** A try asks for the rest of a partial file (``Range: bytes=<have>-``), and the
-answer's bytes are appended only when it is a 206 whose ``Content-Range`` (``bytes
-START-END/TOTAL``, RFC 9110 section 14.4) starts at that byte. A server that ignores ``Range``
-(a 200, or a 206 from byte 0) sends the whole file, which replaces the partial one; a 206 from
-another byte, or without a ``Content-Range`` to read, fails its try and the file's later tries ask
-for the whole file. Appended, such bytes made a file whose sha256 failed only at its end (the
-whole transfer wasted), or, for a file with no hash to check, a wrong file.
-
-**Progress.** A try is progress only when the partial file kept more bytes than it had before the
-try: bytes thrown away (a sha256 mismatch, a server that ignores ``Range`` and starts again from
-0 or answers another range, more bytes than the file has) cost the budget like any failed try, so
-identical failures at the same byte end within the budget.
+- **Resume across runs.** ``hf_hub_download`` (2.4) writes each download to a temporary file
+  unique to its call and deletes it when the call fails (``_download_to_tmp_and_move``,
+  huggingface_hub PR 4228): a file dropped at 2.8 of 2.9 GB started again from zero, in the next
+  try and the next run. Here the partial file stays, and ``http_get(resume_size=)`` asks for the
+  rest (as ``HfFileSystem.get_file`` hands it a file that holds data already).
+- **One retry budget.** ``http_get`` is called with no retries of its own (``_nb_retries=0``:
+  its resume loop resets its count on every chunk, so a proxy that cuts every transfer at the
+  same byte looped for ever, a second apart); the revision's `Retrier` decides, and
+  `repgeom.models.hub.calls.watch_session` ends the library's own 429/5xx retries at once for it.
+- **Progress counted as kept bytes.** A try is progress only when the partial file kept more
+  bytes than it had before the try: bytes thrown away (a sha256 mismatch, a server that ignores
+  ``Range`` and starts again from 0, more bytes than the file has) cost the budget like any
+  failed try, so identical failures at the same byte end within the budget.
+- **Proof.** A file is accepted by its content, never by its size: the hub's LFS sha256 (hashed
+  as the bytes arrive), else the git blob id the hub lists (``blobId``: the sha1 of
+  ``blob <size>\\0`` and the content), else the commit it was fetched at. The proof is recorded
+  beside the file (`repgeom.models.hub.download_folders.record_proof`); a finished file found on a
+  later start is kept only when its recorded proof is the one the hub gives now and its size is
+  the hub's (its bytes are fsynced before the proof is recorded).
+- **A resumed request answered from another byte** (a 206 whose ``Content-Range``, RFC 9110
+  section 14.4, starts elsewhere) is never appended: from byte 0 it is the whole file (handed to
+  ``http_get`` as the 200 it is), from any other byte its try fails
+  (`repgeom.models.hub.calls.RangeMismatch`) and the file's later tries ask for the whole file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_dir, fsync_file, read_json
-from repgeom.models.hub.calls import Aborted, Retrier, timeout
+from repgeom.models.hub.calls import Aborted, RangeMismatch, Retrier, timeout
 from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
@@ -100,21 +100,51 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def first_byte(response: Any) -> int | None:
-    """The byte of the file an answer's body starts at: 0 for a 200, the ``START`` of a 206's
-    ``Content-Range: bytes START-END/TOTAL``, None for a 206 without one that can be read."""
-    if response.status_code != 206:
-        return 0
-    found = re.fullmatch(r"bytes\s+(\d+)-\d+/(?:\d+|\*)",
-                         response.headers.get("Content-Range", "").strip())
-    return int(found.group(1)) if found else None
+class _Kept:
+    """The partial file as ``http_get`` writes it: hashed and counted as it grows, the run's
+    abort checked at each chunk, the try's progress marked when it keeps more than it had."""
+
+    def __init__(self, handle: Any, path: Path, limit: int | None, retrier: Retrier,
+                 transfer: Transfer) -> None:
+        self.handle, self.path, self.limit = handle, path, limit
+        self.retrier, self.transfer = retrier, transfer
+        self.digest, self.size = _hash_prefix(path, handle.tell())
+        self.had = self.size
+
+    def write(self, chunk: bytes) -> int:
+        self.retrier.check_abort()
+        self.handle.write(chunk)
+        self.digest.update(chunk)
+        self.size += len(chunk)
+        self.transfer.received += len(chunk)
+        if self.size > self.had:
+            self.had = self.size
+            Retrier.kept()
+        if self.limit is not None and self.size > self.limit:
+            raise ConnectionError(f"{self.path.name}: more bytes arrived than the {self.limit} "
+                                  "the hub lists; downloading it again")
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self.handle.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.handle.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        """The server ignored ``Range``: ``http_get`` starts the file again."""
+        kept = self.handle.truncate(size)
+        self.handle.flush()
+        self.digest, self.size = _hash_prefix(self.path, kept)
+        return kept
 
 
 def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Retrier,
                   transfer: Transfer, what: str) -> None:
     """`file` into `dest`, resuming ``<name>.incomplete`` where a try stopped, checked against
     its size and its proof (see the module docstring) before it takes its name."""
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
 
     final, part = dest / file.name, dest / (file.name + PARTIAL)
     proof = file.proof(commit)
@@ -122,59 +152,27 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
             and file.size in (None, final.stat().st_size)):
         return  # finished and proved by an earlier try or run (and not cut short by a crash)
     final.unlink(missing_ok=True)  # unproved (or of another commit): in our folder, fetched anew
-    digest, hashed = hashlib.sha256(), 0
-    ranges = True  # False once the server answered a Range with another range: whole files
+    ranges = True  # False once the server answered a Range from another byte: whole files
     while True:
         retrier.check_abort()
         have = _size(part)
-        if file.size is not None and have > file.size:
-            part.unlink()
+        if (file.size is not None and have > file.size) or not ranges:
+            part.unlink(missing_ok=True)
             have = 0
-        if hashed != have:  # a partial file from an earlier run (or none): hash what it holds
-            digest, hashed = _hash_prefix(part, have)
         started = time.monotonic()
         try:
-            if file.size is None or have < file.size:
-                headers = build_hf_headers()
-                if have and ranges:
-                    headers["Range"] = f"bytes={have}-"
-                with get_session().stream("GET", url, headers=headers, timeout=timeout(),
-                                          follow_redirects=True) as response:
-                    if response.status_code >= 400:
-                        response.read()  # the error's message is in the body
-                        hf_raise_for_status(response)
-                    start, mode = first_byte(response), "ab"
-                    if start not in (have, 0):  # another range: of no use here
-                        ranges = False
-                        raise ConnectionError(
-                            f"{file.name}: asked for its bytes from {have}, the server answered "
-                            f"{response.status_code} with Content-Range "
-                            f"{response.headers.get('Content-Range')!r}; asking for the whole "
-                            "file")
-                    if start != have:  # the whole file (the Range ignored): anew
-                        mode, digest, hashed = "wb", hashlib.sha256(), 0
-                    with open(part, mode) as handle:
-                        for chunk in response.iter_bytes():  # as they arrive: none lost
-                            retrier.check_abort()
-                            handle.write(chunk)
-                            digest.update(chunk)
-                            hashed += len(chunk)
-                            transfer.received += len(chunk)
-                            if file.size is not None and hashed > file.size:
-                                break  # more than the file has: thrown away below
-            size = _size(part)
-            if file.size is not None and size > file.size:  # thrown away: not progress
-                part.unlink()
-                raise ConnectionError(f"{file.name}: {size} bytes arrived, more than the "
-                                      f"{file.size} the hub lists; downloading it again")
-            if file.size is not None and size != file.size:
-                raise ConnectionError(f"{file.name}: {size} of {file.size} bytes arrived")
-            if file.sha256 is not None and digest.hexdigest() != file.sha256:
+            with retrier.attempt(what), open(part, "r+b" if have else "w+b") as handle:
+                handle.seek(0, os.SEEK_END)
+                kept = _Kept(handle, part, file.size, retrier, transfer)
+                if file.size is None or have < file.size:
+                    http_get(url, kept, resume_size=have, headers=build_hf_headers(),
+                             expected_size=file.size, displayed_filename=file.name,
+                             _nb_retries=0)  # the retrier decides (module docstring)
+                digest = kept.digest.hexdigest()
+            if file.sha256 is not None and digest != file.sha256:
                 part.unlink()
                 raise ConnectionError(f"{file.name}: the sha256 of the bytes received is not "
                                       "the hub's; downloading it again")
-            if not part.exists():
-                part.touch()  # an empty file
             if file.sha256 is None and file.blob_id and _git_blob_id(part) != file.blob_id:
                 part.unlink()
                 raise ConnectionError(f"{file.name}: the git blob id of the bytes received is "
@@ -187,9 +185,14 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         except Aborted:
             raise
         except Exception as error:  # noqa: BLE001 - sorted by the retrier
+            if isinstance(error, RangeMismatch):
+                ranges = False
+            size = _size(part)
+            if file.size is not None and size > file.size:  # thrown away: not progress
+                part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
             retrier.failed(error, what, seconds=time.monotonic() - started,
-                           progressed=_size(part) > have)
+                           progressed=have < size <= (file.size or size))
 
 
 def resolve_url(repo: str, revision: str, name: str) -> str:
