@@ -199,12 +199,12 @@ def weights_lfs_sha256(info: Any, weights: Weights) -> dict[str, str]:
     return hashes
 
 
-def _check_space(folder: Path, needed: int, revision: str | None) -> None:
+def _check_space(folder: Path, needed: int, name: str) -> None:
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise OSError(
             errno.ENOSPC,
-            f"revision {revision}: {needed / 1e9:.2f} GB needed in {folder}, {free / 1e9:.2f} GB "
+            f"{name}: {needed / 1e9:.2f} GB needed in {folder}, {free / 1e9:.2f} GB "
             "free; free some space, or set work_dir= to a larger disk",
         )
 
@@ -292,33 +292,22 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
     """
     local = Path(repo).expanduser()
     if local.is_dir():  # a local folder: nothing to fetch
-        return RevisionFiles(local, owned=False, weights=local_hashes(local, folder_weights(local)))
-    from huggingface_hub import is_offline_mode
-
+        return _cached_files(local)
     retrier = Retrier(budget_s=retry_budget_s, first_wait_s=first_wait_s, abort=abort,
                       **({"say": say} if say is not None else {}))
     name = f"revision {revision or 'main'} of {repo}"
-    if is_offline_mode():  # the cache's ref, said: nothing asks the network
-        cached = cached_snapshot(repo, revision)
-        if cached is not None:
-            retrier.say(f"offline (HF_HUB_OFFLINE): {name} read from the Hugging Face cache at "
-                        f"the commit its ref names there, {cached.name[:12]}")
-            return _cached_files(cached)
+    cached = _offline_snapshot(repo, revision, retrier, name)
+    if cached is not None:
+        return _cached_files(cached)
     started = time.perf_counter()
     dest: Path | None = None
     lock: IO | None = None
     try:
         info = file_list(repo, revision, retrier, f"{name}: reading its file list")
-        commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
         cached = cached_snapshot(repo, info.sha) if info.sha else None
-        if cached is not None:
+        if cached is not None:  # by commit: a branch that moved meanwhile is not read
             return _cached_files(cached)
-        files = hub_files(info)
-        if not any(n.endswith(FORMATS) for n in files):
-            raise RevisionUnavailable(
-                f"{name} has no weights file (*.safetensors or *.bin), only "
-                f"{', '.join(sorted(files)[:8]) or 'nothing'}"
-                ": a branch without weights (some of Pythia's are), nothing to probe")
+        files = _with_weights(hub_files(info), name)
         dest = download_dir(work_dir, owner if owner is not None else work_dir, repo, revision)
         lock = claim(dest, {"repo": repo, "revision": revision or "main", "commit": info.sha,
                             "run": dest.parent.parent.name,
@@ -326,25 +315,8 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                             "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "keep_weights": keep_weights}, retrier.say)
         transfer = Transfer()
-        indexes = [f for n, f in files.items() if n.endswith(INDEX)]
-        download_files(repo, commit, indexes, dest, retrier, transfer, name)  # read first (small)
-        weights = hub_weights(repo, info, retrier, lambda n: (dest / n).read_text())
-        if not weights.files:
-            missing = next(iter(weights.missing.values()), ())
-            raise RevisionUnavailable(
-                f"{name}: its weights index names shards the hub does not have: "
-                f"{', '.join(missing[:5])}" if missing else
-                f"{name} has no weights file (only training state), nothing to probe")
-        others = [f for n, f in files.items() if not n.endswith(FORMATS)
-                  and config_or_tokenizer(n)]
-        wanted = [*others, *(files[n] for n in weights.files)]
-        have = sum((dest / (f.name + PARTIAL)).stat().st_size
-                   for f in wanted if (dest / (f.name + PARTIAL)).is_file())
-        _check_space(dest, sum(f.size or 0 for f in wanted if not (dest / f.name).is_file())
-                     - have, revision)
-        download_files(repo, commit, wanted, dest, retrier, transfer, name)  # configs, then weights
-        hashes = weights_lfs_sha256(info, weights)
-        hashes.update({n: files[n].sha256 or sha256_of(dest / n) for n in weights.files})
+        hashes = _download(repo, info.sha or revision or "main", info, files, dest, retrier,
+                           transfer, name)
         return RevisionFiles(dest, owned=True, bytes=transfer.received,
                              seconds=time.perf_counter() - started, weights=hashes, lock=lock)
     except Aborted:
@@ -360,6 +332,55 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
         if named is error:
             raise
         raise named from error
+
+
+def _offline_snapshot(repo: str, revision: str | None, retrier: Retrier,
+                      name: str) -> Path | None:
+    """Offline (``HF_HUB_OFFLINE``), the cache's snapshot at the commit its ref names, said;
+    online (or not in the cache) None: the hub resolves the branch first."""
+    from huggingface_hub import is_offline_mode
+
+    cached = cached_snapshot(repo, revision) if is_offline_mode() else None
+    if cached is not None:
+        retrier.say(f"offline (HF_HUB_OFFLINE): {name} read from the Hugging Face cache at "
+                    f"the commit its ref names there, {cached.name[:12]}")
+    return cached
+
+
+def _with_weights(files: dict[str, HubFile], name: str) -> dict[str, HubFile]:
+    """`files` (a revision's listing), or `RevisionUnavailable` when none is a weights file."""
+    if not any(n.endswith(FORMATS) for n in files):
+        raise RevisionUnavailable(
+            f"{name} has no weights file (*.safetensors or *.bin), only "
+            f"{', '.join(sorted(files)[:8]) or 'nothing'}"
+            ": a branch without weights (some of Pythia's are), nothing to probe")
+    return files
+
+
+def _download(repo: str, commit: str, info: Any, files: dict[str, HubFile], dest: Path,
+              retrier: Retrier, transfer: Transfer, name: str) -> dict[str, str]:
+    """The indexes (small: read first), then the configs and tokenizer files, then the weights
+    the rule names, into `dest` (once the disk is known to hold them), by `commit` (a branch
+    that moves meanwhile is not mixed in); returns the weights' sha256 by name, of every
+    complete format the listing hashes."""
+    indexes = [f for n, f in files.items() if n.endswith(INDEX)]
+    download_files(repo, commit, indexes, dest, retrier, transfer, name)
+    weights = hub_weights(repo, info, retrier, lambda n: (dest / n).read_text())
+    if not weights.files:
+        missing = next(iter(weights.missing.values()), ())
+        raise RevisionUnavailable(
+            f"{name}: its weights index names shards the hub does not have: "
+            f"{', '.join(missing[:5])}" if missing else
+            f"{name} has no weights file (only training state), nothing to probe")
+    wanted = [*(f for n, f in files.items() if not n.endswith(FORMATS)
+                and config_or_tokenizer(n)), *(files[n] for n in weights.files)]
+    partial = [dest / (f.name + PARTIAL) for f in wanted]
+    _check_space(dest, sum(f.size or 0 for f in wanted if not (dest / f.name).is_file())
+                 - sum(p.stat().st_size for p in partial if p.is_file()), name)
+    download_files(repo, commit, wanted, dest, retrier, transfer, name)
+    hashes = weights_lfs_sha256(info, weights)
+    hashes.update({n: files[n].sha256 or sha256_of(dest / n) for n in weights.files})
+    return hashes
 
 
 class Prefetch:
