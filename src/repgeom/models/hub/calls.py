@@ -20,18 +20,26 @@ costs nothing and restarts the back-off. When a wait would overrun the budget,
 first (``waiting 60 s: HTTP 429 from <url> (try 3, 12 min of 15 left)``), so a console that is
 quiet says why.
 
-**Every call is bounded.** huggingface_hub's shared session has no timeout
-(``utils._http.default_client_factory``: ``timeout=None``), and ``HfApi.list_repo_refs`` passes
-none: against a server that accepts the connection and never answers it waits for ever.
-`bound_session` gives that session `timeout()` (connect `CONNECT_TIMEOUT_S`, each read
-`READ_TIMEOUT_S`; ``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` where set) when it
-has none, and `Retrier.call` does so before every try; file downloads
-pass `timeout()` themselves. A stall therefore fails its try within `READ_TIMEOUT_S` (< 30 s),
-which the console says (a wait, or the end of the budget), and costs the budget its seconds.
+**huggingface_hub makes every call; this module bounds them.** Each try runs inside
+`Retrier.attempt`, and two hooks on huggingface_hub's shared session (public ``event_hooks`` of
+its httpx client, added by `watch_session`, whatever client factory made it) act on that try's
+requests alone, on its thread:
 
-huggingface_hub has retries of its own (``utils.http_backoff``: 5 tries, at most 8 s apart) but
-uses them for file downloads only, silently, and `HfApi.model_info` and ``list_repo_refs`` not at
-all; repgeom's calls go through this module instead, so one budget bounds them all.
+- before each request (`_bound_request`): stop when the run is aborted or when the seconds since
+  the try last kept a byte spend the budget, and bound the request's connect and each read by
+  `timeout()` (``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` read at each call, else
+  `CONNECT_TIMEOUT_S` and `READ_TIMEOUT_S` < 30 s) and by the budget left. The library's
+  session has no timeout and ``HfApi.list_repo_refs`` passes none: against a server that
+  accepts the connection and never answers it waited for ever. A second GET in one try is the
+  library retrying on its own (``http_get`` resumes after a cut, a second apart, for ever while
+  bytes arrive): it ends the try (`LibraryRetry`), and the retrier decides;
+- on each answer (`_judge_response`): a 429, 408 or 5xx ends the library's call at once
+  (``http_backoff`` would retry it, up to 8 s apart, outside any budget), so that the retrier
+  waits as the hub asks and says so; a resumed request answered from another byte is judged
+  (`RangeMismatch`, see `repgeom.models.hub.transfer`).
+
+What huggingface_hub lacks, and this module adds: one budget over every call of a job, waits
+said in the console with the budget left, progress counted as kept bytes.
 """
 
 from __future__ import annotations

@@ -18,16 +18,17 @@ is used: the cache is read at that commit, and a download of ours whose marker n
 commit is fetched again (the console says it moved). Offline (``HF_HUB_OFFLINE=1``), the
 cache's ref is used, and the console says so; nothing asks the network.
 
-**What happens on each fault** (every hub call, listing and file list included, is bounded
-(`repgeom.models.hub.calls.timeout`) and goes through `repgeom.models.hub.calls.Retrier`,
-one retry budget per revision, ``retry_budget_s``):
+**What happens on each fault** (every hub call, listing and file list included, is made by
+huggingface_hub and bounded by `repgeom.models.hub.calls.Retrier`, one retry budget per
+revision, ``retry_budget_s``):
 
 - HTTP 429: waits the ``Retry-After`` the hub sends, then tries again;
 - HTTP 5xx, timeouts (a half-open connection: no byte for `hub_calls.READ_TIMEOUT_S`), refused
   or dropped connections: backs off exponentially (1, 2, 4 ... s, at most 60 s), saying why on
   stderr (``waiting 4 s: HTTP 503 from <url> (try 3, 14 min of 15 left)``); a broken file
-  download keeps its ``<file>.incomplete`` and resumes it with an HTTP ``Range`` request; only
-  bytes the partial file keeps are progress;
+  download keeps its ``<file>.incomplete`` and resumes it with an HTTP ``Range`` request (in
+  this run or the next: `repgeom.models.hub.transfer`); only bytes the partial file keeps are
+  progress;
 - budget spent: `DownloadError`, fatal, naming the hub's URL and the command to rerun; the
   partial files stay, so the same command resumes;
 - the revision, or a file of it, does not exist (404), or the revision has no weights file (a

@@ -95,7 +95,7 @@ def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
     (``HfApi.list_repo_refs``), or, in offline mode (``HF_HUB_OFFLINE=1``), the refs that the
     local Hugging Face cache holds for it (``scan_cache_dir``).
 
-    The hub call is bounded (`repgeom.models.hub.calls.bound_session`: huggingface_hub's
+    The hub call is bounded (`repgeom.models.hub.calls.watch_session`: huggingface_hub's
     session has no timeout and ``list_repo_refs`` passes none) and goes through `retry` (the
     run's `repgeom.models.hub.calls.Retrier`; default: its 15-minute budget): a 429 waits for
     its ``Retry-After``, a 5xx, a dropped or silent connection is tried again, and the console
