@@ -65,14 +65,32 @@ def _download(retry: Retrier, name: str, filename: str, revision: str, what: str
                            f"{what}: downloading {filename}"))
 
 
-def _to_cache(retry: Retrier, name: str, revision: str, commit: str, names: list[str],
-              what: str) -> Path:
-    """Each of `names` at `commit` into the cache, then the first by `revision`'s name (the
-    library writes ``refs/<revision>``; no GET when its commit is still `commit`); the snapshot
-    folder."""
-    paths = [_download(retry, name, file, commit, what) for file in names]
-    if revision != commit:
-        _download(retry, name, names[0], revision, what)
+def _wanted(info, what: str, revision: str) -> list[str]:
+    """The configs and tokenizer files of a file list (`downloads.config_or_tokenizer`)."""
+    names = [f.name for f in hub_files(info).values() if config_or_tokenizer(f.name)]
+    if not names:
+        raise OSError(f"{what}: revision {revision} holds no config or tokenizer file")
+    return names
+
+
+def _to_cache(retry: Retrier, name: str, revision: str, info, what: str) -> Path:
+    """Each config and tokenizer file of `info` (the file list of `revision`) at its commit into
+    the cache, then the first by `revision`'s name, so that the library writes
+    ``refs/<revision>`` (no GET while it names that commit); the snapshot folder. A branch that
+    moved meanwhile: the new commit's files are fetched (its file list read first), so that the
+    ref never names a commit whose snapshot lacks them."""
+    for _ in range(3):
+        commit = info.sha or revision
+        paths = [_download(retry, name, file, commit, what)
+                 for file in _wanted(info, what, revision)]
+        if revision == commit:
+            break
+        now = _download(retry, name, paths[0].name, revision, what).parent.name
+        if now == commit:
+            break
+        retry.say(f"{what}: revision {revision} moved to commit {now} while its files were "
+                  "fetched; fetching that commit's files")
+        info = file_list(name, now, retry, f"{what}: reading its file list at commit {now}")
     return paths[0].parent
 
 
@@ -111,20 +129,16 @@ def fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     retry, what, branch = budget_retrier(retry_budget_s), f"tokenizer={name!r}", revision or "main"
     try:
         info = file_list(name, branch, retry, f"{what}: reading its file list at revision {branch}")
-        commit = info.sha or branch  # by commit: a branch that moves meanwhile
-        names = [f.name for f in hub_files(info).values() if config_or_tokenizer(f.name)]
-        if not names:
-            raise OSError(f"{what}: revision {branch} holds no config or tokenizer file")
         try:
-            return str(_to_cache(retry, name, branch, commit, names, what))
+            return str(_to_cache(retry, name, branch, info, what))
         except OSError as e:
             if not _cannot_write(e):
                 raise
             retry.say(f"{what}: could not add its files to the Hugging Face cache "
                       f"({constants.HF_HUB_CACHE}: {e}); fetching them into {folder} instead: an "
                       "offline rerun (HF_HUB_OFFLINE=1) will not find them")
-        for file in names:
-            _download(retry, name, file, commit, what, local_dir=folder)
+        for file in _wanted(info, what, branch):  # by commit: a branch that moves meanwhile
+            _download(retry, name, file, info.sha or branch, what, local_dir=folder)
         return folder
     except (RetriesExhausted, OSError) as e:  # huggingface_hub's HTTP errors are OSErrors
         raise _named(e, name, revision, what, folder) or OSError(
