@@ -39,8 +39,13 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from repgeom.models.hub.calls import RetriesExhausted, Retrier, budget_retrier, no_answer, status_of
-from repgeom.models.hub.downloads import as_download_error, config_or_tokenizer, file_list, hub_files
+from repgeom.models.hub.calls import Retrier, RetriesExhausted, budget_retrier, no_answer, status_of
+from repgeom.models.hub.downloads import (
+    as_download_error,
+    config_or_tokenizer,
+    file_list,
+    hub_files,
+)
 
 _UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
                          errno.ENOSPC, errno.EDQUOT})
