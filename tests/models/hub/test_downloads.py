@@ -1183,13 +1183,14 @@ _PROBE_ARGS = ["window=32", "n_states=64", "settings.state_batch_size=64", "sett
                "device=cpu"]
 
 
-def test_a_hub_tokenizer_is_fetched_by_bounded_gets_into_a_folder_that_is_then_gone(
+def test_a_hub_tokenizer_is_fetched_by_huggingface_hub_into_the_cache_within_the_budget(
         use, tiny_hf_folder, tiny_text, tmp_path, monkeypatch) -> None:
-    """``tokenizer=org/name``: its file list and files come with repgeom's own bounded GETs
-    (by commit, proved, inside the run's retry budget) into a temporary folder of repgeom's,
-    deleted once the tokenizer is loaded; the weights are not fetched. Before:
-    ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub retries by
-    itself, silently, outside any budget."""
+    """``tokenizer=org/name``: its file list (once), then its configs and tokenizer files, each
+    by one ``hf_hub_download`` (one HEAD and one GET) at the listed commit, and one HEAD by the
+    branch's name for its ref, all inside the run's retry budget (`Retrier.call`), into the
+    user's Hugging Face cache; the weights are not fetched, and the temporary folder repgeom
+    made is gone. Before (issue 48): repgeom's own GETs into a temporary folder, then copied
+    into the cache by hand."""
     import tempfile
 
     from transformers import AutoTokenizer
@@ -1206,9 +1207,13 @@ def test_a_hub_tokenizer_is_fetched_by_bounded_gets_into_a_folder_that_is_then_g
     reference = AutoTokenizer.from_pretrained(folder)
     assert loaded.tokenizer(tiny_text)["input_ids"] == reference(tiny_text)["input_ids"]
     kinds = [request.kind for request, _, _ in hub.served]
-    assert "head" not in kinds and kinds.count("info") == 1, kinds  # no HEAD of its own
     fetched = {name for _, name in hub.downloads()}
+    assert kinds.count("info") == 1 and kinds.count("file") == len(fetched), kinds
+    assert kinds.count("head") == len(fetched) + 1, kinds  # no retry of the library's own
     assert "tokenizer.json" in fetched and "model.safetensors" not in fetched
+    snapshot = (Path(huggingface_hub.constants.HF_HUB_CACHE) / "models--org--tok" / "snapshots"
+                / hub.commit("main"))
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(fetched)
     assert not list(temporary.glob("repgeom-*"))  # the folder repgeom made is gone again
 
 
@@ -1370,23 +1375,26 @@ def test_a_hub_tokenizer_fetched_online_is_found_offline_and_not_fetched_twice(
 
 
 def test_a_hub_tokenizer_loads_when_the_cache_cannot_be_written(
-        use, tiny_hf_folder, tiny_text, monkeypatch, capsys) -> None:
-    """A read-only (or full) Hugging Face cache: the tokenizer is loaded from the files fetched,
-    and the console says that an offline rerun will not find them."""
-    import errno
-
+        use, tiny_hf_folder, tiny_text, tmp_path, monkeypatch, capsys) -> None:
+    """A Hugging Face cache that cannot be written (here its path runs through a file, which
+    stops root as well as anyone; a read-only or a colleague's cache is refused the same way):
+    ``hf_hub_download`` fetches the files into repgeom's temporary folder instead
+    (``local_dir=``), the tokenizer is loaded from there, and the console says that an offline
+    rerun will not find them. Nothing is written where the cache should be."""
     from repgeom.models.hf import load_tokenizer_or_explain
-    from repgeom.models.hub import cache as hub_cache
 
-    def read_only(*args, **kwargs):
-        raise OSError(errno.EROFS, "Read-only file system")
-
-    monkeypatch.setattr(hub_cache, "add_to_cache", read_only)
-    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache's folder should be")
+    with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})) as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(blocker / "hub"))
         tokenizer = load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
                                               retry_budget_s=5.0)
     assert len(tokenizer(tiny_text)["input_ids"]) > 0
-    assert "an offline rerun (HF_HUB_OFFLINE=1) will not find them" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "an offline rerun (HF_HUB_OFFLINE=1) will not find them" in said
+    assert str(blocker / "hub") in said and "repgeom-tokenizer-" in said
+    assert blocker.read_text() == "a file where the cache's folder should be"
+    assert "tokenizer.json" in {name for _, name in hub.downloads()}
 
 
 def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
@@ -1492,17 +1500,45 @@ def test_probe_py_compare_on_a_hub_model_runs_again_offline(tiny_hf_folder, tmp_
 
 
 def test_a_full_disk_while_a_hub_tokenizer_downloads_names_the_folder_and_tmpdir(
-        use, tiny_hf_folder, monkeypatch) -> None:
-    """ENOSPC while a hub tokenizer's file is written into repgeom's temporary folder: the error
-    keeps its errno (a trajectory ends on it) and names the folder and ``TMPDIR=``. Before: "could
-    not load tokenizer ... from the Hugging Face hub", blaming the hub."""
+        use, tiny_hf_folder, monkeypatch, capsys) -> None:
+    """ENOSPC while ``hf_hub_download`` writes a hub tokenizer's file, in the Hugging Face cache
+    (then repgeom fetches into its temporary folder instead and says so) and in that folder too:
+    the error keeps its errno (a trajectory ends on it) and names the folder and ``TMPDIR=``.
+    Before: "could not load tokenizer ... from the Hugging Face hub", blaming the hub."""
+    import pathlib
+
     from repgeom.models.hf import load_tokenizer_or_explain
 
+    real_open = pathlib.Path.open
+
+    class Full:
+        """A file whose every write finds the disk full."""
+
+        def __init__(self, handle) -> None:
+            self.handle = handle
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name: str):
+            return getattr(self.handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.handle.close()
+
+    def filling(self, mode="r", *args, **kwargs):  # huggingface_hub writes a download so
+        handle = real_open(self, mode, *args, **kwargs)
+        return Full(handle) if self.name.endswith(".incomplete") else handle
+
     with use(FakeHub("org/tok", {"main": tiny_hf_folder("gpt2")})):
-        _disk_fills(monkeypatch, "tokenizer.json.incomplete", after_bytes=0)
+        monkeypatch.setattr(pathlib.Path, "open", filling)
         with pytest.raises(OSError) as raised:
             load_tokenizer_or_explain(tiny_hf_folder("gpt2", tokenizer=False), "org/tok",
                                       retry_budget_s=5.0)
         monkeypatch.undo()
     assert raised.value.errno == errno.ENOSPC
     assert "repgeom-tokenizer-" in str(raised.value) and "TMPDIR=" in str(raised.value)
+    assert "could not add its files to the Hugging Face cache" in capsys.readouterr().err

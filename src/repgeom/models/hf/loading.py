@@ -111,15 +111,16 @@ def load_tokenizer_or_explain(
     naming the fix. `load_hf_model` (``probe.py hf=... tokenizer=...``) and the analyses'
     subjects (`repgeom.analyses.subjects`) load tokenizers through this one function.
 
-    Online, a hub name's tokenizer files are fetched as a revision's files are
-    (`repgeom.models.hub.config_files.fetch_tokenizer_files`): its file list and each file with
-    one bounded ``GET`` per try, inside one `repgeom.models.hub.calls.Retrier` of
-    `retry_budget_s`, each file checked by its proof, into a temporary folder of repgeom's, then
-    added to the Hugging Face cache at their commit (files the cache holds at that commit are
-    not fetched again).
-    Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD requests huggingface_hub
-    retries by itself, silently, outside any budget. Offline (``HF_HUB_OFFLINE=1``) the Hugging
-    Face cache's copy is read and nothing asks the network.
+    Online, a hub name's tokenizer files are fetched by huggingface_hub's ``hf_hub_download``
+    into the user's Hugging Face cache (`repgeom.models.hub.config_files.fetch_tokenizer_files`):
+    its file list, then each config and tokenizer file at the listed commit, each call one try
+    of one `repgeom.models.hub.calls.Retrier` of `retry_budget_s`, whose session hooks bound the
+    library's own requests and retries by that budget (files the cache holds at that commit are
+    not fetched again). Not with ``AutoTokenizer.from_pretrained(<hub name>)``, whose HEAD
+    requests huggingface_hub retries by itself, silently, outside any budget. A cache that
+    cannot be written: the files are fetched into a temporary folder of repgeom's, and the
+    console says an offline rerun will not find them. Offline (``HF_HUB_OFFLINE=1``) the
+    Hugging Face cache's copy is read and nothing asks the network.
 
     Parameters
     ----------
@@ -198,12 +199,12 @@ def _load_tokenizer(source: str, revision: str | None, retry_budget_s: float | N
 def _read_config(name: str, revision: str | None, retry_budget_s: float | None = None) -> Any:
     """The model's ``AutoConfig``, after checking that a local name is a model folder.
 
-    Online, a hub name's ``config.json`` is read with one bounded ``GET`` per try
-    (`repgeom.models.hub.config_files.fetch_config`: connect and read timeouts) through
+    Online, a hub name's ``config.json`` is fetched by ``hf_hub_download`` into the user's
+    Hugging Face cache (`repgeom.models.hub.config_files.fetch_config`), each call one try of a
     `repgeom.models.hub.calls.Retrier` with the run's `retry_budget_s` (None: the default, 15
-    minutes). Not with ``hf_hub_download``: against a hub that stops answering, it tries its HEAD
-    request again by itself, silently, with a 60 s timeout, minutes outside any budget.
-    Offline, the Hugging Face cache's copy is read (nothing asks the network).
+    minutes), whose session hooks bound the library's requests (and end its own silent retries
+    of a HEAD, with a 60 s timeout, minutes outside any budget) by that budget. Offline, the
+    Hugging Face cache's copy is read (nothing asks the network).
     """
     from transformers import AutoConfig
 

@@ -1,45 +1,125 @@
-"""A hub model's config and tokenizer files, fetched for `repgeom.models.hf.loading` the way a
-revision's files are (`repgeom.models.hub.downloads`): within the run's retry budget, by bounded
-calls, each file proved.
+"""A hub model's config and tokenizer files, fetched by huggingface_hub itself into the user's
+Hugging Face cache, within the run's one retry budget.
 
-`fetch_tokenizer_files` reads the revision's file list (`downloads.file_list`) and fetches its
-configs and tokenizer files (`downloads.config_or_tokenizer`: not the Trainer's state) with the
-revision path's own loop (`downloads.download_files`), each checked by its proof (the hub's
-sha256, else its git blob id), into a temporary folder of the caller's, then adds them to the
-Hugging Face cache at their commit (`repgeom.models.hub.cache`; files the cache holds at that
-commit are not fetched again). `fetch_config` reads a model's ``config.json`` alone with one
-bounded ``GET`` per try (`repgeom.models.hub.transfer.get_text`), the first thing ``probe.py
-hf=...`` reads. Neither calls ``hf_hub_download`` or ``from_pretrained(<hub name>)``, whose HEAD
-requests huggingface_hub retries by itself, silently, outside any budget. A spent budget ends
-with the one wording of `repgeom.models.hub.calls.no_answer`; a refusal (401/403) is named
-as for a revision's files (`downloads.as_download_error`).
+What the library does: ``huggingface_hub.hf_hub_download`` fetches one file (a ``HEAD`` for its
+commit and ETag, then a ``GET``) into the cache as it lays it out
+(https://huggingface.co/docs/huggingface_hub/guides/manage-cache): the bytes in ``blobs/``, a
+link from ``snapshots/<commit>/<file>``, ``refs/<branch>`` naming the commit (replaced whole
+when it names another: a new file with the umask's mode, whatever the mode of the one it
+replaces), files with the mode the umask gives (0664 under a group cache's umask 002), and a
+file the cache holds at that commit returned without asking the network. With ``local_dir=`` it
+fetches into a folder instead, leaving the cache as it is. No file of `repgeom.models.hub` writes
+into the user's cache by hand (issue 48): only ``hf_hub_download`` does.
+
+What it lacks, and repgeom adds: one retry budget for everything a run asks of the hub. The
+library's own retries (a HEAD's timeout tried again with a 60 s timeout, 5xx and 429 retried by
+``http_backoff`` up to 8 s apart) are silent and outside any budget. Here each
+``hf_hub_download`` is one try of `repgeom.models.hub.calls.Retrier.call`, whose session hooks
+(`calls.Retrier.attempt`) bound each of the library's requests by the budget left and end its
+call at a 429 or 5xx, so that the retrier waits as the hub asks, says so, and stops when the
+budget (``retry_budget_s=``) is spent.
+
+`fetch_tokenizer_files` reads the revision's file list (`downloads.file_list`, within the budget),
+takes its configs and tokenizer files (`downloads.config_or_tokenizer`: not the Trainer's state)
+and fetches each at the listed commit (a branch that moves meanwhile does not mix two commits),
+then once by the branch's name, so that the library writes the branch's ref (an offline rerun,
+``HF_HUB_OFFLINE=1``, resolves the branch through it). When the cache cannot be written (a
+colleague's or read-only cache, a full disk), the files are fetched into a folder of the
+caller's (``local_dir=``, still by the library) and the console says that an offline rerun will
+not find them. `fetch_config` fetches a model's ``config.json`` alone, the first thing
+``probe.py hf=...`` reads, the same way.
+
+A spent budget ends with the one wording of `repgeom.models.hub.calls.no_answer`; a refusal
+(401/403) is named as for a revision's files (`downloads.as_download_error`); a full disk where
+the files were fetched names the folder and ``TMPDIR=``.
 """
 
 from __future__ import annotations
 
 import errno
-import os
 from pathlib import Path
 
-from repgeom.models.hub import cache as hub_cache  # through the module: what a test patches is used
-from repgeom.models.hub.calls import RetriesExhausted, budget_retrier, no_answer, status_of
+from repgeom.models.hub.calls import Retrier, RetriesExhausted, budget_retrier, no_answer, status_of
 from repgeom.models.hub.downloads import (
     as_download_error,
     config_or_tokenizer,
-    download_files,
     file_list,
     hub_files,
 )
-from repgeom.models.hub.transfer import Transfer, get_text, resolve_url
+
+_UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
+                         errno.ENOSPC, errno.EDQUOT})
+"""The errnos of a cache that cannot be written: another user's or read-only folders, a cache
+path under a file, a full disk or quota."""
+
+
+def _cannot_write(error: BaseException) -> bool:
+    """Whether `error` is a file system's refusal (`_UNWRITABLE`), not an answer of the hub."""
+    return (isinstance(error, OSError) and error.errno in _UNWRITABLE
+            and status_of(error) is None)
+
+
+def _download(retry: Retrier, name: str, filename: str, revision: str, what: str,
+              local_dir: str | None = None) -> Path:
+    """``hf_hub_download`` of `filename` of hub model `name` at `revision` (into the cache, or
+    into `local_dir`), one try of `retry` per call."""
+    from huggingface_hub import hf_hub_download
+
+    return Path(retry.call(lambda: hf_hub_download(name, filename, revision=revision,
+                                                   local_dir=local_dir),
+                           f"{what}: downloading {filename}"))
+
+
+def _wanted(info, what: str, revision: str) -> list[str]:
+    """The configs and tokenizer files of a file list (`downloads.config_or_tokenizer`)."""
+    names = [f.name for f in hub_files(info).values() if config_or_tokenizer(f.name)]
+    if not names:
+        raise OSError(f"{what}: revision {revision} holds no config or tokenizer file")
+    return names
+
+
+def _to_cache(retry: Retrier, name: str, revision: str, info, what: str) -> Path:
+    """Each config and tokenizer file of `info` (the file list of `revision`) at its commit into
+    the cache, then the first by `revision`'s name, so that the library writes
+    ``refs/<revision>`` (no GET while it names that commit); the snapshot folder. A branch that
+    moved meanwhile: the new commit's files are fetched (its file list read first), so that the
+    ref never names a commit whose snapshot lacks them."""
+    for _ in range(3):
+        commit = info.sha or revision
+        paths = [_download(retry, name, file, commit, what)
+                 for file in _wanted(info, what, revision)]
+        if revision == commit:
+            break
+        now = _download(retry, name, paths[0].name, revision, what).parent.name
+        if now == commit:
+            break
+        retry.say(f"{what}: revision {revision} moved to commit {now} while its files were "
+                  "fetched; fetching that commit's files")
+        info = file_list(name, now, retry, f"{what}: reading its file list at commit {now}")
+    return paths[0].parent
+
+
+def _named(e: BaseException, name: str, revision: str | None, what: str,
+           folder: str) -> BaseException | None:
+    """The error to raise for `e`, a failure of fetching `name`'s files (into `folder`, when
+    the cache could not be written), or None for an error that says it all."""
+    if isinstance(e, RetriesExhausted):
+        return OSError(no_answer(e))
+    if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
+        return as_download_error(e, name, revision, None)
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) and folder:
+        return OSError(e.errno, f"{what}: the disk of {folder} is full or over its quota "
+                       f"({e.strerror or e}); free some space there, or set TMPDIR= to a folder "
+                       "on a larger disk")
+    return None
 
 
 def fetch_tokenizer_files(name: str, revision: str | None, folder: str,
                           retry_budget_s: float | None) -> str:
-    """The folder of the configs and tokenizer files of hub model `name` at `revision`: the
-    Hugging Face cache's snapshot of its commit, where the files are already there or were
-    fetched into `folder` (within one retry budget of `retry_budget_s`, None: the default) and
-    then added to it (an offline rerun finds them, as it found what ``AutoTokenizer`` cached);
-    `folder` itself when the cache cannot be written.
+    """The folder of the configs and tokenizer files of hub model `name` at `revision` (None:
+    ``main``), fetched by ``hf_hub_download`` within one retry budget of `retry_budget_s` (None:
+    the default): the Hugging Face cache's snapshot of its commit (files the cache holds there
+    are not fetched again), or `folder` when the cache cannot be written.
 
     Raises
     ------
@@ -51,56 +131,55 @@ def fetch_tokenizer_files(name: str, revision: str | None, folder: str,
     """
     from huggingface_hub import constants
 
-    retry, what = budget_retrier(retry_budget_s), f"tokenizer={name!r}"
+    retry, what, branch = budget_retrier(retry_budget_s), f"tokenizer={name!r}", revision or "main"
     try:
-        info = file_list(name, revision or "main", retry,
-                         f"{what}: reading its file list at revision {revision or 'main'}")
-        commit = info.sha or revision or "main"  # by commit: a branch that moves meanwhile
-        wanted = [file for file in hub_files(info).values() if config_or_tokenizer(file.name)]
-        names = [f.name for f in wanted]
-        cached = hub_cache.cached_commit(name, info.sha, names) if info.sha else None
-        if cached is not None:
-            return str(cached)  # fetched by an earlier run or revision: nothing to download
-        download_files(name, commit, wanted, Path(folder), retry, Transfer(), what)
-    except RetriesExhausted as e:
-        raise OSError(no_answer(e)) from e
-    except OSError as e:  # huggingface_hub's HTTP errors (401/403/404) are OSErrors
-        if status_of(e) in (401, 403):  # named as for a revision's files: HF_TOKEN, the licence
-            raise as_download_error(e, name, revision, None) from e
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # the temporary folder's disk, not the hub
-            raise OSError(e.errno, f"{what}: the disk of {folder} is full or over its quota "
-                          f"({e.strerror or e}); free some space there, or set TMPDIR= to a "
-                          "folder on a larger disk") from e
-        raise OSError(f"could not load tokenizer={name!r} (revision={revision!r}) from the "
-                      f"Hugging Face hub ({constants.ENDPOINT}): {e}") from e
-    if not info.sha:
+        info = file_list(name, branch, retry, f"{what}: reading its file list at revision {branch}")
+        try:
+            return str(_to_cache(retry, name, branch, info, what))
+        except OSError as e:
+            if not _cannot_write(e):
+                raise
+            retry.say(f"{what}: could not add its files to the Hugging Face cache "
+                      f"({constants.HF_HUB_CACHE}: {e}); fetching them into {folder} instead: an "
+                      "offline rerun (HF_HUB_OFFLINE=1) will not find them")
+        for file in _wanted(info, what, branch):  # by commit: a branch that moves meanwhile
+            _download(retry, name, file, info.sha or branch, what, local_dir=folder)
         return folder
-    try:
-        return str(hub_cache.add_to_cache(name, revision or "main", info.sha, Path(folder),
-                                          names))
-    except OSError as e:  # a read-only or full cache: this run goes on, an offline rerun cannot
-        retry.say(f"{what}: could not add its files to the Hugging Face cache "
-                  f"({constants.HF_HUB_CACHE}: {e}); an offline rerun (HF_HUB_OFFLINE=1) will "
-                  "not find them")
-        return folder
+    except (RetriesExhausted, OSError) as e:  # huggingface_hub's HTTP errors are OSErrors
+        raise _named(e, name, revision, what, folder) or OSError(
+            f"could not load {what} (revision={revision!r}) from the Hugging Face hub "
+            f"({constants.ENDPOINT}): {e}") from e
 
 
 def fetch_config(name: str, revision: str | None, folder: str,
                  retry_budget_s: float | None) -> str:
-    """`folder`, holding hub model `name`'s ``config.json`` at `revision`, read with one bounded
-    ``GET`` per try within `retry_budget_s` (None: the default, 15 minutes).
+    """The folder holding hub model `name`'s ``config.json`` at `revision` (None: ``main``),
+    fetched by ``hf_hub_download`` within `retry_budget_s` (None: the default, 15 minutes): the
+    Hugging Face cache's snapshot, or `folder` when the cache cannot be written (the console
+    says so).
 
     Raises
     ------
     OSError
-        No answer within the budget (naming the hub and ``retry_budget_s=``).
+        No answer within the budget (naming the hub and ``retry_budget_s=``), no such file
+        (404), or a full disk where `folder` is (naming it and ``TMPDIR=``).
+    repgeom.models.hub.calls.HubAccessError
+        401/403, named as for a revision's files (``HF_TOKEN``, the licence page).
     """
+    from huggingface_hub import constants
+
+    retry, what, branch = budget_retrier(retry_budget_s), f"hf={name!r}", revision or "main"
     try:
-        text = get_text(resolve_url(name, revision or "main", "config.json"),
-                        budget_retrier(retry_budget_s),
-                        f"hf={name!r}: its config at revision {revision or 'main'}")
-    except RetriesExhausted as e:
-        raise OSError(no_answer(e)) from e
-    with open(os.path.join(folder, "config.json"), "w") as handle:
-        handle.write(text)
-    return folder
+        try:
+            return str(_download(retry, name, "config.json", branch, what).parent)
+        except OSError as e:
+            if not _cannot_write(e):
+                raise
+            retry.say(f"{what}: could not add its config to the Hugging Face cache "
+                      f"({constants.HF_HUB_CACHE}: {e}); fetching it into {folder} instead")
+        return str(_download(retry, name, "config.json", branch, what, local_dir=folder).parent)
+    except (RetriesExhausted, OSError) as e:  # the caller names any other OSError
+        named = _named(e, name, revision, what, folder)
+        if named is None:
+            raise
+        raise named from e
