@@ -44,7 +44,8 @@ from repgeom.probes.run.trajectory import Step, Trajectory
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
 CHUNK = 16_384
-"""The chunk huggingface_hub's http_get writes at a time in these tests (`use`); 10 MiB by default."""
+"""The chunk huggingface_hub's http_get writes at a time in these tests (`use`): 10 MiB by
+default."""
 
 
 def _revision(folder: Path, seed: int, *, weights: str | None = "safetensors",
