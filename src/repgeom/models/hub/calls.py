@@ -190,7 +190,8 @@ def _bound_request(request) -> None:
         return
     retrier.check_abort()
     if request.method == "GET" and _attempt.answered:
-        raise LibraryRetry(f"{_attempt.what}: the transfer broke off")
+        raise LibraryRetry(f"{_attempt.what}: the transfer broke off (huggingface_hub's "
+                           "warning above says why) and the library asked again on its own")
     left = retrier.left_s - (time.monotonic() - _attempt.quiet_since)
     if left <= 0:
         raise RetriesExhausted(f"{_attempt.what}: the {retrier.budget_s:.0f} s retry budget is "

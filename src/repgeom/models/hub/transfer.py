@@ -10,10 +10,14 @@ partial file of ours, ``<name>.incomplete``. What the library lacks, and this mo
   huggingface_hub PR 4228): a file dropped at 2.8 of 2.9 GB started again from zero, in the next
   try and the next run. Here the partial file stays, and ``http_get(resume_size=)`` asks for the
   rest (as ``HfFileSystem.get_file`` hands it a file that holds data already).
-- **One retry budget.** ``http_get`` is called with no retries of its own (``_nb_retries=0``:
-  its resume loop resets its count on every chunk, so a proxy that cuts every transfer at the
-  same byte looped for ever, a second apart); the revision's `Retrier` decides, and
-  `repgeom.models.hub.calls.watch_session` ends the library's own 429/5xx retries at once for it.
+- **One retry budget.** ``http_get``'s own resume loop resets its count of tries on every
+  chunk, so a proxy that cuts every transfer at the same byte looped for ever, a second apart;
+  its second request after an answer ends the try (`repgeom.models.hub.calls.LibraryRetry`), as
+  a 429 or 5xx does, and the revision's `Retrier` decides. Its retries of a request that got no
+  answer at all (a timeout, a refused connection) stay its own, bounded by the budget
+  (`repgeom.models.hub.calls.watch_session`).
+- **A kill or a cut** loses what arrived of the chunk in flight: ``http_get`` writes in chunks of
+  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB), 0.3% of a 2.9 GB file.
 - **Progress counted as kept bytes.** A try is progress only when the partial file kept more
   bytes than it had before the try: bytes thrown away (a sha256 mismatch, a server that ignores
   ``Range`` and starts again from 0, more bytes than the file has) cost the budget like any
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_dir, fsync_file, read_json
-from repgeom.models.hub.calls import Aborted, RangeMismatch, Retrier, timeout
+from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier, timeout
 from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
@@ -65,7 +69,8 @@ class HubFile:
 
 
 class Transfer:
-    """Bytes received by one revision's fetch, failed tries included."""
+    """Bytes written by one revision's fetch, failed tries included (not what a cut lost of the
+    chunk in flight)."""
 
     def __init__(self) -> None:
         self.received = 0
@@ -166,8 +171,7 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 kept = _Kept(handle, part, file.size, retrier, transfer)
                 if file.size is None or have < file.size:
                     http_get(url, kept, resume_size=have, headers=build_hf_headers(),
-                             expected_size=file.size, displayed_filename=file.name,
-                             _nb_retries=0)  # the retrier decides (module docstring)
+                             expected_size=file.size, displayed_filename=file.name)
                 digest = kept.digest.hexdigest()
             if file.sha256 is not None and digest != file.sha256:
                 part.unlink()
@@ -187,6 +191,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         except Exception as error:  # noqa: BLE001 - sorted by the retrier
             if isinstance(error, RangeMismatch):
                 ranges = False
+            if isinstance(error, LibraryRetry) and error.__context__ is not None:
+                error = error.__context__  # what broke the transfer off, said in the wait
             size = _size(part)
             if file.size is not None and size > file.size:  # thrown away: not progress
                 part.unlink()
