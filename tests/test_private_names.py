@@ -55,6 +55,14 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     ("metrics/_spectrum.py", "_version"): (
         "torch's in-place version counter (autograd's notes name it): no public API says "
         "whether a tensor was changed in place, and the spectrum cache must not outlive that"),
+    ("models/hub/calls.py", "huggingface_hub.utils._http"): (
+        "default_client_factory, the library's own client (its offline check, request ids): "
+        "wrapped with the retry budget's hooks, because http_backoff closes the session after a "
+        "refused connection and retries on a new one from the factory, whose hooks the public "
+        "set_client_factory can give only by knowing how the library makes its client"),
+    ("models/hub/calls.py", "huggingface_hub.utils._http._GLOBAL_CLIENT_FACTORY"): (
+        "no public getter tells whether the user set a client factory of their own "
+        "(set_client_factory): theirs is kept and hooked per try, only the default is wrapped"),
 }
 """(path under src/repgeom, private name) -> why it stays. Every entry must still be found."""
 

@@ -156,13 +156,12 @@ def timeout():
 
 
 class _Attempt(threading.local):
-    """The try in flight on this thread (`Retrier.attempt`): its retrier, what it is, when it
-    started, and when it last kept bytes (`kept`)."""
+    """The try in flight on this thread (`Retrier.attempt`): its retrier, what it is, and the
+    requests it made."""
 
     retrier: Retrier | None = None
     what: str = ""
-    quiet_since: float = 0.0
-    answered: bool = False  # a GET of this try was answered: another is the library's retry
+    asked: frozenset = frozenset()  # (method, URL) of each request of this try
 
 
 _attempt = _Attempt()
@@ -179,25 +178,28 @@ class RangeMismatch(ConnectionError):
 
 
 def _bound_request(request) -> None:
-    """huggingface_hub's session hook before every request it sends (`watch_session`): within
-    a try (`Retrier.attempt`), stop at once when the run is aborted or when the seconds since the
-    try last kept a byte spend the budget (huggingface_hub's own retries, of a HEAD's timeouts,
-    wait outside it), and bound the request's connect and read by `timeout()` (the
-    ``HF_HUB_*_TIMEOUT`` settings read now) and by the budget left (``HfApi.list_repo_refs``
-    passes no timeout; the session has none)."""
+    """huggingface_hub's session hook before every request it sends (`watch_session`), within a
+    try (`Retrier.attempt`):
+
+    - stop at once when the run is aborted;
+    - a request this try made already (its method and URL) is the library asking again on its
+      own (``http_backoff`` after a timeout, a second apart; ``http_get`` after a cut, for ever
+      while bytes arrive): `LibraryRetry` ends the try, and the retrier decides, says why and
+      counts the budget;
+    - bound the request's connect and each read by `timeout()` (the ``HF_HUB_*_TIMEOUT``
+      settings read now: ``HfApi.list_repo_refs`` passes no timeout, and the session has none).
+      A try is then a few distinct requests (a HEAD, a redirect, a GET), each bounded."""
     retrier = _attempt.retrier
     if retrier is None:
         return
     retrier.check_abort()
-    if request.method == "GET" and _attempt.answered:
-        raise LibraryRetry(f"{_attempt.what}: the transfer broke off (huggingface_hub's "
-                           "warning above says why) and the library asked again on its own")
-    left = retrier.left_s - (time.monotonic() - _attempt.quiet_since)
-    if left <= 0:
-        raise RetriesExhausted(f"{_attempt.what}: the {retrier.budget_s:.0f} s retry budget is "
-                               f"spent (asking {str(request.url).split('?', 1)[0]})", None)
+    asked = (request.method, str(request.url))
+    if asked in _attempt.asked:
+        raise LibraryRetry(f"huggingface_hub asked again on its own for {request.method} "
+                           f"{asked[1].split('?', 1)[0]} (its warning above says why)")
+    _attempt.asked |= {asked}
     bound = timeout()  # ours, read now: the library's constants were read at its import
-    request.extensions["timeout"] = {key: min(getattr(bound, key), left)
+    request.extensions["timeout"] = {key: getattr(bound, key)
                                      for key in ("connect", "read", "write", "pool")}
 
 
@@ -211,7 +213,6 @@ def _judge_response(response) -> None:
     if _attempt.retrier is None:
         return
     status = response.status_code
-    _attempt.answered |= response.request.method == "GET" and 200 <= status < 300
     if status in RETRY_STATUS or status >= 500:
         from huggingface_hub.utils import hf_raise_for_status
 
@@ -241,17 +242,40 @@ def first_byte(response) -> int | None:
 
 
 def watch_session() -> None:
-    """Hook `_bound_request` and `_judge_response` into huggingface_hub's shared session (made by
-    the user's client factory, if they set one: ``set_client_factory``), once per session: the
-    library closes and makes it anew after a refused connection. They act only on this thread's
-    try (`Retrier.attempt`); every other call is left as the library makes it."""
-    from huggingface_hub.utils import get_session
+    """Hook `_bound_request` and `_judge_response` into huggingface_hub's shared session, and
+    into every session its client factory makes from now on: the library closes the session
+    and makes another after a refused connection (``close_session`` in ``http_backoff``), in the
+    middle of its retries. The library's default factory is wrapped (`_hooked_client`); a
+    factory the user set (``set_client_factory``) is left as theirs, and its sessions are hooked
+    at each try. The hooks act only on this thread's try (`Retrier.attempt`); every other call
+    is left as the library makes it."""
+    from huggingface_hub.utils import _http, get_session, set_client_factory
 
-    hooks = get_session().event_hooks
+    with _installing:
+        if _http._GLOBAL_CLIENT_FACTORY is _http.default_client_factory:
+            set_client_factory(_hooked_client)
+    _hook(get_session())
+
+
+_installing = threading.Lock()
+
+
+def _hooked_client():
+    """huggingface_hub's default client (``utils._http.default_client_factory``: its offline
+    check, request ids, redirects) with repgeom's hooks."""
+    from huggingface_hub.utils import _http
+
+    return _hook(_http.default_client_factory())
+
+
+def _hook(client):
+    """`client` with `_bound_request` and `_judge_response` among its event hooks (once)."""
+    hooks = client.event_hooks
     if _bound_request not in hooks["request"]:
         hooks["request"].append(_bound_request)
     if _judge_response not in hooks["response"]:
         hooks["response"].append(_judge_response)
+    return client
 
 
 def cause_of(error: BaseException) -> BaseException:
@@ -433,22 +457,15 @@ class Retrier:
 
     @contextlib.contextmanager
     def attempt(self, what: str):
-        """One try of `what` on this thread: huggingface_hub's calls in it are bounded by this
-        retrier (`watch_session`); `kept` marks the bytes it keeps as progress."""
+        """One try of `what` on this thread: huggingface_hub's calls in it are bounded, and its
+        own retries end the try, for this retrier to decide (`watch_session`)."""
         watch_session()
-        outer = (_attempt.retrier, _attempt.what, _attempt.quiet_since, _attempt.answered)
-        _attempt.retrier, _attempt.what = self, what
-        _attempt.quiet_since, _attempt.answered = time.monotonic(), False
+        outer = (_attempt.retrier, _attempt.what, _attempt.asked)
+        _attempt.retrier, _attempt.what, _attempt.asked = self, what, frozenset()
         try:
             yield self
         finally:
-            (_attempt.retrier, _attempt.what, _attempt.quiet_since,
-             _attempt.answered) = outer
-
-    @staticmethod
-    def kept() -> None:
-        """The try in flight kept bytes: the budget counts its seconds from now."""
-        _attempt.quiet_since = time.monotonic()
+            _attempt.retrier, _attempt.what, _attempt.asked = outer
 
     def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
                progressed: bool = False) -> None:

@@ -47,6 +47,8 @@ from repgeom.models.hub.downloads import (
     hub_files,
 )
 
+MOVES = 3
+"""Looks at a branch that moves while its files are fetched before giving up."""
 _UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST,
                          errno.ENOSPC, errno.EDQUOT})
 """The errnos of a cache that cannot be written: another user's or read-only folders, a cache
@@ -84,19 +86,23 @@ def _to_cache(retry: Retrier, name: str, revision: str, info, what: str) -> Path
     ``refs/<revision>`` (no GET while it names that commit); the snapshot folder. A branch that
     moved meanwhile: the new commit's files are fetched (its file list read first), so that the
     ref never names a commit whose snapshot lacks them."""
-    for _ in range(3):
+    for look in range(MOVES):
         commit = info.sha or revision
         paths = [_download(retry, name, file, commit, what)
                  for file in _wanted(info, what, revision)]
         if revision == commit:
-            break
+            return paths[0].parent
         now = _download(retry, name, paths[0].name, revision, what).parent.name
         if now == commit:
+            return paths[0].parent
+        if look == MOVES - 1:
             break
         retry.say(f"{what}: revision {revision} moved to commit {now} while its files were "
                   "fetched; fetching that commit's files")
         info = file_list(name, now, retry, f"{what}: reading its file list at commit {now}")
-    return paths[0].parent
+    raise OSError(f"{what}: revision {revision} moved to another commit at each of {MOVES} "
+                  f"looks while its files were fetched (now {now}); rerun the same command once "
+                  "it stays still, or give the tokenizer a commit id as its revision")
 
 
 def _named(e: BaseException, name: str, revision: str | None, what: str,

@@ -12,10 +12,8 @@ partial file of ours, ``<name>.incomplete``. What the library lacks, and this mo
   rest (as ``HfFileSystem.get_file`` hands it a file that holds data already).
 - **One retry budget.** ``http_get``'s own resume loop resets its count of tries on every
   chunk, so a proxy that cuts every transfer at the same byte looped for ever, a second apart;
-  its second request after an answer ends the try (`repgeom.models.hub.calls.LibraryRetry`), as
-  a 429 or 5xx does, and the revision's `Retrier` decides. Its retries of a request that got no
-  answer at all (a timeout, a refused connection) stay its own, bounded by the budget
-  (`repgeom.models.hub.calls.watch_session`).
+  its second request for the file ends the try (`repgeom.models.hub.calls.LibraryRetry`), as a
+  429 or 5xx does, and the revision's `Retrier` decides (`repgeom.models.hub.calls`).
 - **A kill or a cut** loses what arrived of the chunk in flight: ``http_get`` writes in chunks of
   ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB), 0.3% of a 2.9 GB file.
 - **Progress counted as kept bytes.** A try is progress only when the partial file kept more
@@ -107,14 +105,13 @@ def _size(path: Path) -> int:
 
 class _Kept:
     """The partial file as ``http_get`` writes it: hashed and counted as it grows, the run's
-    abort checked at each chunk, the try's progress marked when it keeps more than it had."""
+    abort checked at each chunk."""
 
     def __init__(self, handle: Any, path: Path, limit: int | None, retrier: Retrier,
                  transfer: Transfer) -> None:
         self.handle, self.path, self.limit = handle, path, limit
         self.retrier, self.transfer = retrier, transfer
         self.digest, self.size = _hash_prefix(path, handle.tell())
-        self.had = self.size
 
     def write(self, chunk: bytes) -> int:
         self.retrier.check_abort()
@@ -122,9 +119,6 @@ class _Kept:
         self.digest.update(chunk)
         self.size += len(chunk)
         self.transfer.received += len(chunk)
-        if self.size > self.had:
-            self.had = self.size
-            Retrier.kept()
         if self.limit is not None and self.size > self.limit:
             raise ConnectionError(f"{self.path.name}: more bytes arrived than the {self.limit} "
                                   "the hub lists; downloading it again")
@@ -194,6 +188,10 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
             if isinstance(error, LibraryRetry) and error.__context__ is not None:
                 error = error.__context__  # what broke the transfer off, said in the wait
             size = _size(part)
+            if type(error) is OSError and error.errno is None and size != file.size:
+                # http_get's "Consistency check failed": a body that ended early but cleanly
+                # (a proxy's close-delimited or chunked answer, cut): resumed, as any cut
+                error = ConnectionError(f"{file.name}: {size} of {file.size} bytes arrived")
             if file.size is not None and size > file.size:  # thrown away: not progress
                 part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
