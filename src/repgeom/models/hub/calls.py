@@ -21,18 +21,21 @@ first (``waiting 60 s: HTTP 429 from <url> (try 3, 12 min of 15 left)``), so a c
 quiet says why.
 
 **huggingface_hub makes every call; this module bounds them.** Each try runs inside
-`Retrier.attempt`, and two hooks on huggingface_hub's shared session (public ``event_hooks`` of
-its httpx client, added by `watch_session`, whatever client factory made it) act on that try's
-requests alone, on its thread:
+`Retrier.attempt`, and two hooks act on that try's requests alone, on its thread. They are on
+every session the library makes (`watch_session`: its default client factory is wrapped, since
+``http_backoff`` makes a new session after a refused connection; a factory of the user's is kept,
+and its session hooked at each try):
 
-- before each request (`_bound_request`): stop when the run is aborted or when the seconds since
-  the try last kept a byte spend the budget, and bound the request's connect and each read by
-  `timeout()` (``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` read at each call, else
-  `CONNECT_TIMEOUT_S` and `READ_TIMEOUT_S` < 30 s) and by the budget left. The library's
-  session has no timeout and ``HfApi.list_repo_refs`` passes none: against a server that
-  accepts the connection and never answers it waited for ever. A second GET in one try is the
-  library retrying on its own (``http_get`` resumes after a cut, a second apart, for ever while
-  bytes arrive): it ends the try (`LibraryRetry`), and the retrier decides;
+- before each request (`_bound_request`): stop when the run is aborted; a request this try made
+  already (its method and URL) is the library retrying on its own (``http_get`` resumes after a
+  cut, a second apart, for ever while bytes arrive; ``http_backoff`` retries a HEAD after a
+  timeout, silently, up to 8 s apart): it ends the try (`LibraryRetry`), and the retrier
+  decides; every other request gets a connect and a read timeout, `timeout()`
+  (``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` read at each call, else
+  `CONNECT_TIMEOUT_S` and `READ_TIMEOUT_S` < 30 s): the library's session has none, and
+  ``HfApi.list_repo_refs`` passes none, so against a server that accepts the connection and
+  never answers it waited for ever. A try is thus a few distinct requests (a HEAD, a redirect, a
+  GET), each bounded;
 - on each answer (`_judge_response`): a 429, 408 or 5xx ends the library's call at once
   (``http_backoff`` would retry it, up to 8 s apart, outside any budget), so that the retrier
   waits as the hub asks and says so; a resumed request answered from another byte is judged

@@ -15,8 +15,8 @@ What it lacks, and repgeom adds: one retry budget for everything a run asks of t
 library's own retries (a HEAD's timeout tried again with a 60 s timeout, 5xx and 429 retried by
 ``http_backoff`` up to 8 s apart) are silent and outside any budget. Here each
 ``hf_hub_download`` is one try of `repgeom.models.hub.calls.Retrier.call`, whose session hooks
-(`calls.Retrier.attempt`) bound each of the library's requests by the budget left and end its
-call at a 429 or 5xx, so that the retrier waits as the hub asks, says so, and stops when the
+(`calls.Retrier.attempt`) bound each of the library's requests by a timeout and end its call
+at a 429 or 5xx and at its own retry of a request, so that the retrier waits as the hub asks, says so, and stops when the
 budget (``retry_budget_s=``) is spent.
 
 `fetch_tokenizer_files` reads the revision's file list (`downloads.file_list`, within the budget),
