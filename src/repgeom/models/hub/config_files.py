@@ -16,8 +16,9 @@ library's own retries (a HEAD's timeout tried again with a 60 s timeout, 5xx and
 ``http_backoff`` up to 8 s apart) are silent and outside any budget. Here each
 ``hf_hub_download`` is one try of `repgeom.models.hub.calls.Retrier.call`, whose session hooks
 (`calls.Retrier.attempt`) bound each of the library's requests by a timeout and end its call
-at a 429 or 5xx and at its own retry of a request, so that the retrier waits as the hub asks, says so, and stops when the
-budget (``retry_budget_s=``) is spent.
+at a 429 or 5xx and at its own retry of a request, so that the retrier waits as the hub
+asks, says so, and stops when the budget (``retry_budget_s=``) is spent. Xet transfers
+(``hf_xet``, where installed) are the library's own, with their own retries.
 
 `fetch_tokenizer_files` reads the revision's file list (`downloads.file_list`, within the budget),
 takes its configs and tokenizer files (`downloads.config_or_tokenizer`: not the Trainer's state)
