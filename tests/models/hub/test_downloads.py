@@ -1665,3 +1665,25 @@ def test_a_body_that_ends_early_but_cleanly_is_resumed(tmp_path) -> None:
     assert (tmp_path / "model.safetensors").read_bytes() == data
     assert starts[0] == 0 and 0 < starts[1] <= 100_000  # resumed where the partial file ends
     assert "bytes arrived" in said[0]
+
+
+def test_a_429_on_a_configs_head_waits_its_retry_after(repo, use, tmp_path) -> None:
+    """``hf_hub_download`` answered 429 (``Retry-After: 1``) on its HEAD asks again at once, on
+    its own; that second HEAD ends the try, named by the 429 it follows, so the retrier waits
+    the second the hub asked for, and says so. Before the review: the 429 was lost with the
+    library's retry, and the waits were the back-off's, unrelated to what the hub asked."""
+    from repgeom.models.hub.config_files import fetch_config
+
+    said: list[str] = []
+    limited = Fault(on="head", status=429, retry_after="1", times=2)
+    with use(FakeHub(REPO, repo, faults=[limited])) as hub:
+        retrier = Retrier(budget_s=30, first_wait_s=0.01, say=said.append)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+                "repgeom.models.hub.config_files.budget_retrier", lambda budget: retrier)
+            folder = fetch_config(REPO, "step10", str(tmp_path / "c"), 30.0)
+    assert (Path(folder) / "config.json").is_file()
+    assert [round(w) for w in retrier.waits] == [1, 1]  # the hub's Retry-After, each time
+    assert all("HTTP 429" in line for line in said), said
+    heads = [r for r, status, _ in hub.served if r.kind == "head"]
+    assert len(heads) == 3  # a HEAD per try: the library's own second HEAD never went out

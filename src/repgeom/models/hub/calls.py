@@ -165,6 +165,7 @@ class _Attempt(threading.local):
     retrier: Retrier | None = None
     what: str = ""
     asked: frozenset = frozenset()  # (method, URL) of each request of this try
+    last: BaseException | None = None  # the error `_judge_response` last ended a call with
 
 
 _attempt = _Attempt()
@@ -197,13 +198,15 @@ def _bound_request(request) -> None:
         return
     retrier.check_abort()
     asked = (request.method, str(request.url))
-    if asked in _attempt.asked:
+    if asked in _attempt.asked:  # from the answer it asks again after (a 429's Retry-After)
         raise LibraryRetry(f"huggingface_hub asked again on its own for {request.method} "
-                           f"{asked[1].split('?', 1)[0]} (its warning above says why)")
+                           f"{asked[1].split('?', 1)[0]}") from _attempt.last
     _attempt.asked |= {asked}
     bound = timeout()  # ours, read now: the library's constants were read at its import
-    request.extensions["timeout"] = {key: getattr(bound, key)
-                                     for key in ("connect", "read", "write", "pool")}
+    given = request.extensions.get("timeout") or {}
+    request.extensions["timeout"] = {  # a shorter one the library gave is kept
+        key: min(getattr(bound, key), given.get(key) or getattr(bound, key))
+        for key in ("connect", "read", "write", "pool")}
 
 
 def _judge_response(response) -> None:
@@ -216,11 +219,17 @@ def _judge_response(response) -> None:
     if _attempt.retrier is None:
         return
     status = response.status_code
+    if 300 <= status < 400 or status == 401:  # a redirect or an auth challenge: the same URL
+        _attempt.asked -= {(response.request.method, str(response.request.url))}  # may follow
     if status in RETRY_STATUS or status >= 500:
         from huggingface_hub.utils import hf_raise_for_status
 
         response.read()  # the error's message is in the body
-        hf_raise_for_status(response)
+        try:
+            hf_raise_for_status(response)
+        except Exception as error:
+            _attempt.last = error  # what a retry of the library's names (`_bound_request`)
+            raise
     asked = response.request.headers.get("Range", "")
     if status == 206 and asked.startswith("bytes=") and asked.endswith("-"):
         start = first_byte(response)
@@ -254,10 +263,10 @@ def watch_session() -> None:
     is left as the library makes it."""
     from huggingface_hub.utils import _http, get_session, set_client_factory
 
-    with _installing:
+    with _installing:  # one thread at a time: a hook added twice would judge each request twice
         if _http._GLOBAL_CLIENT_FACTORY is _http.default_client_factory:
             set_client_factory(_hooked_client)
-    _hook(get_session())
+        _hook(get_session())
 
 
 _installing = threading.Lock()
@@ -463,12 +472,13 @@ class Retrier:
         """One try of `what` on this thread: huggingface_hub's calls in it are bounded, and its
         own retries end the try, for this retrier to decide (`watch_session`)."""
         watch_session()
-        outer = (_attempt.retrier, _attempt.what, _attempt.asked)
-        _attempt.retrier, _attempt.what, _attempt.asked = self, what, frozenset()
+        outer = (_attempt.retrier, _attempt.what, _attempt.asked, _attempt.last)
+        _attempt.retrier, _attempt.what = self, what
+        _attempt.asked, _attempt.last = frozenset(), None
         try:
             yield self
         finally:
-            _attempt.retrier, _attempt.what, _attempt.asked = outer
+            _attempt.retrier, _attempt.what, _attempt.asked, _attempt.last = outer
 
     def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
                progressed: bool = False) -> None:

@@ -15,7 +15,9 @@ partial file of ours, ``<name>.incomplete``. What the library lacks, and this mo
   its second request for the file ends the try (`repgeom.models.hub.calls.LibraryRetry`), as a
   429 or 5xx does, and the revision's `Retrier` decides (`repgeom.models.hub.calls`).
 - **A kill or a cut** loses what arrived of the chunk in flight: ``http_get`` writes in chunks of
-  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB), 0.3% of a 2.9 GB file.
+  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB), 0.3% of a 2.9 GB file. A link that drops every
+  transfer before 10 MiB arrive therefore keeps nothing and never finishes the file (repgeom's
+  own loop, before issue 48, kept every byte); its tries end within the budget.
 - **Progress counted as kept bytes.** A try is progress only when the partial file kept more
   bytes than it had before the try: bytes thrown away (a sha256 mismatch, a server that ignores
   ``Range`` and starts again from 0, more bytes than the file has) cost the budget like any
@@ -185,8 +187,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         except Exception as error:  # noqa: BLE001 - sorted by the retrier
             if isinstance(error, RangeMismatch):
                 ranges = False
-            if isinstance(error, LibraryRetry) and error.__context__ is not None:
-                error = error.__context__  # what broke the transfer off, said in the wait
+            if isinstance(error, LibraryRetry):  # what broke the transfer off, said in the wait
+                error = error.__cause__ or error.__context__ or error
             size = _size(part)
             if type(error) is OSError and error.errno is None and size != file.size:
                 # http_get's "Consistency check failed": a body that ended early but cleanly
