@@ -1309,6 +1309,34 @@ def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, rep
         assert starts == [0, 100_000 // CHUNK * CHUNK]  # the whole file came as the 206
 
 
+def test_a_proxy_with_another_range_that_cuts_at_the_same_byte_ends_within_the_budget(
+        repo, use, tmp_path) -> None:
+    """A proxy answers a resumed request from another byte (so the file is asked for whole from
+    then on) and cuts every transfer at the same byte: each try replaces the partial file with
+    the same bytes, which is not progress, so the budget ends it. Before this was measured
+    against the emptied file: every try counted as progress and the fetch looped until
+    aborted (20 tries in 20 s with retry_budget_s=1)."""
+    from repgeom.models.hub.transfer import HubFile, Transfer, download_file
+
+    cut = Fault(on="file", filename="model.safetensors", cut_after=100_000, times=float("inf"))
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    abort = threading.Event()
+    with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=50_000)) as hub:
+        timer = threading.Timer(30, abort.set)  # the loop before ran until this
+        timer.start()
+        finished, error, seconds = _in_thread(lambda: download_file(
+            f"{hub.url}/{REPO}/resolve/step10/model.safetensors",
+            HubFile("model.safetensors", size=None, sha256=None), dest, "commit",
+            Retrier(budget_s=1.0, first_wait_s=0.05, say=lambda m: None, abort=abort),
+            Transfer(), "step10"), 40)
+        timer.cancel()
+    tries = sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors")
+    assert finished and isinstance(error, RetriesExhausted), error
+    assert seconds < 1.0 + 10  # the budget, plus the tries' own short seconds
+    assert tries <= 7  # the back-off doubles, as for any try that keeps nothing new
+
+
 def test_a_206_from_byte_0_is_not_a_wasted_transfer(repo, use, tmp_path) -> None:
     """A file with a sha256: a 206 from byte 0 (the whole file) to a resumed request is kept
     as the file. Before: appended to the partial one, it passed the file's size, was thrown

@@ -156,9 +156,9 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
     ranges = True  # False once the server answered a Range from another byte: whole files
     while True:
         retrier.check_abort()
-        have = _size(part)
+        have = kept_before = _size(part)  # progress is measured against what was kept
         if (file.size is not None and have > file.size) or not ranges:
-            part.unlink(missing_ok=True)
+            part.unlink(missing_ok=True)  # asked for whole: replaced by what comes
             have = 0
         started = time.monotonic()
         try:
@@ -198,7 +198,7 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
             retrier.failed(error, what, seconds=time.monotonic() - started,
-                           progressed=have < size <= (file.size or size))
+                           progressed=kept_before < size <= (file.size or size))
 
 
 def resolve_url(repo: str, revision: str, name: str) -> str:
