@@ -72,7 +72,6 @@ from repgeom.models.hub.calls import (  # noqa: F401 - re-exported: the errors c
     RevisionUnavailable,
     describe,
     no_answer,
-    read_timeout_s,
     status_of,
 )
 from repgeom.models.hub.download_folders import (  # noqa: F401 - re-exported: the public names
@@ -166,8 +165,8 @@ def file_list(repo: str, revision: str | None, retrier: Retrier, what: str) -> A
     call per try, through `retrier`; `what` names it in the console and errors."""
     from huggingface_hub import HfApi
 
-    return retrier.call(lambda: HfApi().model_info(
-        repo, revision=revision, files_metadata=True, timeout=read_timeout_s()), what)
+    return retrier.call(lambda: HfApi().model_info(  # bounded by the retrier's session hooks
+        repo, revision=revision, files_metadata=True), what)
 
 
 def download_files(repo: str, commit: str, files: list[HubFile], dest: Path, retrier: Retrier,

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_dir, fsync_file, read_json
-from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier, timeout
+from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier
 from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
@@ -216,8 +216,7 @@ def get_text(url: str, retrier: Retrier, what: str) -> str:
     from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
     def get() -> str:
-        response = get_session().get(url, headers=build_hf_headers(), timeout=timeout(),
-                                     follow_redirects=True)
+        response = get_session().get(url, headers=build_hf_headers(), follow_redirects=True)
         hf_raise_for_status(response)
         return response.text
 
