@@ -44,8 +44,8 @@ from repgeom.probes.run.trajectory import Step, Trajectory
 REPO = "org/steps"
 WEIGHTS_BYTES = 300_000
 CHUNK = 16_384
-"""The chunk huggingface_hub's http_get writes at a time in these tests (`use`): 10 MiB by
-default."""
+"""The chunk huggingface_hub's http_get writes at a time, where a test needs part of a file
+written (a kill, a disk that fills): 10 MiB by default."""
 
 
 def _revision(folder: Path, seed: int, *, weights: str | None = "safetensors",
@@ -91,9 +91,6 @@ def use(monkeypatch, tmp_path):
         monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
                             hub.url + "/{repo_id}/resolve/{revision}/{filename}")
         monkeypatch.delenv("HF_TOKEN", raising=False)
-        # huggingface_hub's http_get writes what arrives in chunks of 10 MiB; the stand-in's files
-        # are 300 kB: a smaller chunk lets a cut or a kill keep part of one file
-        monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
         return hub
 
     return point
@@ -368,7 +365,7 @@ def test_a_kill_during_a_download_then_the_rerun_resumes(repo, use, tmp_path) ->
     code = textwrap.dedent(f"""
         import huggingface_hub.constants
         from repgeom.models.hub.downloads import fetch_revision
-        huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = {CHUNK}  # as `use` does
+        huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE = {CHUNK}  # a kill loses a chunk
         fetch_revision({REPO!r}, "step10", {str(work)!r}, owner={str(tmp_path / "out")!r})
     """)
     with FakeHub(REPO, repo, bytes_per_second=100_000) as hub:  # 3 s for the weights
@@ -444,12 +441,29 @@ def test_a_connection_cut_mid_file_resumes_where_it_stopped(repo, use, tmp_path)
         files = _fetch("step30", tmp_path / "work")
     served = [(r.range_start, status, n) for r, status, n in hub.served
               if r.filename == "model.safetensors"]
-    kept = 100_000 // CHUNK * CHUNK  # a cut loses the chunk that was arriving (`CHUNK`)
+    kept = 100_000  # a cut keeps every byte that arrived, though http_get reads 10 MiB chunks
     assert served == [(0, 200, 100_000), (kept, 206, 100_000),
                       (2 * kept, 206, WEIGHTS_BYTES - 2 * kept)]
     assert _sha256(files.path / "model.safetensors") == _sha256(
         repo["step30"] / "model.safetensors")
     assert files.bytes == sum(p.stat().st_size for p in repo["step30"].iterdir())
+    release(files)
+
+
+def test_a_link_that_drops_every_transfer_before_a_chunk_ends_still_finishes(repo, use,
+                                                                              tmp_path) -> None:
+    """huggingface_hub's http_get reads 10 MiB at a time and loses what arrived of a chunk with
+    a cut; repgeom hands those bytes on (`repgeom.models.hub.calls._cut_kept`), so a link that
+    drops every transfer after 40 kB finishes a 300 kB file, each transfer sending new bytes
+    only. Before: each cut kept nothing, and the budget ended the revision."""
+    assert huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE >= 10 * 2**20  # the library's own
+    cut = Fault(on="file", filename="model.safetensors", cut_after=40_000, times=float("inf"))
+    with use(FakeHub(REPO, repo, faults=[cut])) as hub:
+        files = _fetch("step20", tmp_path / "work", retry_budget_s=5.0)
+    starts = [r.range_start for r, _, _ in hub.served if r.filename == "model.safetensors"]
+    assert starts == list(range(0, WEIGHTS_BYTES, 40_000))
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step20"] / "model.safetensors")
     release(files)
 
 
@@ -468,7 +482,7 @@ def test_the_budget_bounds_the_tries_and_the_partial_file_is_kept(repo, use, tmp
     assert "the same command resumes" in message and "retry_budget_s=" in message
     assert 3 <= tries <= 1 + 0.5 / (0.05 * 0.5) + 1  # each wait at least half the first one
     part = download_dir(work, tmp_path / "out", REPO, "step40") / "model.safetensors.incomplete"
-    kept = 50_000 // CHUNK * CHUNK  # a cut loses the chunk that was arriving (`CHUNK`)
+    kept = 50_000  # a cut keeps every byte that arrived, though http_get reads 10 MiB chunks
     assert part.stat().st_size == kept
     with use(FakeHub(REPO, repo)) as hub:
         files = _fetch("step40", work)
@@ -601,7 +615,8 @@ def test_a_disk_that_fills_mid_file_names_the_folder_and_its_free_space(repo, us
     folder and the space left there, and the partial file stays for the same command to resume.
     Before: the message gave no free space."""
     _disk_fills(monkeypatch, "safetensors.incomplete", after_bytes=100_000)
-    with use(FakeHub(REPO, repo)) as hub:
+    with use(FakeHub(REPO, repo)) as hub:  # writes of `CHUNK`: the first ones fit
+        monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
         with pytest.raises(OSError) as raised:
             _fetch("step10", tmp_path / "work")
     monkeypatch.undo()
@@ -800,8 +815,8 @@ def test_probe_py_rides_out_the_hubs_faults_in_a_users_work_dir(tiny_hf_folder, 
     assert len(waits) == 3, done.stderr[-3000:]
     assert "HTTP 500" in waits[0] and "HTTP 429" in waits[1] and "peer closed" in waits[2]
     assert [n for r, _, n in hub.served if r.filename == "model.safetensors"
-            and r.revision == "step20"] == [1000, size]  # the cut kept nothing: huggingface_hub
-    # writes in chunks of 10 MiB (`CHUNK`), and what arrives of one is lost with a cut
+            and r.revision == "step20"] == [1000, size - 1000]  # the cut kept its 1000 bytes,
+    # though huggingface_hub reads in chunks of 10 MiB (`repgeom.models.hub.calls._cut_kept`)
     kept = sorted(str(p.relative_to(user)) for p in user.rglob("*"))
     assert kept == [".git", ".git/HEAD", "mydata", "mydata/table.csv", "step20",
                     "step20/notes.txt"]
@@ -947,7 +962,7 @@ def test_a_proxy_that_ignores_range_and_cuts_at_the_same_byte_ends_within_the_bu
     # whole transfers in the same budget.
     assert tries <= 7
     part = download_dir(tmp_path / "work", tmp_path / "out", REPO, "step20")
-    kept = 100_000 // CHUNK * CHUNK  # a cut loses the chunk that was arriving (`CHUNK`)
+    kept = 100_000  # a cut keeps every byte that arrived, though http_get reads 10 MiB chunks
     assert (part / "model.safetensors.incomplete").stat().st_size == kept  # kept, resumable
 
 
@@ -1303,10 +1318,10 @@ def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, rep
     assert _sha256(dest / "model.safetensors") == _sha256(repo["step10"] / "model.safetensors")
     starts = [r.range_start for r, _, _ in hub.served if r.filename == "model.safetensors"]
     if answered_from:
-        assert starts == [0, 100_000 // CHUNK * CHUNK, 0]  # the cut, the wrong 206, the whole
+        assert starts == [0, 100_000, 0]  # the cut, the wrong 206, the whole
         assert "asking for the whole file" in said[-1]
     else:
-        assert starts == [0, 100_000 // CHUNK * CHUNK]  # the whole file came as the 206
+        assert starts == [0, 100_000]  # the whole file came as the 206
 
 
 def test_a_proxy_with_another_range_that_cuts_at_the_same_byte_ends_within_the_budget(

@@ -148,14 +148,20 @@ def connect_timeout_s() -> float:
     return _seconds("HF_HUB_ETAG_TIMEOUT", CONNECT_TIMEOUT_S)
 
 
-def timeout():
-    """The bound of one hub call: an httpx ``Timeout`` (connect, and each read, write and pool
-    wait), of the httpx that huggingface_hub uses (httpx2 in its 2.x)."""
+@functools.cache
+def _httpx():
+    """The httpx that huggingface_hub uses: httpx2 in its 2.x, httpx in 1.x."""
     try:
-        import httpx2 as httpx  # huggingface_hub 2.x
+        import httpx2 as httpx
     except ImportError:  # pragma: no cover - huggingface_hub 1.x
         import httpx
-    return httpx.Timeout(read_timeout_s(), connect=connect_timeout_s())
+    return httpx
+
+
+def timeout():
+    """The bound of one hub call: an httpx ``Timeout`` (connect, and each read, write and pool
+    wait)."""
+    return _httpx().Timeout(read_timeout_s(), connect=connect_timeout_s())
 
 
 class _Attempt(threading.local):
@@ -166,6 +172,8 @@ class _Attempt(threading.local):
     what: str = ""
     asked: frozenset = frozenset()  # (method, URL) of each request of this try
     last: BaseException | None = None  # the error `_judge_response` last ended a call with
+    keep_cut: bool = False  # a body cut short hands on what arrived (`_CutKept`)
+    cut: BaseException | None = None  # the error that cut a body short (`cut_short`)
 
 
 _attempt = _Attempt()
@@ -230,6 +238,9 @@ def _judge_response(response) -> None:
         except Exception as error:
             _attempt.last = error  # what a retry of the library's names (`_bound_request`)
             raise
+    if _attempt.keep_cut and status in (200, 206) and response.headers.get(
+            "Content-Encoding", "identity") == "identity":
+        response.stream = _cut_kept()(response.stream)
     asked = response.request.headers.get("Range", "")
     if status == 206 and asked.startswith("bytes=") and asked.endswith("-"):
         start = first_byte(response)
@@ -240,6 +251,36 @@ def _judge_response(response) -> None:
                 f"asked for the bytes from {asked[len('bytes='):-1]}, the server answered 206 "
                 f"with Content-Range {response.headers.get('Content-Range')!r}; asking for the "
                 "whole file")
+
+
+@functools.cache
+def _cut_kept() -> type:
+    """A response body that ends where a timeout or a dropped connection cuts it, handing on
+    what arrived: ``http_get`` reads in chunks of ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and
+    drops the part of a chunk that arrived before a cut, so a link that drops every transfer
+    before 10 MiB kept nothing and never finished a file. The cut is kept for `cut_short`: the
+    try still fails with it, after the bytes are written."""
+    httpx = _httpx()
+
+    class _CutKept(httpx.SyncByteStream):
+        def __init__(self, stream) -> None:
+            self.stream = stream
+
+        def __iter__(self):
+            try:
+                yield from self.stream
+            except _network_errors() as error:
+                _attempt.cut = error
+
+        def close(self) -> None:
+            self.stream.close()
+
+    return _CutKept
+
+
+def cut_short() -> BaseException | None:
+    """The error that cut a body short in this try (`Retrier.attempt` with ``keep_cut``)."""
+    return _attempt.cut
 
 
 def first_byte(response) -> int | None:
@@ -384,18 +425,9 @@ def _chain(error: BaseException):
 
 @functools.cache
 def _network_errors() -> tuple[type[BaseException], ...]:
-    """Timeouts and broken connections of the HTTP clients huggingface_hub may use (httpx2 from
-    its 2.x, httpx in 1.x, requests before)."""
-    found: list[type[BaseException]] = []
-    for module, names in (("httpx2", ("TimeoutException", "NetworkError", "RemoteProtocolError")),
-                          ("httpx", ("TimeoutException", "NetworkError", "RemoteProtocolError")),
-                          ("requests", ("ConnectionError", "Timeout"))):
-        try:
-            imported = __import__(module)
-        except ImportError:
-            continue
-        found += [getattr(imported, name) for name in names if hasattr(imported, name)]
-    return tuple(found)
+    """Timeouts and broken connections of the httpx that huggingface_hub uses."""
+    httpx = _httpx()
+    return httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError
 
 
 def _say(message: str) -> None:
@@ -468,17 +500,20 @@ class Retrier:
                 self.failed(error, what, seconds=time.monotonic() - started)
 
     @contextlib.contextmanager
-    def attempt(self, what: str):
+    def attempt(self, what: str, *, keep_cut: bool = False):
         """One try of `what` on this thread: huggingface_hub's calls in it are bounded, and its
-        own retries end the try, for this retrier to decide (`watch_session`)."""
+        own retries end the try, for this retrier to decide (`watch_session`); with `keep_cut`,
+        a body cut short hands on what arrived (`cut_short` names the cut)."""
         watch_session()
-        outer = (_attempt.retrier, _attempt.what, _attempt.asked, _attempt.last)
-        _attempt.retrier, _attempt.what = self, what
-        _attempt.asked, _attempt.last = frozenset(), None
+        state = vars(_attempt)  # this thread's; a field not set reads `_Attempt`'s default
+        outer = dict(state)
+        state.clear()
+        state.update(retrier=self, what=what, keep_cut=keep_cut)
         try:
             yield self
         finally:
-            _attempt.retrier, _attempt.what, _attempt.asked, _attempt.last = outer
+            state.clear()
+            state.update(outer)
 
     def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
                progressed: bool = False) -> None:

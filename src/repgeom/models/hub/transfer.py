@@ -14,10 +14,12 @@ partial file of ours, ``<name>.incomplete``. What the library lacks, and this mo
   chunk, so a proxy that cuts every transfer at the same byte looped for ever, a second apart;
   its second request for the file ends the try (`repgeom.models.hub.calls.LibraryRetry`), as a
   429 or 5xx does, and the revision's `Retrier` decides (`repgeom.models.hub.calls`).
-- **A kill or a cut** loses what arrived of the chunk in flight: ``http_get`` writes in chunks of
-  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB), 0.3% of a 2.9 GB file. A link that drops every
-  transfer before 10 MiB arrive therefore keeps nothing and never finishes the file (repgeom's
-  own loop, before issue 48, kept every byte); its tries end within the budget.
+- **A cut keeps every byte that arrived.** ``http_get`` reads in chunks of
+  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and loses the part of a chunk that arrived before a
+  timeout or a dropped connection: a link that dropped every transfer before 10 MiB never
+  finished a file. The body of a try is read through `repgeom.models.hub.calls.cut_short`'s
+  stream, which ends at the cut and hands on what arrived; the try then fails with the cut. A
+  kill -9 still loses the chunk in flight (at most 10 MiB, 0.3% of a 2.9 GB file).
 - **Progress counted as kept bytes.** A try is progress only when the partial file kept more
   bytes than it had before the try: bytes thrown away (a sha256 mismatch, a server that ignores
   ``Range`` and starts again from 0, more bytes than the file has) cost the budget like any
@@ -44,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_dir, fsync_file, read_json
-from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier
+from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier, cut_short
 from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
@@ -162,12 +164,19 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
             have = 0
         started = time.monotonic()
         try:
-            with retrier.attempt(what), open(part, "r+b" if have else "w+b") as handle:
+            with retrier.attempt(what, keep_cut=True), open(part, "r+b" if have else "w+b") \
+                    as handle:
                 handle.seek(0, os.SEEK_END)
                 kept = _Kept(handle, part, file.size, retrier, transfer)
-                if file.size is None or have < file.size:
-                    http_get(url, kept, resume_size=have, headers=build_hf_headers(),
-                             expected_size=file.size, displayed_filename=file.name)
+                try:
+                    if file.size is None or have < file.size:
+                        http_get(url, kept, resume_size=have, headers=build_hf_headers(),
+                                 expected_size=file.size, displayed_filename=file.name)
+                except Exception as error:  # a cut's short body fails its size check
+                    if cut_short() is None or isinstance(error, Aborted):
+                        raise
+                if cut_short() is not None:  # what arrived before it is written: the cut
+                    raise cut_short()  # itself ends the try
                 digest = kept.digest.hexdigest()
             if file.sha256 is not None and digest != file.sha256:
                 part.unlink()
