@@ -1,48 +1,23 @@
-"""One retry policy for every call repgeom makes to the Hugging Face hub.
+"""One retry budget for every call repgeom makes to the Hugging Face hub: what huggingface_hub
+lacks. The library makes every call; after each failed try `Retrier` waits and tries again, or
+stops:
 
-The hub rate-limits (HTTP 429, with a ``Retry-After`` of up to minutes), answers 5xx when busy
-and drops connections in the middle of multi-GB files. `Retrier` decides, for each failure,
-whether to wait and try again or to stop:
+- **429**: wait what the hub asks (`retry_after`), else back off as below;
+- **5xx, 408, timeouts, refused or dropped connections**: back off 1, 2, 4 ... s (at most
+  `MAX_WAIT_S`, times a random factor in [0.5, 1] so that jobs hit together part);
+- **anything else** (401/403/404, a full disk, offline mode, a bug): raised as is.
 
-- **429**: wait what the hub asks (``Retry-After`` in seconds or as an HTTP date, else the
-  ``RateLimit`` header's reset), else back off as below;
-- **5xx, 408, timeouts, refused or dropped connections**: back off exponentially (1, 2, 4 ...
-  s, capped at `MAX_WAIT_S`, times a random factor in [0.5, 1] so that many jobs do not come
-  back in step);
-- **anything else** (401/403/404, a full disk, offline mode, a bug): not retried, raised as is
-  for the caller to name.
+Waits and failed tries spend one budget (`RETRY_BUDGET_S` per revision); a try whose partial
+file *kept* more bytes is progress (bytes thrown away are not): it costs nothing and restarts
+the back-off. A wait that would overrun the budget raises `RetriesExhausted` at once. Every wait
+is said first: ``waiting 60 s: HTTP 429 from <url> (try 3, 12 min of 15 left)``.
 
-Waits and failed tries spend one budget (`RETRY_BUDGET_S`, about 15 minutes, per revision in
-`repgeom.models.hub.downloads`); only a try that *kept* data (the partial file grew: bytes that
-are thrown away, a sha256 mismatch, a proxy that ignores ``Range``, do not count) is progress,
-costs nothing and restarts the back-off. When a wait would overrun the budget,
-`RetriesExhausted` is raised at once rather than after a useless sleep. Every wait is said
-first (``waiting 60 s: HTTP 429 from <url> (try 3, 12 min of 15 left)``), so a console that is
-quiet says why.
-
-**huggingface_hub makes every call; this module bounds them.** Each try runs inside
-`Retrier.attempt`, and two hooks act on that try's requests alone, on its thread. They are on
-every session the library makes (`watch_session`: its default client factory is wrapped, since
-``http_backoff`` makes a new session after a refused connection; a factory of the user's is kept,
-and its session hooked at each try):
-
-- before each request (`_bound_request`): stop when the run is aborted; a request this try made
-  already (its method and URL) is the library retrying on its own (``http_get`` resumes after a
-  cut, a second apart, for ever while bytes arrive; ``http_backoff`` retries a HEAD after a
-  timeout, silently, up to 8 s apart): it ends the try (`LibraryRetry`), and the retrier
-  decides; every other request gets a connect and a read timeout, `timeout()`
-  (``HF_HUB_ETAG_TIMEOUT`` and ``HF_HUB_DOWNLOAD_TIMEOUT`` read at each call, else
-  `CONNECT_TIMEOUT_S` and `READ_TIMEOUT_S` < 30 s): the library's session has none, and
-  ``HfApi.list_repo_refs`` passes none, so against a server that accepts the connection and
-  never answers it waited for ever. A try is thus a few distinct requests (a HEAD, a redirect, a
-  GET), each bounded;
-- on each answer (`_judge_response`): a 429, 408 or 5xx ends the library's call at once
-  (``http_backoff`` would retry it, up to 8 s apart, outside any budget), so that the retrier
-  waits as the hub asks and says so; a resumed request answered from another byte is judged
-  (`RangeMismatch`, see `repgeom.models.hub.transfer`).
-
-What huggingface_hub lacks, and this module adds: one budget over every call of a job, waits
-said in the console with the budget left, progress counted as kept bytes.
+Each try runs in `Retrier.attempt`. Hooks on every session the library makes (`watch_session`)
+act on that try's requests alone: `_bound_request` bounds each by `timeout()` (the library's
+session, and ``list_repo_refs``, give none: a silent server was waited for for ever) and ends the
+try when the library asks again on its own (its retries are silent and outside any budget);
+`_judge_response` ends the call at a 429, 408 or 5xx, judges a resumed 206, and keeps what
+arrived of a body that a cut ends (`cut_short`).
 """
 
 from __future__ import annotations
@@ -70,12 +45,10 @@ FIRST_WAIT_S = 1.0
 MAX_WAIT_S = 60.0
 """The longest back-off between two tries (a 429's ``Retry-After`` may ask for more)."""
 CONNECT_TIMEOUT_S = 10.0
-"""Seconds to open a connection to the hub (huggingface_hub's ``DEFAULT_ETAG_TIMEOUT`` is 10)."""
+"""Seconds to open a connection (huggingface_hub's ``DEFAULT_ETAG_TIMEOUT``)."""
 READ_TIMEOUT_S = 20.0
-"""Seconds without a byte before a call counts as a failed try (a half-open connection): under
-30 s, so that a stall is said in the console within 30 s. ``HF_HUB_DOWNLOAD_TIMEOUT``, when the
-user sets it, is taken instead (huggingface_hub's own default, 10 s, is too short for a busy
-CDN)."""
+"""Seconds without a byte before a try fails: under 30 s, so that a stall is said within 30 s
+(huggingface_hub's own 10 s is short for a busy CDN)."""
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 """HTTP statuses worth another try (any other 5xx too)."""
 
@@ -91,29 +64,33 @@ class RetriesExhausted(RuntimeError):
 
 
 class DownloadError(RuntimeError):
-    """A revision could not be fetched: the retry budget is spent, or the hub answered
-    something that no retry mends. Fatal; the partial files are kept."""
+    """A revision could not be fetched: the budget is spent, or the hub answered something no
+    retry mends. Fatal; the partial files are kept."""
 
 
 class RevisionUnavailable(DownloadError):
-    """This revision cannot be probed but the others can: it, or a file it lists, is not on
-    the hub (404), or it has no weights file (a config-only branch). The message says which."""
+    """This revision cannot be probed but the others can (a 404, or no weights file)."""
 
 
 class HubAccessError(DownloadError):
-    """The hub refuses the repository (401/403: gated or private, or no such repository).
-    Fatal: no revision of it can be downloaded without a token."""
+    """The hub refuses the repository (401/403: gated, private or missing). Fatal."""
 
 
 class Aborted(RuntimeError):
     """The caller set the abort flag (Ctrl-C in the main thread): stop between two chunks."""
 
 
+class LibraryRetry(ConnectionError):
+    """huggingface_hub asked again on its own within one try: the try ends, the retrier decides."""
+
+
+class RangeMismatch(ConnectionError):
+    """A resumed request (``Range: bytes=N-``) answered by a 206 from another byte than N."""
+
+
 def no_answer(error: BaseException, *, kept: str = "", rerun: str = "later") -> str:
-    """The message that ends a hub call whose retry budget is spent (`RetriesExhausted`): what
-    was asked, what was `kept`, the hub, and what to do (rerun the same command `rerun`, or give
-    it more retry_budget_s=). The one wording of every such end: a revision's files, its listing,
-    a model's config or tokenizer."""
+    """The one wording of a call whose budget is spent: what was asked, what was `kept`, the
+    hub, and what to do (rerun the same command `rerun`, or more ``retry_budget_s=``)."""
     from huggingface_hub import constants
 
     return (f"{error}{kept}. The hub ({constants.ENDPOINT}) did not answer in time: rerun the "
@@ -121,15 +98,14 @@ def no_answer(error: BaseException, *, kept: str = "", rerun: str = "later") -> 
 
 
 def describe(error: BaseException) -> str:
-    """``TypeName: first line of the message`` (`repgeom.console.first_line`)."""
+    """``TypeName: first line of the message``."""
     return f"{type(error).__name__}: {first_line(error, 200)}" if str(error).strip() \
         else type(error).__name__
 
 
 def _seconds(variable: str, default: float) -> float:
-    """The positive number of seconds in environment `variable`, else `default`. Read at each
-    call, not at import as huggingface_hub's ``constants`` are: a setting made after the import
-    (a test's, a notebook's) is used."""
+    """The positive seconds in environment `variable`, else `default`; read at each call (the
+    library's ``constants`` are read at its import)."""
     try:
         value = float(os.environ.get(variable) or default)
     except ValueError:
@@ -138,13 +114,12 @@ def _seconds(variable: str, default: float) -> float:
 
 
 def read_timeout_s() -> float:
-    """`READ_TIMEOUT_S`, or ``HF_HUB_DOWNLOAD_TIMEOUT`` when the user set it."""
+    """``HF_HUB_DOWNLOAD_TIMEOUT`` when the user set it, else `READ_TIMEOUT_S`."""
     return _seconds("HF_HUB_DOWNLOAD_TIMEOUT", READ_TIMEOUT_S)
 
 
 def connect_timeout_s() -> float:
-    """`CONNECT_TIMEOUT_S`, or ``HF_HUB_ETAG_TIMEOUT`` (huggingface_hub's bound of a metadata
-    request) when the user set it."""
+    """``HF_HUB_ETAG_TIMEOUT`` when the user set it, else `CONNECT_TIMEOUT_S`."""
     return _seconds("HF_HUB_ETAG_TIMEOUT", CONNECT_TIMEOUT_S)
 
 
@@ -159,48 +134,29 @@ def _httpx():
 
 
 def timeout():
-    """The bound of one hub call: an httpx ``Timeout`` (connect, and each read, write and pool
-    wait)."""
+    """The bound of one request: connect, and each read, write and pool wait."""
     return _httpx().Timeout(read_timeout_s(), connect=connect_timeout_s())
 
 
 class _Attempt(threading.local):
-    """The try in flight on this thread (`Retrier.attempt`): its retrier, what it is, and the
-    requests it made."""
+    """The try in flight on this thread (`Retrier.attempt`)."""
 
     retrier: Retrier | None = None
     what: str = ""
     asked: frozenset = frozenset()  # (method, URL) of each request of this try
     last: BaseException | None = None  # the error `_judge_response` last ended a call with
-    keep_cut: bool = False  # a body cut short hands on what arrived (`_CutKept`)
-    cut: BaseException | None = None  # the error that cut a body short (`cut_short`)
+    keep_cut: bool = False  # a body cut short hands on what arrived (`_cut_kept`)
+    cut: BaseException | None = None  # the error that cut it (`cut_short`)
 
 
 _attempt = _Attempt()
 
 
-class LibraryRetry(ConnectionError):
-    """huggingface_hub asked again on its own within one try (``http_get`` resumes after a cut,
-    a second apart, for ever while bytes arrive, however few it keeps): the try ends, and the
-    retrier decides."""
-
-
-class RangeMismatch(ConnectionError):
-    """A resumed request (``Range: bytes=N-``) answered by a 206 from another byte than N."""
-
-
 def _bound_request(request) -> None:
-    """huggingface_hub's session hook before every request it sends (`watch_session`), within a
-    try (`Retrier.attempt`):
-
-    - stop at once when the run is aborted;
-    - a request this try made already (its method and URL) is the library asking again on its
-      own (``http_backoff`` after a timeout, a second apart; ``http_get`` after a cut, for ever
-      while bytes arrive): `LibraryRetry` ends the try, and the retrier decides, says why and
-      counts the budget;
-    - bound the request's connect and each read by `timeout()` (the ``HF_HUB_*_TIMEOUT``
-      settings read now: ``HfApi.list_repo_refs`` passes no timeout, and the session has none).
-      A try is then a few distinct requests (a HEAD, a redirect, a GET), each bounded."""
+    """Before each request of a try: stop when the run is aborted; a request the try made
+    already is the library's own retry (``http_backoff`` after a timeout, ``http_get`` after a
+    cut, for ever while bytes arrive): `LibraryRetry` ends the try; else bound it by
+    `timeout()` (a shorter bound the library gave is kept)."""
     retrier = _attempt.retrier
     if retrier is None:
         return
@@ -210,20 +166,18 @@ def _bound_request(request) -> None:
         raise LibraryRetry(f"huggingface_hub asked again on its own for {request.method} "
                            f"{asked[1].split('?', 1)[0]}") from _attempt.last
     _attempt.asked |= {asked}
-    bound = timeout()  # ours, read now: the library's constants were read at its import
+    bound = timeout()
     given = request.extensions.get("timeout") or {}
-    request.extensions["timeout"] = {  # a shorter one the library gave is kept
+    request.extensions["timeout"] = {
         key: min(getattr(bound, key), given.get(key) or getattr(bound, key))
         for key in ("connect", "read", "write", "pool")}
 
 
 def _judge_response(response) -> None:
-    """huggingface_hub's session hook on every answer (`watch_session`), within a try: an answer
-    that another try may mend (429, 408, 5xx) ends the library's call at once, so that the
-    retrier waits as the hub asks, within its budget, and says so (huggingface_hub's own
-    ``http_backoff`` retries these silently, up to 8 s apart, outside any budget); a 206 from
-    byte 0 to a resumed request is the whole file, and is handed on as the 200 it is (the library
-    then starts its file again); a 206 from any other byte is `RangeMismatch`."""
+    """On each answer of a try: a 429, 408 or 5xx ends the library's call at once (its
+    ``http_backoff`` would retry silently, outside any budget); a body is read through
+    `_cut_kept` where the try keeps cuts; a 206 to a resumed request is the 200 it is when it
+    starts at byte 0, and `RangeMismatch` when it starts elsewhere."""
     if _attempt.retrier is None:
         return
     status = response.status_code
@@ -255,14 +209,12 @@ def _judge_response(response) -> None:
 
 @functools.cache
 def _cut_kept() -> type:
-    """A response body that ends where a timeout or a dropped connection cuts it, handing on
-    what arrived: ``http_get`` reads in chunks of ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and
-    drops the part of a chunk that arrived before a cut, so a link that drops every transfer
-    before 10 MiB kept nothing and never finished a file. The cut is kept for `cut_short`: the
-    try still fails with it, after the bytes are written."""
-    httpx = _httpx()
+    """A body that ends where a timeout or a dropped connection cuts it, handing on what
+    arrived: ``http_get`` reads chunks of ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and lost the
+    part in flight, so a link that dropped every transfer before 10 MiB never finished a file.
+    The try still fails with the cut (`cut_short`), once the bytes are written."""
 
-    class _CutKept(httpx.SyncByteStream):
+    class _CutKept(_httpx().SyncByteStream):
         def __init__(self, stream) -> None:
             self.stream = stream
 
@@ -284,9 +236,8 @@ def cut_short() -> BaseException | None:
 
 
 def first_byte(response) -> int | None:
-    """The byte of the file an answer's body starts at: 0 for a 200, the ``START`` of a 206's
-    ``Content-Range: bytes START-END/TOTAL`` (RFC 9110 section 14.4), None for a 206 without
-    one that can be read."""
+    """The byte an answer's body starts at: 0 for a 200, ``START`` of a 206's
+    ``Content-Range: bytes START-END/TOTAL`` (RFC 9110 section 14.4), else None."""
     if response.status_code != 206:
         return 0
     found = re.fullmatch(r"bytes\s+(\d+)-\d+/(?:\d+|\*)",
@@ -295,13 +246,9 @@ def first_byte(response) -> int | None:
 
 
 def watch_session() -> None:
-    """Hook `_bound_request` and `_judge_response` into huggingface_hub's shared session, and
-    into every session its client factory makes from now on: the library closes the session
-    and makes another after a refused connection (``close_session`` in ``http_backoff``), in the
-    middle of its retries. The library's default factory is wrapped (`_hooked_client`); a
-    factory the user set (``set_client_factory``) is left as theirs, and its sessions are hooked
-    at each try. The hooks act only on this thread's try (`Retrier.attempt`); every other call
-    is left as the library makes it."""
+    """Hook `_bound_request` and `_judge_response` into huggingface_hub's session and every
+    session its default factory makes (``http_backoff`` makes a new one after a refused
+    connection); a factory the user set is kept, its session hooked at each try."""
     from huggingface_hub.utils import _http, get_session, set_client_factory
 
     with _installing:  # one thread at a time: a hook added twice would judge each request twice
@@ -314,8 +261,7 @@ _installing = threading.Lock()
 
 
 def _hooked_client():
-    """huggingface_hub's default client (``utils._http.default_client_factory``: its offline
-    check, request ids, redirects) with repgeom's hooks."""
+    """huggingface_hub's default client (its offline check, request ids, redirects), hooked."""
     from huggingface_hub.utils import _http
 
     return _hook(_http.default_client_factory())
@@ -332,9 +278,8 @@ def _hook(client):
 
 
 def cause_of(error: BaseException) -> BaseException:
-    """The error a wrapper was raised from: huggingface_hub's ``hf_hub_download`` raises a 5xx,
-    a 429 or a dropped connection of its HEAD request as ``LocalEntryNotFoundError`` (``from``
-    the HTTP error), and transformers wraps that in an ``OSError``; the HTTP error decides."""
+    """The error a wrapper was raised from (``hf_hub_download`` raises a 5xx or a dropped
+    connection as ``LocalEntryNotFoundError``, transformers wraps that in an ``OSError``)."""
     seen = {id(error)}
     while getattr(error, "response", None) is None and error.__cause__ is not None \
             and id(error.__cause__) not in seen:
@@ -363,22 +308,15 @@ def url_of(error: BaseException) -> str:
 
 
 def retry_after(headers) -> float | None:
-    """The seconds a 429 or 503 asks to wait: ``Retry-After`` as seconds or an HTTP date
-    (RFC 9110 section 10.2.3), else the reset of the hub's ``RateLimit`` header
-    (``"api";r=0;t=55``), else None."""
+    """The seconds a 429 or 503 asks to wait: ``Retry-After`` as seconds or an HTTP date (RFC
+    9110 section 10.2.3), else the reset of the hub's ``RateLimit`` header, else None."""
     if headers is None:
         return None
-    value = headers.get("Retry-After")
-    if value:
-        value = value.strip()
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            pass
-        try:
-            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-        except (TypeError, ValueError, IndexError, OverflowError):
-            pass
+    value = (headers.get("Retry-After") or "").strip()
+    with contextlib.suppress(ValueError):
+        return max(0.0, float(value))
+    with contextlib.suppress(TypeError, ValueError, IndexError, OverflowError):
+        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
     try:
         from huggingface_hub.utils import parse_ratelimit_headers
 
@@ -390,9 +328,7 @@ def retry_after(headers) -> float | None:
 
 def transient(error: BaseException) -> bool:
     """Whether another try may succeed: a 429, 408 or 5xx, a timeout, a refused or dropped
-    connection. Offline mode (also as the cause of another error: ``hf_hub_download`` raises
-    ``LocalEntryNotFoundError`` from ``OfflineModeIsEnabled``, itself a ``ConnectionError``) and
-    every 4xx else are not transient."""
+    connection; never offline mode (also as the cause of another error)."""
     from huggingface_hub.errors import OfflineModeIsEnabled
 
     if any(isinstance(e, OfflineModeIsEnabled) for e in _chain(error)):
@@ -405,10 +341,8 @@ def transient(error: BaseException) -> bool:
 
 
 def not_the_revisions_fault(error: BaseException) -> bool:
-    """Whether `error` is, or was raised from, a fault of no revision in particular, which every
-    later revision would meet too and which a rerun may not meet: the hub did not answer within
-    the budget (`RetriesExhausted`), it refused (`HubAccessError`: a token to give, a licence to
-    accept), or the disk or quota is full (ENOSPC, EDQUOT)."""
+    """Whether `error` (or its cause) is a fault every later revision would meet too: a spent
+    budget, a refusal (a token to give), a full disk or quota."""
     return any(isinstance(e, (RetriesExhausted, HubAccessError))
                or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
                for e in _chain(error))
@@ -432,12 +366,9 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 def _say(message: str) -> None:
     """Print above a tqdm bar, if one is drawn, on stderr."""
-    try:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # comes with huggingface_hub
 
-        tqdm.write(message, file=sys.stderr)
-    except ImportError:  # pragma: no cover - tqdm comes with huggingface_hub
-        print(message, file=sys.stderr, flush=True)
+    tqdm.write(message, file=sys.stderr)
 
 
 def _minutes(seconds: float, budget: float) -> str:
@@ -448,13 +379,9 @@ def _minutes(seconds: float, budget: float) -> str:
 
 @dataclass
 class Retrier:
-    """The retry state of one revision (or one listing): tries so far and budget spent.
-
-    budget_s : seconds of waits (and of tries that received nothing) allowed in all;
-    first_wait_s, max_wait_s : the back-off's first and longest wait; say : where a wait is
-    announced (stderr, above the progress bar); abort : set by another thread to stop a wait or a
-    download at once (`Aborted`).
-    """
+    """The retry state of one revision (or listing): `budget_s` of waits and failed tries in
+    all, the back-off's first and longest wait, where a wait is said, and an `abort` flag that
+    another thread sets to stop a wait or a download at once (`Aborted`)."""
 
     budget_s: float = RETRY_BUDGET_S
     first_wait_s: float = FIRST_WAIT_S
@@ -482,14 +409,8 @@ class Retrier:
             raise Aborted("stopped: the run was interrupted")
 
     def call(self, fn: Callable[[], T], what: str) -> T:
-        """``fn()``, tried again after each transient failure (see the module docstring);
-        other errors propagate unchanged.
-
-        Raises
-        ------
-        RetriesExhausted
-            The budget is spent; the message names `what`, the last error and the tries.
-        """
+        """``fn()``, tried again after each transient failure; `RetriesExhausted` (naming
+        `what`, the last error and the tries) once the budget is spent."""
         while True:
             self.check_abort()
             started = time.monotonic()
@@ -517,11 +438,9 @@ class Retrier:
 
     def failed(self, error: BaseException, what: str, *, seconds: float = 0.0,
                progressed: bool = False) -> None:
-        """Account for one failed try of `what` that took `seconds`: return after the wait
-        when another try is worth it, else raise (`error` itself when it is not transient,
-        `RetriesExhausted` when the budget is spent). A try that `progressed` (its partial file
-        kept more bytes than before it) costs no budget and restarts the back-off; any other
-        try costs its seconds."""
+        """Account for one failed try of `what` that took `seconds`: return after the wait, or
+        raise (`error` when it is not transient, `RetriesExhausted` when the budget is spent).
+        A try that `progressed` (its partial file kept more bytes) costs nothing."""
         self.tries += 1
         if not transient(error):
             raise error
@@ -562,8 +481,7 @@ class Retrier:
 
 def budget_retrier(retry_budget_s: float | None = None, *,
                    retry: Retrier | None = None) -> Retrier:
-    """`retry` itself when one is given (the run's, whose budget a caller shares); else a
-    `Retrier` of the run's ``retry_budget_s=`` (None: `RETRY_BUDGET_S`)."""
+    """`retry` when given (the run's, shared), else a `Retrier` of ``retry_budget_s=``."""
     if retry is not None:
         return retry
     return Retrier() if retry_budget_s is None else Retrier(budget_s=retry_budget_s)

@@ -1,38 +1,21 @@
 """A hub model's config and tokenizer files, fetched by huggingface_hub itself into the user's
 Hugging Face cache, within the run's one retry budget.
 
-What the library does: ``huggingface_hub.hf_hub_download`` fetches one file (a ``HEAD`` for its
-commit and ETag, then a ``GET``) into the cache as it lays it out
-(https://huggingface.co/docs/huggingface_hub/guides/manage-cache): the bytes in ``blobs/``, a
-link from ``snapshots/<commit>/<file>``, ``refs/<branch>`` naming the commit (replaced whole
-when it names another: a new file with the umask's mode, whatever the mode of the one it
-replaces), files with the mode the umask gives (0664 under a group cache's umask 002), and a
-file the cache holds at that commit returned without asking the network. With ``local_dir=`` it
-fetches into a folder instead, leaving the cache as it is. No file of `repgeom.models.hub` writes
-into the user's cache by hand (issue 48): only ``hf_hub_download`` does.
+``hf_hub_download`` writes the cache as the library lays it out (blobs, snapshot links, refs
+replaced whole, modes from the umask: 0664 under a group cache's umask 002) and returns a file
+it holds without asking the network; with ``local_dir=`` it fetches into a folder instead. No
+file of `repgeom.models.hub` writes into the user's cache by hand (issue 48).
 
-What it lacks, and repgeom adds: one retry budget for everything a run asks of the hub. The
-library's own retries (a HEAD's timeout tried again with a 60 s timeout, 5xx and 429 retried by
-``http_backoff`` up to 8 s apart) are silent and outside any budget. Here each
-``hf_hub_download`` is one try of `repgeom.models.hub.calls.Retrier.call`, whose session hooks
-(`calls.Retrier.attempt`) bound each of the library's requests by a timeout and end its call
-at a 429 or 5xx and at its own retry of a request, so that the retrier waits as the hub
-asks, says so, and stops when the budget (``retry_budget_s=``) is spent. Xet transfers
-(``hf_xet``, where installed) are the library's own, with their own retries.
+What the library lacks, and repgeom adds: one retry budget. Its own retries (``http_backoff``'s,
+up to 8 s apart) are silent and outside any budget; here each ``hf_hub_download`` is one try of
+`repgeom.models.hub.calls.Retrier.call`, whose hooks bound its requests and end it at a 429, a
+5xx or a retry of its own, so that the retrier waits as the hub asks and says so.
 
-`fetch_tokenizer_files` reads the revision's file list (`downloads.file_list`, within the budget),
-takes its configs and tokenizer files (`downloads.config_or_tokenizer`: not the Trainer's state)
-and fetches each at the listed commit (a branch that moves meanwhile does not mix two commits),
-then once by the branch's name, so that the library writes the branch's ref (an offline rerun,
-``HF_HUB_OFFLINE=1``, resolves the branch through it). When the cache cannot be written (a
-colleague's or read-only cache, a full disk), the files are fetched into a folder of the
-caller's (``local_dir=``, still by the library) and the console says that an offline rerun will
-not find them. `fetch_config` fetches a model's ``config.json`` alone, the first thing
-``probe.py hf=...`` reads, the same way.
-
-A spent budget ends with the one wording of `repgeom.models.hub.calls.no_answer`; a refusal
-(401/403) is named as for a revision's files (`downloads.as_download_error`); a full disk where
-the files were fetched names the folder and ``TMPDIR=``.
+`fetch_tokenizer_files` fetches a revision's configs and tokenizer files at the listed commit (a
+branch that moves meanwhile does not mix two commits), then once by the branch's name so that the
+library writes its ref (for an offline rerun). An unwritable cache (read-only, another user's, a
+full disk) falls back to a folder of the caller's (``local_dir=``), said in the console.
+`fetch_config` fetches ``config.json`` alone, the same way.
 """
 
 from __future__ import annotations
@@ -124,18 +107,12 @@ def _named(e: BaseException, name: str, revision: str | None, what: str,
 def fetch_tokenizer_files(name: str, revision: str | None, folder: str,
                           retry_budget_s: float | None) -> str:
     """The folder of the configs and tokenizer files of hub model `name` at `revision` (None:
-    ``main``), fetched by ``hf_hub_download`` within one retry budget of `retry_budget_s` (None:
-    the default): the Hugging Face cache's snapshot of its commit (files the cache holds there
-    are not fetched again), or `folder` when the cache cannot be written.
+    ``main``), fetched within one budget of `retry_budget_s` (None: the default): the cache's
+    snapshot of its commit, or `folder` when the cache cannot be written.
 
-    Raises
-    ------
-    OSError
-        No answer within the budget (naming the hub and ``retry_budget_s=``), no such file
-        (404), or a full disk where `folder` is (naming it and ``TMPDIR=``).
-    repgeom.models.hub.calls.HubAccessError
-        401/403, named as for a revision's files (``HF_TOKEN``, the licence page).
-    """
+    Raises ``OSError`` (no answer within the budget, naming ``retry_budget_s=``; a 404; a full
+    disk, naming `folder` and ``TMPDIR=``) or `HubAccessError` (401/403: ``HF_TOKEN``, the
+    licence page)."""
     from huggingface_hub import constants
 
     retry, what, branch = budget_retrier(retry_budget_s), f"tokenizer={name!r}", revision or "main"
@@ -160,19 +137,8 @@ def fetch_tokenizer_files(name: str, revision: str | None, folder: str,
 
 def fetch_config(name: str, revision: str | None, folder: str,
                  retry_budget_s: float | None) -> str:
-    """The folder holding hub model `name`'s ``config.json`` at `revision` (None: ``main``),
-    fetched by ``hf_hub_download`` within `retry_budget_s` (None: the default, 15 minutes): the
-    Hugging Face cache's snapshot, or `folder` when the cache cannot be written (the console
-    says so).
-
-    Raises
-    ------
-    OSError
-        No answer within the budget (naming the hub and ``retry_budget_s=``), no such file
-        (404), or a full disk where `folder` is (naming it and ``TMPDIR=``).
-    repgeom.models.hub.calls.HubAccessError
-        401/403, named as for a revision's files (``HF_TOKEN``, the licence page).
-    """
+    """The folder holding hub model `name`'s ``config.json`` at `revision`, fetched as
+    `fetch_tokenizer_files` fetches (and raising as it does)."""
     from huggingface_hub import constants
 
     retry, what, branch = budget_retrier(retry_budget_s), f"hf={name!r}", revision or "main"

@@ -1,26 +1,17 @@
-"""The folders repgeom downloads hub revisions into, and the only things it ever deletes there.
+"""The folders repgeom downloads hub revisions into, and the only things it ever deletes there:
+what the library lacks, a work folder bounded to the revisions being probed.
 
-Downloads go only into ``<work_dir>/repgeom-downloads/<run key>/<org--name>/<revision>/``, where
-the run key comes from the probe's output folder (`run_key`). Each such folder holds a marker,
-``.repgeom-download.json`` (repo, revision, the commit its files are of, run, and whether
-``keep_weights`` asked to keep it), the proof of each finished file (``.repgeom-files.json``:
-the hub's sha256, git blob id or commit it was checked against), and a lock file held
-(`repgeom.files.try_lock`) while the revision is downloaded and probed.
+Downloads go only into ``<work_dir>/repgeom-downloads/<run key>/<org--name>/<revision>/`` (the
+run key from the probe's output folder, `run_key`). Each holds a marker (``MARKER``: repo,
+revision, commit, run, ``keep_weights``), each finished file's proof (``PROOFS``) and a lock
+held (`repgeom.files.try_lock`) while the revision is downloaded and probed. Deleted:
 
-What is deleted, and when:
+- by `release`: a probed revision's folder, unless ``keep_weights`` is asked now or was recorded;
+- by `clear_leftovers`: this run's marked folders, not locked, not still to probe, not kept;
+- by `delete_partials`: the unfinished ``*.incomplete`` files of a revision that cannot be probed;
+- by `claim`: the old commit's files when the branch moved since they were fetched (said).
 
-- `release`: a probed revision's folder, unless ``keep_weights`` is asked now or was recorded in
-  its marker by an earlier run;
-- `clear_leftovers`: marked folders of the same run, not locked, not still to be probed and not
-  kept (the marker's ``keep_weights``);
-- `delete_partials`: a revision that cannot be probed loses only its unfinished
-  ``<file>.incomplete`` files; its finished files stay (a 404 on one shard does not delete the
-  others);
-- `claim`: when the marker's commit is not the commit the hub resolves now (a branch moved
-  between a kill and the rerun), the old commit's files, which the console names.
-
-Never a user's file, the cwd, the Hugging Face cache, nor the folders of another job that shares
-``work_dir``.
+Never a user's file, the cwd, the Hugging Face cache, nor another job's folders in ``work_dir``.
 """
 
 from __future__ import annotations
@@ -55,15 +46,9 @@ PARTIAL = ".incomplete"
 
 @dataclass(frozen=True)
 class RevisionFiles:
-    """Where one revision's files are and whether repgeom may delete them.
-
-    path : a folder ``from_pretrained`` reads; owned : True in repgeom's download folder
-    (deleted by `release` unless kept), False in the user's cache or a local folder; bytes :
-    bytes received from the hub by this call, failed tries included (0 when nothing was
-    downloaded); seconds : the time the files took to arrive; weights : each weights file's name
-    -> its sha256 (hex), for every complete format of the revision
-    (`repgeom.models.hub.weights_rule`), the same for two revisions that serve the same weights.
-    """
+    """Where one revision's files are (`path`, for ``from_pretrained``) and whether repgeom may
+    delete them (`owned`: in its download folder, not the user's cache or folder); the `bytes`
+    received (failed tries included) and the `seconds` they took; each weights file's sha256."""
 
     path: Path
     owned: bool
@@ -151,14 +136,11 @@ def delete_partials(folder: Path) -> list[Path]:
 
 
 def _delete(folder: Path) -> None:
-    """Delete one of repgeom's marked revision folders, its marker and lock last: a kill at any
-    moment leaves the folder still marked (the next run's `clear_leftovers` deletes the rest)
-    or holding at most an empty lock file, never files without their marker, which no run would
-    delete. (``shutil.rmtree`` went in listing order: killed after the marker, it left the
-    weights behind for good.) A file that cannot be deleted keeps the folder marked, for a
-    later clean-up to try again; a link or a folder that cannot be listed is left as it is.
-    The lock goes after the marker: while it is held, a process of the same run cannot claim
-    the folder and have its new marker deleted here."""
+    """Delete one of repgeom's marked revision folders, its marker and then its lock last: a
+    kill at any moment leaves it marked (for the next `clear_leftovers`), never files without
+    their marker, which no run would delete; while the lock is held, no process of the run can
+    claim the folder and lose its new marker here. A file that cannot be deleted keeps the
+    folder marked; a link, or a folder that cannot be listed, is left as it is."""
     try:
         if folder.is_symlink():
             return

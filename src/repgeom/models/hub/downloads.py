@@ -1,49 +1,31 @@
 """One hub revision's files on disk for as long as it is probed: bounded disk over a trajectory,
 in folders that repgeom owns, through the hub's faults.
 
-Probing all 154 revisions of Pythia-160m through the user's Hugging Face cache would keep ~50 GB
-there (~430 GB for Pythia-1.4B). `fetch_revision` downloads a revision's files into a folder of
-its own and `release` deletes it once the revision is probed. A revision that is complete in the
-user's cache is read from there and never deleted; so is a local folder. Only the files a model
-needs are fetched: the top-level configs, tokenizer files and the weights that the one rule
-names (`repgeom.models.hub.weights_rule`: the index first, safetensors over ``.bin``, the
-Trainer's state files left out).
+Probing Pythia-160m's 154 revisions through the user's Hugging Face cache would keep ~50 GB
+there. `fetch_revision` downloads a revision's files (its configs, tokenizer files and the
+weights the one rule names, `repgeom.models.hub.weights_rule`) into a folder of its own, which
+`release` deletes once it is probed; a revision complete in the user's cache is read from there,
+and a local folder as it is, and neither is ever deleted. This module decides *which* files of
+*which* commit; `download_folders` owns the folders and `transfer` moves and proves the bytes.
 
-This module decides *which* files of *which* commit; `repgeom.models.hub.download_folders` owns
-the folders (markers, locks, what may be deleted) and `repgeom.models.hub.transfer` moves one
-file's bytes and proves them.
+Online, a branch is resolved to its commit (``model_info``) before any cache is used; offline
+(``HF_HUB_OFFLINE=1``) the cache's ref is used, and the console says so.
 
-**Refs.** Online, a branch is resolved to its commit on the hub (``model_info``) before any cache
-is used: the cache is read at that commit, and a download of ours whose marker names another
-commit is fetched again (the console says it moved). Offline (``HF_HUB_OFFLINE=1``), the
-cache's ref is used, and the console says so; nothing asks the network.
+Every hub call is made by huggingface_hub within one retry budget per revision
+(`repgeom.models.hub.calls.Retrier`, ``retry_budget_s``): 429s wait their ``Retry-After``, 5xx,
+timeouts and dropped connections back off, each wait said on stderr; a broken download keeps its
+``<file>.incomplete`` for this run or the next. What ends a revision (`as_download_error`):
 
-**What happens on each fault** (every hub call, listing and file list included, is made by
-huggingface_hub and bounded by `repgeom.models.hub.calls.Retrier`, one retry budget per
-revision, ``retry_budget_s``):
+- the budget spent: `DownloadError`, fatal, naming the hub and the command to rerun;
+- a 404, or no weights file (a config-only branch): `RevisionUnavailable`, the other revisions
+  go on; only this revision's unfinished partial files are deleted;
+- 401/403: `HubAccessError`, fatal, naming ``HF_TOKEN``, ``hf auth login`` and the licence page;
+- a full disk or quota (before the download, from the hub's sizes, or during it): ``OSError``
+  with its errno, naming the folder and ``work_dir=``;
+- Ctrl-C: `Prefetch` sets the download's abort flag and exits at once.
 
-- HTTP 429: waits the ``Retry-After`` the hub sends, then tries again;
-- HTTP 5xx, timeouts (a half-open connection: no byte for `hub_calls.READ_TIMEOUT_S`), refused
-  or dropped connections: backs off exponentially (1, 2, 4 ... s, at most 60 s), saying why on
-  stderr (``waiting 4 s: HTTP 503 from <url> (try 3, 14 min of 15 left)``); a broken file
-  download keeps its ``<file>.incomplete`` and resumes it with an HTTP ``Range`` request (in
-  this run or the next: `repgeom.models.hub.transfer`); only bytes the partial file keeps are
-  progress;
-- budget spent: `DownloadError`, fatal, naming the hub's URL and the command to rerun; the
-  partial files stay, so the same command resumes;
-- the revision, or a file of it, does not exist (404), or the revision has no weights file (a
-  config-only branch, as some of Pythia's are): `RevisionUnavailable`; the other revisions can
-  still be probed; only the revision's unfinished partial files are deleted;
-- HTTP 401/403 (a gated or private repository): `HubAccessError`, fatal, naming ``HF_TOKEN``,
-  ``hf auth login`` and the page where the licence is accepted;
-- a full disk or quota (ENOSPC, EDQUOT), before the download when the hub's sizes say it will
-  not fit, or during it: ``OSError`` with the same errno, naming the folder and ``work_dir=``;
-- Ctrl-C: `Prefetch` runs downloads on a daemon thread and sets their abort flag, so the
-  process exits at once; the partial file stays for the next run.
-
-`RevisionFiles.weights` names each weights file's sha256, for every complete format: the hub's
-LFS sha256 (from the file metadata: nothing extra is downloaded), or the hash of the content of
-a cached or local file, so that revisions serving the same weights can be told apart from real
+`RevisionFiles.weights` gives each weights file's sha256 (the hub's LFS sha256, or the content's
+hash for a cached or local file), so that revisions serving the same weights are told apart from
 training steps (`repgeom.models.hub.weights_rule.same_weights`).
 """
 
@@ -264,32 +246,11 @@ def fetch_revision(repo: str, revision: str | None, work_dir: str | os.PathLike,
                    abort: threading.Event | None = None,
                    keep_weights: bool = False) -> RevisionFiles:
     """The files of hub model `repo` at `revision`: a local folder as it is, the user's cache
-    where the revision's commit is complete there, else downloaded into repgeom's own folder in
-    `work_dir` (see the module docstring).
-
-    Parameters
-    ----------
-    repo, revision : the hub repository (or a local folder) and the branch, tag or commit.
-    work_dir : where repgeom may make its ``repgeom-downloads/`` folder.
-    owner : the run's output folder: its `run_key` keys the download folder; None: `work_dir`.
-    retry_budget_s : seconds of waiting for the hub allowed for this revision (`Retrier`);
-        0: no retry.
-    first_wait_s : the first back-off (tests make it short).
-    say : where waits and notices are said (default: stderr).
-    abort : when set (by another thread), the download stops between two chunks (`Aborted`).
-    keep_weights : recorded in the folder's marker: no later run deletes the folder.
-
-    Raises
-    ------
-    RevisionUnavailable
-        This revision cannot be probed (404, or no weights file); the others can.
-    HubAccessError
-        401/403: gated or private; the message names ``HF_TOKEN`` and the licence page.
-    DownloadError
-        The retry budget is spent (the partial files are kept: the same command resumes).
-    OSError
-        ENOSPC/EDQUOT: the disk or quota of `work_dir` is full.
-    """
+    where the revision's commit is complete there, else downloaded into repgeom's folder in
+    `work_dir` (``repgeom-downloads/``, keyed by `owner`, the run's output folder). Waits spend
+    `retry_budget_s` (0: no retry), from `first_wait_s`, said to `say`; `abort`, set by another
+    thread, stops it between two chunks; `keep_weights` is recorded so that no run deletes it.
+    Raises as the module docstring says."""
     local = Path(repo).expanduser()
     if local.is_dir():  # a local folder: nothing to fetch
         return _cached_files(local)
@@ -384,13 +345,9 @@ def _download(repo: str, commit: str, info: Any, files: dict[str, HubFile], dest
 
 
 class Prefetch:
-    """Run fetches in order on one daemon thread, so that Ctrl-C in the main thread exits at once.
-
-    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at exit, so Ctrl-C waited for the
-    download in flight (minutes for a 2.9 GB revision). Here leaving the ``with`` block on an
-    exception sets `abort` (which `fetch_revision` checks between chunks and during waits) and
-    nothing waits for the thread; the partial file stays for the next run.
-    """
+    """Run fetches in order on one daemon thread: leaving the ``with`` block on an exception
+    sets `abort` and waits for nothing, so Ctrl-C exits at once (``ThreadPoolExecutor`` joins
+    its threads at exit: Ctrl-C waited minutes for the download in flight)."""
 
     def __init__(self) -> None:
         self.abort = threading.Event()
@@ -405,14 +362,8 @@ class Prefetch:
 
     @staticmethod
     def result(future: Future, poll_s: float = 0.25) -> Any:
-        """`future`'s result, waited for in slices of `poll_s` seconds.
-
-        A wait without a timeout is one lock acquire, which a signal interrupts only when the
-        kernel delivers it to this thread. SIGINT goes to any thread that does not block it, and
-        if it lands on the download thread, Ctrl-C waited for the whole download. Python runs
-        signal handlers in the main thread when it next executes bytecode: a timed wait wakes
-        it within `poll_s`, so Ctrl-C ends the run whichever thread the signal reached.
-        """
+        """`future`'s result, waited for in slices of `poll_s` seconds: SIGINT may land on
+        the download thread, and an untimed wait never ran the main thread's handler."""
         while not future.done():  # not result(timeout=): the fetch's own TimeoutError is
             wait([future], timeout=poll_s)  # the same class, and would be waited for again
         return future.result()

@@ -1,39 +1,28 @@
 """One hub file onto the disk: resumed where a try (or an earlier run) stopped, proved by its
 hash before it takes its name, every try bounded and inside the revision's retry budget.
 
-The bytes are fetched by huggingface_hub's own ``file_download.http_get`` (its ``Range`` request,
-its handling of a server that ignores ``Range``, its progress bar), one call per try, into a
+huggingface_hub's own ``file_download.http_get`` fetches the bytes (its ``Range`` request, its
+handling of a server that ignores ``Range``, its progress bar), one call per try, into a
 partial file of ours, ``<name>.incomplete``. What the library lacks, and this module adds:
 
-- **Resume across runs.** ``hf_hub_download`` (2.4) writes each download to a temporary file
-  unique to its call and deletes it when the call fails (``_download_to_tmp_and_move``,
-  huggingface_hub PR 4228): a file dropped at 2.8 of 2.9 GB started again from zero, in the next
-  try and the next run. Here the partial file stays, and ``http_get(resume_size=)`` asks for the
-  rest (as ``HfFileSystem.get_file`` hands it a file that holds data already).
-- **One retry budget.** ``http_get``'s own resume loop resets its count of tries on every
-  chunk, so a proxy that cuts every transfer at the same byte looped for ever, a second apart;
-  its second request for the file ends the try (`repgeom.models.hub.calls.LibraryRetry`), as a
-  429 or 5xx does, and the revision's `Retrier` decides (`repgeom.models.hub.calls`).
-- **A cut keeps every byte that arrived.** ``http_get`` reads in chunks of
-  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and loses the part of a chunk that arrived before a
-  timeout or a dropped connection: a link that dropped every transfer before 10 MiB never
-  finished a file. The body of a try is read through `repgeom.models.hub.calls.cut_short`'s
-  stream, which ends at the cut and hands on what arrived; the try then fails with the cut. A
-  kill -9 still loses the chunk in flight (at most 10 MiB, 0.3% of a 2.9 GB file).
-- **Progress counted as kept bytes.** A try is progress only when the partial file kept more
-  bytes than it had before the try: bytes thrown away (a sha256 mismatch, a server that ignores
-  ``Range`` and starts again from 0, more bytes than the file has) cost the budget like any
-  failed try, so identical failures at the same byte end within the budget.
-- **Proof.** A file is accepted by its content, never by its size: the hub's LFS sha256 (hashed
-  as the bytes arrive), else the git blob id the hub lists (``blobId``: the sha1 of
-  ``blob <size>\\0`` and the content), else the commit it was fetched at. The proof is recorded
-  beside the file (`repgeom.models.hub.download_folders.record_proof`); a finished file found on a
-  later start is kept only when its recorded proof is the one the hub gives now and its size is
-  the hub's (its bytes are fsynced before the proof is recorded).
-- **A resumed request answered from another byte** (a 206 whose ``Content-Range``, RFC 9110
-  section 14.4, starts elsewhere) is never appended: from byte 0 it is the whole file (handed to
-  ``http_get`` as the 200 it is), from any other byte its try fails
-  (`repgeom.models.hub.calls.RangeMismatch`) and the file's later tries ask for the whole file.
+- **Resume across runs.** ``hf_hub_download`` writes to a temporary file unique to its call and
+  deletes it when the call fails: a file dropped at 2.8 of 2.9 GB started again from zero. Here
+  the partial file stays, and ``http_get(resume_size=)`` asks for the rest.
+- **One retry budget.** ``http_get`` resumes after a cut on its own, for ever while bytes
+  arrive; its second request ends the try (`repgeom.models.hub.calls.LibraryRetry`) and the
+  revision's `Retrier` decides.
+- **A cut keeps every byte that arrived** (`repgeom.models.hub.calls.cut_short`: ``http_get``
+  loses the part of its 10 MiB chunk in flight). A kill -9 still loses up to 10 MiB.
+- **Progress counted as kept bytes**: a try is progress only when the partial file kept more
+  than before it; bytes thrown away (a hash mismatch, a server that ignores ``Range``, more
+  bytes than the file has) cost the budget like any failed try.
+- **Proof.** A file is accepted by its content, never its size: the hub's LFS sha256 (hashed as
+  the bytes arrive), else the git blob id the hub lists, else the commit it was fetched at. The
+  proof is recorded beside the file once its bytes are fsynced; a finished file found later is
+  kept only when its recorded proof is the hub's now and its size is the hub's.
+- **A resumed request answered from another byte** (a 206 whose ``Content-Range`` starts
+  elsewhere) is never appended: from byte 0 it is the whole file, from any other byte its try
+  fails (`repgeom.models.hub.calls.RangeMismatch`) and later tries ask for the whole file.
 """
 
 from __future__ import annotations
@@ -71,8 +60,7 @@ class HubFile:
 
 
 class Transfer:
-    """Bytes written by one revision's fetch, failed tries included (not what a cut lost of the
-    chunk in flight)."""
+    """Bytes written by one revision's fetch, failed tries included."""
 
     def __init__(self) -> None:
         self.received = 0
@@ -108,8 +96,7 @@ def _size(path: Path) -> int:
 
 
 class _Kept:
-    """The partial file as ``http_get`` writes it: hashed and counted as it grows, the run's
-    abort checked at each chunk."""
+    """The partial file as ``http_get`` writes it: hashed and counted, the abort checked."""
 
     def __init__(self, handle: Any, path: Path, limit: int | None, retrier: Retrier,
                  transfer: Transfer) -> None:
@@ -144,8 +131,7 @@ class _Kept:
 
 def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Retrier,
                   transfer: Transfer, what: str) -> None:
-    """`file` into `dest`, resuming ``<name>.incomplete`` where a try stopped, checked against
-    its size and its proof (see the module docstring) before it takes its name."""
+    """`file` into `dest`, resuming ``<name>.incomplete``, proved before it takes its name."""
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
@@ -211,8 +197,7 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
 
 
 def resolve_url(repo: str, revision: str, name: str) -> str:
-    """The hub's URL of file `name` of model `repo` at `revision` (a commit, branch or tag),
-    quoted as ``huggingface_hub.hf_hub_url`` quotes it."""
+    """The hub's URL of file `name` of model `repo` at `revision`, as ``hf_hub_url`` quotes it."""
     from urllib.parse import quote
 
     from huggingface_hub import constants
