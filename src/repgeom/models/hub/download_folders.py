@@ -62,7 +62,7 @@ class RevisionFiles:
     bytes received from the hub by this call, failed tries included (0 when nothing was
     downloaded); seconds : the time the files took to arrive; weights : each weights file's name
     -> its sha256 (hex), for every complete format of the revision
-    (`repgeom.models.hub.weights_rule`), the same for two revisions that serve the same weights.
+    (`repgeom.models.weights_rule`), the same for two revisions that serve the same weights.
     """
 
     path: Path

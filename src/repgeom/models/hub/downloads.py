@@ -6,7 +6,7 @@ there (~430 GB for Pythia-1.4B). `fetch_revision` downloads a revision's files i
 its own and `release` deletes it once the revision is probed. A revision that is complete in the
 user's cache is read from there and never deleted; so is a local folder. Only the files a model
 needs are fetched: the top-level configs, tokenizer files and the weights that the one rule
-names (`repgeom.models.hub.weights_rule`: the index first, safetensors over ``.bin``, the
+names (`repgeom.models.weights_rule`: the index first, safetensors over ``.bin``, the
 Trainer's state files left out).
 
 This module decides *which* files of *which* commit; `repgeom.models.hub.download_folders` owns
@@ -44,7 +44,7 @@ revision, ``retry_budget_s``):
 `RevisionFiles.weights` names each weights file's sha256, for every complete format: the hub's
 LFS sha256 (from the file metadata: nothing extra is downloaded), or the hash of the content of
 a cached or local file, so that revisions serving the same weights can be told apart from real
-training steps (`repgeom.models.hub.weights_rule.same_weights`).
+training steps (`repgeom.models.weights_rule.same_weights`).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ from repgeom.models.hub.transfer import (
     resolve_url,
     sha256_of,
 )
-from repgeom.models.hub.weights_rule import (
+from repgeom.models.weights_rule import (
     FORMATS,
     INDEX,
     Weights,
@@ -111,7 +111,7 @@ OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 def config_or_tokenizer(name: str) -> bool:
     """Whether a revision's file `name` is one of its configs or tokenizer files (`OTHER_FILES`):
     not a weights index, nor the Trainer's state (``trainer_state.json``, its log history:
-    megabytes over a long run; `repgeom.models.hub.weights_rule.TRAINING_STATE`)."""
+    megabytes over a long run; `repgeom.models.weights_rule.TRAINING_STATE`)."""
     return (not name.endswith(INDEX) and not is_training_state(name)
             and any(Path(name).match(p) for p in OTHER_FILES))
 
