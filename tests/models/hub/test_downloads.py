@@ -1445,7 +1445,7 @@ def test_a_hub_tokenizer_leaves_the_trainers_state_on_the_hub(
     """A revision pushed by the Trainer holds ``trainer_state.json`` (its log history: megabytes
     over a long run), which ``*.json`` matches: not a config or tokenizer file, so fetched
     neither for a hub tokenizer nor with a revision's files
-    (`repgeom.models.hub.weights_rule.TRAINING_STATE`). Before: fetched with both."""
+    (`repgeom.models.weights_rule.TRAINING_STATE`). Before: fetched with both."""
     import shutil
 
     from repgeom.models.hf import load_tokenizer_or_explain

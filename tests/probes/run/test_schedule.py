@@ -94,17 +94,6 @@ def test_bad_schedule_options(revisions, max_revisions, mode, message) -> None:
 # Step-named revisions on the hub
 
 
-def test_step_names() -> None:
-    named = ["step0", "step_1000", "step-7", "global_step12", "checkpoint-20", "ckpt_3",
-             "iter_0001000", "run1/step5", "step1000-tokens4B", "stage1-step140000-tokens294B",
-             "stage2-ingredient3-step11931-tokens50B", "step20-tokens84M"]
-    assert [revisions.step_of(n) for n in named] == [0, 1000, 7, 12, 20, 3, 1000, 5, 1000,
-                                                     140000, 11931, 20]
-    assert [revisions.stage_of(n) for n in named[-3:]] == [1, 2, 1]
-    for other in ("main", "v1.0", "v2", "stepwise", "1000", "step10-extra", "tokens4B"):
-        assert revisions.step_of(other) is None, other
-
-
 @pytest.fixture
 def empty_folder(tmp_path) -> Path:
     (tmp_path / "config.json").write_text("{}")
@@ -252,45 +241,6 @@ def served(monkeypatch):
         hub.__exit__(None, None, None)
 
 
-def test_all_reads_smollm3_stages_as_one_trajectory() -> None:
-    """SmolLM3's checkpoints (HuggingFaceTB/SmolLM3-3B-checkpoints, model card: "stage1-step-40000";
-    stage 1 to step 3,450,000, stage 2 to 4,200,000, stage 3 to 4,720,000) count one run's steps
-    across its stages: every stage is listed. A step-named name without a stage beside them,
-    whose count is not known, is left out and said."""
-    names = ["stage1-step-0", "stage1-step-40000", "stage1-step-3440000", "stage2-step-3480000",
-             "stage2-step-4200000", "stage3-step-4240000", "stage3-step-4720000", "lc-step-4000"]
-    listing = revisions.step_revisions("HuggingFaceTB/smollm3-like",
-                                       revisions.Refs("smollm3-like", tuple(names), (), "test"))
-    assert listing.found == sorted((revisions.step_of(n), n) for n in names[:-1])
-    [(reason, left_out)] = listing.ignored.items()
-    assert left_out == ["lc-step-4000"] and reason.startswith("no stage in the name")
-    # A stage that counts anew ends the trajectory there, the stages after it included.
-    names = ["stage1-step0", "stage1-step900", "stage2-step1000", "stage3-step5", "stage4-step10"]
-    listing = revisions.step_revisions("olmo-like",
-                                       revisions.Refs("olmo-like", tuple(names), (), "test"))
-    assert [n for _, n in listing.found] == names[:3]
-    assert listing.ignored == {"a later training stage than stage 2 (steps counted anew: give "
-                               "them as a list)": names[3:]}
-
-
-def test_all_cuts_a_stage_of_several_runs_side_by_side() -> None:
-    """stage2-ingredient1 and stage2-ingredient2 both going on from stage 1's count would
-    interleave into one trajectory of two runs: the trajectory ends before them, and they (and
-    the stages after them) are left out, said; with nothing else, the refusal says why."""
-    names = ["stage1-step0-tokens0B", "stage1-step1000-tokens4B",
-             "stage2-ingredient1-step1100-tokens5B", "stage2-ingredient2-step1200-tokens5B",
-             "stage2-ingredient1-step1300-tokens6B", "stage3-step1400-tokens7B"]
-    listing = revisions.step_revisions("olmo-like",
-                                       revisions.Refs("olmo-like", tuple(names), (), "test"))
-    assert [n for _, n in listing.found] == names[:2]
-    [(reason, left_out)] = listing.ignored.items()
-    assert left_out == names[2:]
-    assert "stage 2 has 2 runs side by side (stage2-ingredient1, stage2-ingredient2)" in reason
-    with pytest.raises(ValueError, match=r"3 left out, stage 2 or later: stage 2 has 2 runs"):
-        revisions.step_revisions("olmo-like", revisions.Refs("olmo-like", tuple(names[2:5]), (),
-                                                             "test"))
-
-
 def test_all_reads_olmo_names_one_stage_and_lists_what_it_leaves_out(tmp_path, served) -> None:
     w = _weights_folder(tmp_path, "w", b"weights")
     # OLMo-2-1124-7B's branches: some of stage 1's lack the prefix (step150-tokens1B beside
@@ -329,16 +279,6 @@ def test_all_ends_on_main_when_no_step_revision_holds_its_weights(tmp_path, serv
     # Thinning keeps the first and the last: main, the final checkpoint.
     assert schedule.hub_revisions("org/main-final", "all", max_revisions=2) == [
         (100, "global_step100"), (201, "main")]
-
-
-def test_list_steps_of_mixed_or_repeated_names_are_refused_naming_them() -> None:
-    assert revisions.list_steps(["iter_0000100", "iter_0000200", "main"]) == [
-        (100, "iter_0000100"), (200, "iter_0000200"), (201, "main")]
-    # Today one name without a step turned every step into a list index; now it is named.
-    with pytest.raises(ValueError, match=r"v2 carry no training step in the name"):
-        revisions.list_steps(["step100", "v2", "step300"])
-    with pytest.raises(ValueError, match=r"step100 and checkpoint-100 carry the same step 100"):
-        revisions.list_steps(["step100", "checkpoint-100"])
 
 
 def test_a_local_folder_with_hf_revisions_is_refused_naming_the_conflict(empty_folder) -> None:

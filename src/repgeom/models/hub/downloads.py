@@ -3,7 +3,7 @@ in folders that repgeom owns, through the hub's faults.
 
 Probing Pythia-160m's 154 revisions through the user's Hugging Face cache would keep ~50 GB
 there. `fetch_revision` downloads a revision's files (its configs, tokenizer files and the
-weights the one rule names, `repgeom.models.hub.weights_rule`) into a folder of its own, which
+weights the one rule names, `repgeom.models.weights_rule`) into a folder of its own, which
 `release` deletes once it is probed; a revision complete in the user's cache is read from there,
 and a local folder as it is, and neither is ever deleted. This module decides *which* files of
 *which* commit; `download_folders` owns the folders and `transfer` moves and proves the bytes.
@@ -26,7 +26,7 @@ timeouts and dropped connections back off, each wait said on stderr; a broken do
 
 `RevisionFiles.weights` gives each weights file's sha256 (the hub's LFS sha256, or the content's
 hash for a cached or local file), so that revisions serving the same weights are told apart from
-training steps (`repgeom.models.hub.weights_rule.same_weights`).
+training steps (`repgeom.models.weights_rule.same_weights`).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ from repgeom.models.hub.transfer import (
     resolve_url,
     sha256_of,
 )
-from repgeom.models.hub.weights_rule import (
+from repgeom.models.weights_rule import (
     FORMATS,
     INDEX,
     Weights,
@@ -93,7 +93,7 @@ OTHER_FILES = ("*.json", "*.txt", "*.model", "*.py", "*.tiktoken")
 def config_or_tokenizer(name: str) -> bool:
     """Whether a revision's file `name` is one of its configs or tokenizer files (`OTHER_FILES`):
     not a weights index, nor the Trainer's state (``trainer_state.json``, its log history:
-    megabytes over a long run; `repgeom.models.hub.weights_rule.TRAINING_STATE`)."""
+    megabytes over a long run; `repgeom.models.weights_rule.TRAINING_STATE`)."""
     return (not name.endswith(INDEX) and not is_training_state(name)
             and any(Path(name).match(p) for p in OTHER_FILES))
 

@@ -1,9 +1,9 @@
 """Weights identity across a trajectory's revisions: which serve another revision's weights.
 
 Each step's weights files and their sha256, for every complete weights format by the one rule
-(`repgeom.models.hub.weights_rule`; the hub's LFS sha256, no extra download; the file's own for
+(`repgeom.models.weights_rule`; the hub's LFS sha256, no extra download; the file's own for
 the user's cache), are in ``timings.csv`` (`repgeom.probes.run.costs`); two revisions hold the
-same weights when a format both have is equal (`repgeom.models.hub.weights_rule.same_weights`).
+same weights when a format both have is equal (`repgeom.models.weights_rule.same_weights`).
 Revisions that serve the same weights (Pythia-2.8b serves final-era weights under 86 of its step
 branches, EleutherAI/pythia#205) or share a weights file (a shard: Pythia-12b, #206) are warned
 about once, by name; a revision whose weights are all another's is a copy, and its rows carry
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from repgeom.models.hub.weights_rule import by_format
+from repgeom.models.weights_rule import by_format
 from repgeom.probes.core import table
 from repgeom.probes.report import phases
 from repgeom.probes.run.costs import TIMINGS

@@ -31,7 +31,7 @@ gives the numbers the training probe logged at that step. Values set in ``conf/p
 on the command line) win over the training probe's; null means "as the training probe".
 
 The ``step`` column: a checkpoint's ``global_step``; for Hugging Face revisions, the training
-step in the revision's name (`repgeom.models.hub.revisions.step_of`: Pythia's ``step1000`` -> 1000,
+step in the revision's name (`repgeom.models.revision_names.step_of`: Pythia's ``step1000`` -> 1000,
 OLMo's ``stage1-step140000-tokens294B`` -> 140000; ``main`` after the last named step), or for a
 list of names without steps the position in ``hf_revisions`` (0, 1, ...); 0 for one model.
 """

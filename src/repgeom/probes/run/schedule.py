@@ -27,6 +27,7 @@ import numpy as np
 
 from repgeom.models.hub import revisions as hub
 from repgeom.models.hub.calls import budget_retrier
+from repgeom.models.revision_names import list_steps
 
 ALL = "all"
 """``hf_revisions=all``: every step-named revision of the repository."""
@@ -160,7 +161,7 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
     and tags sorted by step, ending on ``main`` when no step-named revision holds its weights
     (`repgeom.models.hub.revisions.step_revisions`; the names left out are printed). A list: as
     given, each checked to be a branch, a tag or a commit id of `repo` first, with the steps of
-    `repgeom.models.hub.revisions.list_steps`. Nothing is downloaded here; the hub calls share one
+    `repgeom.models.revision_names.list_steps`. Nothing is downloaded here; the hub calls share one
     retry budget, `retry_budget_s` (``retry_budget_s=``; None: the default).
 
     Raises
@@ -191,7 +192,7 @@ def hub_revisions(repo: str, hf_revisions: Any, *, max_revisions: int | None = N
     else:
         names = [str(r) for r in hf_revisions]
         hub.check_revisions(repo, names, retry=retry)
-        found = hub.list_steps(names)
+        found = list_steps(names)
     kept = set(thin_steps([s for s, _ in found], max_revisions, option="max_revisions"))
     return [(step, name) for step, name in found if step in kept]
 

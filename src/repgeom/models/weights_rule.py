@@ -1,6 +1,10 @@
-"""The one rule for "the weights of a revision", used wherever a revision's weights are named:
-the user's cache, a local folder, a download and the hub's hashes (`repgeom.models.hub.downloads`,
-`repgeom.models.hub.revisions`).
+"""Which weight files a revision needs: the one rule for "the weights of a revision", used
+wherever a revision's weights are named: the user's cache, a local folder, a download and the
+hub's hashes (`repgeom.models.hub.downloads`, `repgeom.models.hub.revisions`).
+
+A rule of file names, never a hub call: the caller lists a revision's files and hands over the
+text of its indexes (`weights_of`'s ``read_index``: read from a folder, or fetched by
+`repgeom.models.hub`); `folder_weights` reads a local folder, nothing else.
 
 Of the top-level files of a revision:
 
