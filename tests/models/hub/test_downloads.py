@@ -25,19 +25,25 @@ from cli_runs import PYTHON, subprocess_env
 from hub_server import FakeHub, Fault
 
 from repgeom.models.hub import downloads, revisions
-from repgeom.models.hub.calls import Retrier, RetriesExhausted, describe, retry_after
-from repgeom.models.hub.downloads import (
+from repgeom.models.hub.calls import (
+    DownloadError,
+    HubAccessError,
+    Retrier,
+    RetriesExhausted,
+    RevisionUnavailable,
+    describe,
+    retry_after,
+)
+from repgeom.models.hub.download_folders import (
     DOWNLOADS,
     LOCK,
     MARKER,
-    DownloadError,
-    HubAccessError,
-    RevisionUnavailable,
+    RevisionFiles,
     clear_leftovers,
     download_dir,
-    fetch_revision,
     release,
 )
+from repgeom.models.hub.downloads import fetch_revision
 from repgeom.probes.run.copies import copies
 from repgeom.probes.run.trajectory import Step, Trajectory
 
@@ -100,7 +106,7 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _fetch(revision: str, work: Path, **options) -> downloads.RevisionFiles:
+def _fetch(revision: str, work: Path, **options) -> RevisionFiles:
     options = {"owner": work.parent / "out", "first_wait_s": 0.01, "say": lambda m: None,
                **options}
     return fetch_revision(REPO, revision, work, **options)
@@ -285,7 +291,7 @@ def test_a_revision_folder_that_is_a_link_is_not_followed(repo, use, tmp_path) -
     files.lock.close()
     shutil.rmtree(files.path)
     files.path.symlink_to(users, target_is_directory=True)
-    release(downloads.RevisionFiles(files.path, owned=True))
+    release(RevisionFiles(files.path, owned=True))
     clear_leftovers(work, tmp_path / "out")
     assert sorted(p.name for p in users.iterdir()) == sorted([MARKER, "notes.txt"])
 
@@ -1486,7 +1492,7 @@ def _failing_subject(revision: str, step: int, error: BaseException) -> SimpleNa
 
 @pytest.mark.parametrize("error", [
     RetriesExhausted("tokenizer='org/tok': no answer", None),
-    downloads.HubAccessError("tokenizer='org/tok': the hub refuses it (HTTP 401) ... HF_TOKEN"),
+    HubAccessError("tokenizer='org/tok': the hub refuses it (HTTP 401) ... HF_TOKEN"),
     OSError(errno.ENOSPC, "No space left on device"),
 ], ids=["silent", "refused", "disk-full"])
 def test_a_load_fault_of_no_revision_ends_a_trajectory_and_skips_no_step(error,

@@ -43,7 +43,7 @@ from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import IO, Any
 
-from repgeom.models.hub.calls import (  # noqa: F401 - re-exported: the errors callers catch
+from repgeom.models.hub.calls import (
     FIRST_WAIT_S,
     RETRY_BUDGET_S,
     Aborted,
@@ -56,18 +56,12 @@ from repgeom.models.hub.calls import (  # noqa: F401 - re-exported: the errors c
     no_answer,
     status_of,
 )
-from repgeom.models.hub.download_folders import (  # noqa: F401 - re-exported: the public names
-    DOWNLOADS,
-    LOCK,
-    MARKER,
+from repgeom.models.hub.download_folders import (
     PARTIAL,
     RevisionFiles,
     claim,
-    clear_leftovers,
     delete_partials,
     download_dir,
-    release,
-    run_key,
 )
 from repgeom.models.hub.transfer import (
     HubFile,

@@ -40,23 +40,10 @@ class Refs:
 
 
 def list_refs(repo_id: str, *, retry: Retrier | None = None) -> Refs:
-    """The branches and tags of model repository `repo_id`: from the hub
-    (``HfApi.list_repo_refs``), or, in offline mode (``HF_HUB_OFFLINE=1``), the refs that the
-    local Hugging Face cache holds for it (``scan_cache_dir``).
-
-    The hub call is bounded (`repgeom.models.hub.calls.watch_session`: huggingface_hub's
-    session has no timeout and ``list_repo_refs`` passes none) and goes through `retry` (the
-    run's `repgeom.models.hub.calls.Retrier`; default: its 15-minute budget): a 429 waits for
-    its ``Retry-After``, a 5xx, a dropped or silent connection is tried again, and the console
-    says why it waits.
-
-    Raises
-    ------
-    OSError
-        The hub does not know the repository (or refuses it), the retry budget is spent, or,
-        offline, the cache holds none of its refs; the message names the repository, the hub
-        and what to do.
-    """
+    """The branches and tags of model repository `repo_id`: ``HfApi.list_repo_refs`` within
+    `retry`'s budget (the run's), or offline (``HF_HUB_OFFLINE=1``) the refs the local cache
+    holds (``scan_cache_dir``). ``OSError`` naming what to do when the hub refuses or does not
+    know it, the budget is spent, or offline the cache holds none of its refs."""
     from huggingface_hub import HfApi, is_offline_mode
 
     from repgeom.models.hub.calls import budget_retrier
@@ -118,22 +105,10 @@ def _cached_refs(repo_id: str) -> Refs:
 
 def step_revisions(repo_id: str, refs: Refs | None = None, *,
                    retry: Retrier | None = None) -> Listing:
-    """Every step-named branch or tag of `repo_id`, sorted by step (`Listing`).
-
-    Which names those are, in which order, and which are left out, is
-    `repgeom.models.revision_names.trajectory`'s rule (stages, a second name for a step, tags).
-    ``main`` ends the trajectory when no step-named revision holds its weights (`final_main`).
-
-    Every hub call (the listing, the file lists of ``main`` and the last step) goes through
-    `retry`, the run's one retry budget.
-
-    Raises
-    ------
-    ValueError
-        The repository has no step-named revision; the message lists the names it has.
-    OSError
-        A hub call failed (`list_refs`).
-    """
+    """Every step-named branch or tag of `repo_id`, sorted by step, by the rules of
+    `repgeom.models.revision_names.trajectory` (``ValueError`` when there is none), ended by
+    ``main`` when no step-named revision holds its weights (`_add_main`). Every hub call spends
+    `retry`'s budget; ``OSError`` when one fails."""
     from repgeom.models.hub.calls import budget_retrier
 
     retry = budget_retrier(retry=retry)
@@ -175,17 +150,10 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> Non
 
 def weights_sha256(repo_id: str, revision: str | None, *,
                    retry: Retrier | None = None) -> dict[str, str]:
-    """Weights file name -> sha256 of `revision`, for every complete weights format by the one
-    rule (`repgeom.models.weights_rule`): online, the hub's LFS sha256 from ``model_info``
-    (and its index, when sharded; nothing else is downloaded), through `retry`; offline, the
-    cached snapshot's files (empty when it is not cached). Empty when the revision has no
-    weights file.
-
-    Raises
-    ------
-    OSError
-        A hub call failed; the message names the hub and what to do.
-    """
+    """Weights file name -> sha256 of `revision`, for every complete format by the one rule
+    (`repgeom.models.weights_rule`): online the hub's LFS sha256 (``model_info``, and a sharded
+    revision's index; nothing else downloaded), offline the cached snapshot's (empty when it is
+    not cached, or has no weights). ``OSError`` when a hub call fails."""
     from huggingface_hub import is_offline_mode
 
     from repgeom.models.hub import downloads
@@ -204,13 +172,8 @@ def weights_sha256(repo_id: str, revision: str | None, *,
 
 def check_revisions(repo_id: str, revisions: Sequence[str], refs: Refs | None = None, *,
                     retry: Retrier | None = None) -> None:
-    """Raise unless every name in `revisions` is a branch or tag of `repo_id` or a commit id.
-
-    Raises
-    ------
-    ValueError
-        Naming each unknown revision, its closest existing names, and the names that exist.
-    """
+    """``ValueError`` (naming each unknown name, its closest and the names that exist) unless
+    every name in `revisions` is a branch or tag of `repo_id` or a commit id."""
     if all(COMMIT.fullmatch(str(r)) for r in revisions):
         return
     refs = list_refs(repo_id, retry=retry) if refs is None else refs

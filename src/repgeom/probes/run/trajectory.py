@@ -25,7 +25,7 @@ uninterrupted run writes. The table and ``skipped.json`` are fsynced before they
 into place.
 
 A step that cannot be probed is skipped, and the trajectory goes on: a revision without weights
-or not on the hub (`repgeom.models.hub.downloads.RevisionUnavailable`), or whose weights fail to
+or not on the hub (`repgeom.models.hub.calls.RevisionUnavailable`), or whose weights fail to
 load. It is named in the console, in ``probes/skipped.json`` (revision, step and reason, which
 ``probe_info.json`` and the summary repeat), and a rerun leaves it out unless
 ``retry_skipped=true``. A hub that does not answer within the retry budget, or refuses (HTTP
@@ -51,15 +51,9 @@ import pandas as pd
 import torch
 
 from repgeom.console import first_line
-from repgeom.models.hub.calls import RETRY_BUDGET_S, not_the_revisions_fault
-from repgeom.models.hub.downloads import (
-    Prefetch,
-    RevisionFiles,
-    RevisionUnavailable,
-    clear_leftovers,
-    fetch_revision,
-    release,
-)
+from repgeom.models.hub.calls import RETRY_BUDGET_S, RevisionUnavailable, not_the_revisions_fault
+from repgeom.models.hub.download_folders import RevisionFiles, clear_leftovers, release
+from repgeom.models.hub.downloads import Prefetch, fetch_revision
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.pairwise import similarity
 from repgeom.probes.core.prediction import tokens
@@ -194,7 +188,7 @@ class Trajectory:
         """Delete the downloads a killed run of this output folder left, but the revisions
         still to probe (their partial files resume) and those a run with ``keep_weights=true``
         downloaded (their marker says so). Only folders repgeom made and marked for this run are
-        candidates (`repgeom.models.hub.downloads.clear_leftovers`): a user's files in
+        candidates (`repgeom.models.hub.download_folders.clear_leftovers`): a user's files in
         ``work_dir``, and other jobs' downloads there, are never touched."""
         work = self.work_dir or self.output_dir / WORK_DIR
         keep = [(getattr(s.subjects[0], "name", ""), getattr(s.subjects[0], "revision", None))
