@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -471,6 +472,41 @@ def test_a_link_that_drops_every_transfer_before_a_chunk_ends_still_finishes(rep
     assert _sha256(files.path / "model.safetensors") == _sha256(
         repo["step20"] / "model.safetensors")
     release(files)
+
+
+def test_a_full_disk_under_a_cuts_bytes_is_named_not_retried(repo, use, tmp_path,
+                                                             monkeypatch) -> None:
+    """The write of what arrived before a cut meets a full disk: ENOSPC, named at once, not the
+    cut retried until the budget is spent ("the hub did not answer")."""
+    _disk_fills(monkeypatch, "safetensors.incomplete", after_bytes=100_000)
+    cut = Fault(on="file", filename="model.safetensors", cut_after=150_000, times=float("inf"))
+    with use(FakeHub(REPO, repo, faults=[cut])) as hub:
+        with pytest.raises(OSError) as raised:
+            _fetch("step10", tmp_path / "work", retry_budget_s=1.0)
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC and "work_dir=" in str(raised.value)
+    assert sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors") == 1
+
+
+def test_a_proxy_that_ignores_range_and_cuts_later_each_time_is_no_progress(repo, use,
+                                                                            tmp_path) -> None:
+    """A proxy that ignores ``Range`` and cuts each whole transfer a little later (a time limit
+    on a varying link) throws away what was kept at every try: no try is progress, so the
+    back-off grows and the budget ends it, as for a cut at the same byte (the review of the
+    byte-exact cuts counted 82 whole transfers in a 3 s budget)."""
+    count = itertools.count()
+
+    def hook(request):
+        if request.kind == "file" and request.filename == "model.safetensors":
+            return Fault(on="file", cut_after=100_000 + 100 * next(count))
+        return None
+
+    with use(FakeHub(REPO, repo, hook=hook, ignore_range=True)) as hub:
+        finished, error, _ = _in_thread(lambda: _fetch(
+            "step20", tmp_path / "work", retry_budget_s=1.0, first_wait_s=0.05), 40)
+    tries = sum(1 for r, _, _ in hub.served if r.filename == "model.safetensors")
+    assert finished and isinstance(error, DownloadError), error
+    assert tries <= 7  # waits of at least 0.025 * 2**k s fit 1 s 5 times
 
 
 def test_the_budget_bounds_the_tries_and_the_partial_file_is_kept(repo, use, tmp_path) -> None:
@@ -1305,29 +1341,32 @@ def test_probe_py_with_a_hub_tokenizer_ends_by_itself_when_the_hub_never_answers
 
 @pytest.mark.parametrize("answered_from", [0, 50_000])
 def test_a_206_from_another_byte_than_asked_is_never_appended(answered_from, repo, use,
-                                                              tmp_path) -> None:
+                                                              tmp_path, monkeypatch) -> None:
     """A proxy answers ``Range: bytes=100000-`` with a 206 from another byte (its
     ``Content-Range`` says so). From byte 0 it is the whole file, which replaces the partial one;
     from any other byte the try fails, no progress, and the file is asked for whole. The file
-    here has no hash nor size to check it by (proved by its commit alone). Before: the bytes
-    were appended, and the wrong file (100000 bytes longer, or 50000) was accepted."""
+    here has no hash nor size to check it by (proved by its commit alone), so a cut keeps the
+    whole chunks that arrived (`CHUNK`), not every byte. Before: the bytes were appended, and
+    the wrong file (100000 bytes longer, or 50000) was accepted."""
     from repgeom.models.hub.transfer import HubFile, Transfer, download_file
 
     cut = Fault(on="file", filename="model.safetensors", cut_after=100_000)
     said: list[str] = []
     dest = tmp_path / "dest"
     dest.mkdir()
+    kept = 100_000 // CHUNK * CHUNK
     with use(FakeHub(REPO, repo, faults=[cut], wrong_range_start=answered_from)) as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
         download_file(f"{hub.url}/{REPO}/resolve/step10/model.safetensors",
                       HubFile("model.safetensors", size=None, sha256=None), dest, "commit",
                       Retrier(first_wait_s=0.01, say=said.append), Transfer(), "step10")
     assert _sha256(dest / "model.safetensors") == _sha256(repo["step10"] / "model.safetensors")
     starts = [r.range_start for r, _, _ in hub.served if r.filename == "model.safetensors"]
     if answered_from:
-        assert starts == [0, 100_000, 0]  # the cut, the wrong 206, the whole
+        assert starts == [0, kept, 0]  # the cut, the wrong 206, the whole
         assert "asking for the whole file" in said[-1]
     else:
-        assert starts == [0, 100_000]  # the whole file came as the 206
+        assert starts == [0, kept]  # the whole file came as the 206
 
 
 def test_a_proxy_with_another_range_that_cuts_at_the_same_byte_ends_within_the_budget(

@@ -125,12 +125,11 @@ def connect_timeout_s() -> float:
 
 @functools.cache
 def _httpx():
-    """The httpx that huggingface_hub uses: httpx2 in its 2.x, httpx in 1.x."""
-    try:
-        import httpx2 as httpx
-    except ImportError:  # pragma: no cover - huggingface_hub 1.x
-        import httpx
-    return httpx
+    """The httpx that huggingface_hub imported (httpx2 in its 2.x, httpx in 1.x), not any that
+    is installed: a downgrade leaves httpx2 behind."""
+    from huggingface_hub.utils import _http
+
+    return getattr(_http, "httpx2", None) or _http.httpx
 
 
 def timeout():
@@ -146,7 +145,7 @@ class _Attempt(threading.local):
     asked: frozenset = frozenset()  # (method, URL) of each request of this try
     last: BaseException | None = None  # the error `_judge_response` last ended a call with
     keep_cut: bool = False  # a body cut short hands on what arrived (`_cut_kept`)
-    cut: BaseException | None = None  # the error that cut it (`cut_short`)
+    cuts: list | tuple = ()  # the errors that cut this try's bodies (`cut_short`)
 
 
 _attempt = _Attempt()
@@ -193,8 +192,8 @@ def _judge_response(response) -> None:
             _attempt.last = error  # what a retry of the library's names (`_bound_request`)
             raise
     if _attempt.keep_cut and status in (200, 206) and response.headers.get(
-            "Content-Encoding", "identity") == "identity":
-        response.stream = _cut_kept()(response.stream)
+            "Content-Encoding", "identity").lower() == "identity":
+        response.stream = _cut_kept()(response.stream, _attempt.cuts)
     asked = response.request.headers.get("Range", "")
     if status == 206 and asked.startswith("bytes=") and asked.endswith("-"):
         start = first_byte(response)
@@ -215,14 +214,14 @@ def _cut_kept() -> type:
     The try still fails with the cut (`cut_short`), once the bytes are written."""
 
     class _CutKept(_httpx().SyncByteStream):
-        def __init__(self, stream) -> None:
-            self.stream = stream
+        def __init__(self, stream, cuts: list) -> None:
+            self.stream, self.cuts = stream, cuts  # its own try's, whenever it is read
 
         def __iter__(self):
             try:
                 yield from self.stream
             except _network_errors() as error:
-                _attempt.cut = error
+                self.cuts.append(error)
 
         def close(self) -> None:
             self.stream.close()
@@ -232,7 +231,7 @@ def _cut_kept() -> type:
 
 def cut_short() -> BaseException | None:
     """The error that cut a body short in this try (`Retrier.attempt` with ``keep_cut``)."""
-    return _attempt.cut
+    return _attempt.cuts[-1] if _attempt.cuts else None
 
 
 def first_byte(response) -> int | None:
@@ -429,7 +428,7 @@ class Retrier:
         state = vars(_attempt)  # this thread's; a field not set reads `_Attempt`'s default
         outer = dict(state)
         state.clear()
-        state.update(retrier=self, what=what, keep_cut=keep_cut)
+        state.update(retrier=self, what=what, keep_cut=keep_cut, cuts=[])
         try:
             yield self
         finally:

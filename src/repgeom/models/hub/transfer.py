@@ -103,6 +103,7 @@ class _Kept:
         self.handle, self.path, self.limit = handle, path, limit
         self.retrier, self.transfer = retrier, transfer
         self.digest, self.size = _hash_prefix(path, handle.tell())
+        self.restarted = False
 
     def write(self, chunk: bytes) -> int:
         self.retrier.check_abort()
@@ -124,6 +125,7 @@ class _Kept:
     def truncate(self, size: int | None = None) -> int:
         """The server ignored ``Range``: ``http_get`` starts the file again."""
         kept = self.handle.truncate(size)
+        self.restarted = True  # the bytes kept before are thrown away: no try of this is progress
         self.handle.flush()
         self.digest, self.size = _hash_prefix(self.path, kept)
         return kept
@@ -149,18 +151,22 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
             part.unlink(missing_ok=True)  # asked for whole: replaced by what comes
             have = 0
         started = time.monotonic()
+        kept = None
         try:
-            with retrier.attempt(what, keep_cut=True), open(part, "r+b" if have else "w+b") \
-                    as handle:
+            # a cut keeps what arrived only where the listed size says when all did (a request
+            # from the end is refused: 416); bodies unencoded, so that what arrives is the file's
+            with retrier.attempt(what, keep_cut=file.size is not None), \
+                    open(part, "r+b" if have else "w+b") as handle:
                 handle.seek(0, os.SEEK_END)
                 kept = _Kept(handle, part, file.size, retrier, transfer)
                 try:
                     if file.size is None or have < file.size:
-                        http_get(url, kept, resume_size=have, headers=build_hf_headers(),
-                                 expected_size=file.size, displayed_filename=file.name)
+                        http_get(url, kept, resume_size=have, expected_size=file.size,
+                                 headers={**build_hf_headers(), "Accept-Encoding": "identity"},
+                                 displayed_filename=file.name)
                 except Exception as error:  # a cut's short body fails its size check
-                    if cut_short() is None or isinstance(error, Aborted):
-                        raise
+                    if cut_short() is None or not (type(error) is OSError and error.errno is None):
+                        raise  # only http_get's size check is the cut's doing (ENOSPC is not)
                 if cut_short() is not None:  # what arrived before it is written: the cut
                     raise cut_short()  # itself ends the try
                 digest = kept.digest.hexdigest()
@@ -193,7 +199,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
             retrier.failed(error, what, seconds=time.monotonic() - started,
-                           progressed=kept_before < size <= (file.size or size))
+                           progressed=kept_before < size <= (file.size or size)
+                           and not (kept is not None and kept.restarted))
 
 
 def resolve_url(repo: str, revision: str, name: str) -> str:
