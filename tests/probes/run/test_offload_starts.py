@@ -4,6 +4,7 @@ writes are swept (`repgeom.probes.run.offload.starts`; found in review of issue 
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -47,6 +48,30 @@ def test_a_superseded_start_writes_no_snapshot_even_where_the_slot_is_empty(tmp_
         newer.close(final_step=None, stopped=True)
     assert _marker(folder, 10) is None and _marker(folder, 20) is None
     assert [p.name for p in folder.iterdir() if p.name.startswith(".step")] == []
+
+
+def test_a_listing_that_fails_once_on_nfs_still_fences_a_superseded_start(tmp_path,
+                                                                           monkeypatch) -> None:
+    """NFS answers a listing of the starts with ESTALE once (a handle gone stale): it is listed
+    again, and the older start still sees the newer one. Before: the failure read as "no start",
+    and the fence let the superseded start write."""
+    folder = snapshots.snapshot_dir(tmp_path)
+    older, newer = _start(tmp_path), _start(tmp_path)
+    real, failures = Path.iterdir, [errno.ESTALE]
+
+    def stale_once(path: Path):
+        if path.name == starts.STARTS and failures:
+            raise OSError(failures.pop(), os.strerror(errno.ESTALE), str(path))
+        return real(path)
+
+    try:
+        monkeypatch.setattr(Path, "iterdir", stale_once)
+        assert not older.is_current() and failures == []
+        monkeypatch.setattr(Path, "iterdir", real)
+    finally:
+        older.close(final_step=None, stopped=True)
+        newer.close(final_step=None, stopped=True)
+    assert starts.newest(folder) == newer.number
 
 
 def test_a_marker_read_while_the_worker_moves_it_never_costs_the_newer_starts_snapshot(
