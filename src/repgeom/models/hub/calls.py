@@ -17,7 +17,7 @@ act on that try's requests alone: `_bound_request` bounds each by `timeout()` (t
 session, and ``list_repo_refs``, give none: a silent server was waited for for ever) and ends the
 try when the library asks again on its own (its retries are silent and outside any budget);
 `_judge_response` ends the call at a 429, 408 or 5xx, judges a resumed 206, and keeps what
-arrived of a body that a cut ends (`cut_short`).
+arrived of a body that a cut ends (`_cut_kept`).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class _Attempt(threading.local):
     asked: frozenset = frozenset()  # (method, URL) of each request of this try
     last: BaseException | None = None  # the error `_judge_response` last ended a call with
     keep_cut: bool = False  # a body cut short hands on what arrived (`_cut_kept`)
-    cuts: list | tuple = ()  # the errors that cut this try's bodies (`cut_short`)
+    cuts: list | tuple = ()  # the errors that cut this try's bodies (`_cut_kept`)
 
 
 _attempt = _Attempt()
@@ -211,7 +211,7 @@ def _cut_kept() -> type:
     """A body that ends where a timeout or a dropped connection cuts it, handing on what
     arrived: ``http_get`` reads chunks of ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) and lost the
     part in flight, so a link that dropped every transfer before 10 MiB never finished a file.
-    The try still fails with the cut (`cut_short`), once the bytes are written."""
+    The cut is kept on the try's list (`Retrier.attempt`), to name the short body's failure."""
 
     class _CutKept(_httpx().SyncByteStream):
         def __init__(self, stream, cuts: list) -> None:
@@ -227,11 +227,6 @@ def _cut_kept() -> type:
             self.stream.close()
 
     return _CutKept
-
-
-def cut_short() -> BaseException | None:
-    """The error that cut a body short in this try (`Retrier.attempt` with ``keep_cut``)."""
-    return _attempt.cuts[-1] if _attempt.cuts else None
 
 
 def first_byte(response) -> int | None:
@@ -423,14 +418,15 @@ class Retrier:
     def attempt(self, what: str, *, keep_cut: bool = False):
         """One try of `what` on this thread: huggingface_hub's calls in it are bounded, and its
         own retries end the try, for this retrier to decide (`watch_session`); with `keep_cut`,
-        a body cut short hands on what arrived (`cut_short` names the cut)."""
+        a body cut short hands on what arrived, and the errors that cut it are the list this
+        yields."""
         watch_session()
         state = vars(_attempt)  # this thread's; a field not set reads `_Attempt`'s default
         outer = dict(state)
         state.clear()
         state.update(retrier=self, what=what, keep_cut=keep_cut, cuts=[])
         try:
-            yield self
+            yield state["cuts"]
         finally:
             state.clear()
             state.update(outer)

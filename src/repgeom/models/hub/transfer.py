@@ -11,7 +11,7 @@ partial file of ours, ``<name>.incomplete``. What the library lacks, and this mo
 - **One retry budget.** ``http_get`` resumes after a cut on its own, for ever while bytes
   arrive; its second request ends the try (`repgeom.models.hub.calls.LibraryRetry`) and the
   revision's `Retrier` decides.
-- **A cut keeps every byte that arrived** (`repgeom.models.hub.calls.cut_short`: ``http_get``
+- **A cut keeps every byte that arrived** (`repgeom.models.hub.calls._cut_kept`: ``http_get``
   loses the part of its 10 MiB chunk in flight). A kill -9 still loses up to 10 MiB.
 - **Progress counted as kept bytes**: a try is progress only when the partial file kept more
   than before it; bytes thrown away (a hash mismatch, a server that ignores ``Range``, more
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from repgeom.files import fsync_dir, fsync_file, read_json
-from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier, cut_short
+from repgeom.models.hub.calls import Aborted, LibraryRetry, RangeMismatch, Retrier
 from repgeom.models.hub.download_folders import PARTIAL, PROOFS, record_proof
 
 CHUNK = 1 << 20
@@ -151,24 +151,18 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
             part.unlink(missing_ok=True)  # asked for whole: replaced by what comes
             have = 0
         started = time.monotonic()
-        kept = None
+        kept, cuts = None, []
         try:
             # a cut keeps what arrived only where the listed size says when all did (a request
             # from the end is refused: 416); bodies unencoded, so that what arrives is the file's
-            with retrier.attempt(what, keep_cut=file.size is not None), \
+            with retrier.attempt(what, keep_cut=file.size is not None) as cuts, \
                     open(part, "r+b" if have else "w+b") as handle:
                 handle.seek(0, os.SEEK_END)
                 kept = _Kept(handle, part, file.size, retrier, transfer)
-                try:
-                    if file.size is None or have < file.size:
-                        http_get(url, kept, resume_size=have, expected_size=file.size,
-                                 headers={**build_hf_headers(), "Accept-Encoding": "identity"},
-                                 displayed_filename=file.name)
-                except Exception as error:  # a cut's short body fails its size check
-                    if cut_short() is None or not (type(error) is OSError and error.errno is None):
-                        raise  # only http_get's size check is the cut's doing (ENOSPC is not)
-                if cut_short() is not None:  # what arrived before it is written: the cut
-                    raise cut_short()  # itself ends the try
+                if file.size is None or have < file.size:
+                    http_get(url, kept, resume_size=have, expected_size=file.size,
+                             headers={**build_hf_headers(), "Accept-Encoding": "identity"},
+                             displayed_filename=file.name)
                 digest = kept.digest.hexdigest()
             if file.sha256 is not None and digest != file.sha256:
                 part.unlink()
@@ -192,9 +186,11 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
                 error = error.__cause__ or error.__context__ or error
             size = _size(part)
             if type(error) is OSError and error.errno is None and size != file.size:
-                # http_get's "Consistency check failed": a body that ended early but cleanly
-                # (a proxy's close-delimited or chunked answer, cut): resumed, as any cut
-                error = ConnectionError(f"{file.name}: {size} of {file.size} bytes arrived")
+                # http_get's "Consistency check failed": a body that ended early, at a cut whose
+                # bytes were kept (`cuts`, named in the wait) or cleanly (a proxy's
+                # close-delimited or chunked answer, cut): resumed, as any cut
+                error = cuts[-1] if cuts else ConnectionError(
+                    f"{file.name}: {size} of {file.size} bytes arrived")
             if file.size is not None and size > file.size:  # thrown away: not progress
                 part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
