@@ -253,7 +253,8 @@ def check_names(revisions: Sequence[str], names: Sequence[str], source: str,
         Naming each unknown revision, its closest existing names, and the names that exist.
     """
     names = list(names)
-    missing = [r for r in revisions if not COMMIT.fullmatch(str(r)) and r not in set(names)]
+    known = set(names)
+    missing = [r for r in revisions if not COMMIT.fullmatch(str(r)) and r not in known]
     if not missing:
         return
     hints = "; ".join(f"{r!r} (closest: {', '.join(_closest(r, names)) or 'none'})"
