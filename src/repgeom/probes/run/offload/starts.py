@@ -20,7 +20,7 @@ from repgeom.probes.run.offload.layout import (
     remove_snapshot,
     start_number,
 )
-from repgeom.probes.run.offload.lease import start_gone
+from repgeom.probes.run.offload.lease import LEASE_READ_GAP_S, LEASE_READS, start_gone
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +34,21 @@ def _number(path: Path) -> int | None:
     return int(stem) if stem.isascii() and stem.isdigit() else None
 
 
-LIST_TRIES = 4
-"""Listings of the starts tried before a failure other than a missing folder (NFS's ESTALE, an
-EIO) reads as "no start" (waits of 0.1, 0.2, 0.4 s): it lets the fence pass a superseded start."""
-
-
 def newest(folder: Path) -> int:
-    """The largest start number claimed in `folder` (-1 when none, or none could be listed)."""
-    for tried in range(1, LIST_TRIES + 1):
+    """The largest start number claimed in `folder` (-1 when none). A listing that fails other
+    than for a missing folder (NFS's ESTALE, an EIO) is read again as the lease is
+    (`LEASE_READS`) before it reads as "no start", which lets the fence pass a superseded start."""
+    for attempt in range(LEASE_READS):
+        if attempt:
+            time.sleep(LEASE_READ_GAP_S)
         try:
             names = list((folder / STARTS).iterdir())
-            break
         except FileNotFoundError:
             return -1
         except OSError:
-            if tried == LIST_TRIES:
-                return -1
-            time.sleep(0.05 * 2**tried)
-    return max((n for n in map(_number, names) if n is not None), default=-1)
+            continue
+        return max((n for n in map(_number, names) if n is not None), default=-1)
+    return -1
 
 
 def claim(folder: Path) -> int:
