@@ -736,23 +736,6 @@ def test_a_local_folder_is_hashed(tmp_path) -> None:
 # Ctrl-C
 
 
-def test_the_wait_for_a_fetch_hands_on_its_result_or_its_own_timeout_error() -> None:
-    """`Prefetch.result` waits in slices; a fetch that raises TimeoutError (a socket timeout
-    is one) is its answer, not a slice ending: it is raised, not waited for again."""
-    def slow() -> str:
-        time.sleep(0.6)  # several slices of 0.25 s
-        return "files"
-
-    def timed_out() -> None:
-        raise TimeoutError("read timed out")
-
-    with downloads.Prefetch() as pool:
-        assert downloads.Prefetch.result(pool.submit(slow)) == "files"
-        failing = pool.submit(timed_out)
-        with pytest.raises(TimeoutError, match="read timed out"):
-            downloads.Prefetch.result(failing)
-
-
 @pytest.mark.slow  # a subprocess
 @pytest.mark.parametrize("delivered_to", ["process", "download thread"])
 def test_ctrl_c_during_a_download_exits_without_waiting_for_it(delivered_to, repo,

@@ -22,7 +22,7 @@ timeouts and dropped connections back off, each wait said on stderr; a broken do
 - 401/403: `HubAccessError`, fatal, naming ``HF_TOKEN``, ``hf auth login`` and the licence page;
 - a full disk or quota (before the download, from the hub's sizes, or during it): ``OSError``
   with its errno, naming the folder and ``work_dir=``;
-- Ctrl-C: `Prefetch` sets the download's abort flag and exits at once.
+- Ctrl-C: the caller sets `abort`; the download stops between two chunks.
 
 `RevisionFiles.weights` gives each weights file's sha256 (the hub's LFS sha256, or the content's
 hash for a cached or local file), so that revisions serving the same weights are told apart from
@@ -33,13 +33,11 @@ from __future__ import annotations
 
 import errno
 import os
-import queue
 import re
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import IO, Any
 
@@ -336,51 +334,3 @@ def _download(repo: str, commit: str, info: Any, files: dict[str, HubFile], dest
     hashes = weights_lfs_sha256(info, weights)
     hashes.update({n: files[n].sha256 or sha256_of(dest / n) for n in weights.files})
     return hashes
-
-
-class Prefetch:
-    """Run fetches in order on one daemon thread: leaving the ``with`` block on an exception
-    sets `abort` and waits for nothing, so Ctrl-C exits at once (``ThreadPoolExecutor`` joins
-    its threads at exit: Ctrl-C waited minutes for the download in flight)."""
-
-    def __init__(self) -> None:
-        self.abort = threading.Event()
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="prefetch", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        future: Future = Future()
-        self._queue.put((future, fn, args))
-        return future
-
-    @staticmethod
-    def result(future: Future, poll_s: float = 0.25) -> Any:
-        """`future`'s result, waited for in slices of `poll_s` seconds: SIGINT may land on
-        the download thread, and an untimed wait never ran the main thread's handler."""
-        while not future.done():  # not result(timeout=): the fetch's own TimeoutError is
-            wait([future], timeout=poll_s)  # the same class, and would be waited for again
-        return future.result()
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                if self.abort.is_set():
-                    raise Aborted("stopped: the run was interrupted")
-                future.set_result(fn(*args))
-            except BaseException as error:  # noqa: BLE001 - handed to whoever waits for it
-                future.set_exception(error)
-
-    def close(self, *, abort: bool = False) -> None:
-        if abort:
-            self.abort.set()
-        self._queue.put(None)
-
-    def __enter__(self) -> Prefetch:
-        return self
-
-    def __exit__(self, kind: type | None, *exc: object) -> None:
-        self.close(abort=kind is not None)

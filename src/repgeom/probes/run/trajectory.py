@@ -53,13 +53,14 @@ import torch
 from repgeom.console import first_line
 from repgeom.models.hub.calls import RETRY_BUDGET_S, RevisionUnavailable, not_the_revisions_fault
 from repgeom.models.hub.download_folders import RevisionFiles, clear_leftovers, release
-from repgeom.models.hub.downloads import Prefetch, fetch_revision
+from repgeom.models.hub.downloads import fetch_revision
 from repgeom.probes.core import catalogue, table
 from repgeom.probes.core.pairwise import similarity
 from repgeom.probes.core.prediction import tokens
 from repgeom.probes.core.spec import ProbeRequest
 from repgeom.probes.report import sink
 from repgeom.probes.run import copies, costs, resume
+from repgeom.probes.run.prefetch import Prefetch
 
 WORK_DIR = "work"
 """Downloaded revisions inside the output folder (unless ``work_dir=``)."""
