@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from repgeom.probes.run.offload import layout, snapshots, starts
@@ -202,3 +203,28 @@ def test_a_start_killed_by_sigkill_mid_write_is_swept_and_a_live_one_is_not(tmp_
         for p in procs:
             p.kill()
             p.wait(60)
+
+
+def test_a_start_whose_starts_cannot_be_listed_raises_instead_of_counting_from_0(
+        tmp_path, monkeypatch) -> None:
+    """A listing of the starts that keeps failing (EIO) makes `claim` raise: counted from 0, its
+    ``O_EXCL`` loop stops at the first free number, below the newest start's, and the newer
+    start's snapshots would lose to it. One failure is read again and claims the next number."""
+    folder = snapshots.snapshot_dir(tmp_path)
+    for _ in range(3):
+        starts.claim(folder)
+    (folder / starts.STARTS / f"{1:09d}{starts.SUFFIX}").unlink()  # a gap below the newest
+    real, failures = Path.iterdir, [errno.EIO] * starts.LEASE_READS
+
+    def failing(path: Path):
+        if path.name == starts.STARTS and failures:
+            raise OSError(failures.pop(), os.strerror(errno.EIO), str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "iterdir", failing)
+    with pytest.raises(OSError) as raised:
+        starts.claim(folder)
+    assert raised.value.errno == errno.EIO and failures == []
+    assert starts.newest(folder) == 2  # listed again now: nothing was claimed
+    failures.append(errno.EIO)
+    assert starts.claim(folder) == 3 and failures == []
