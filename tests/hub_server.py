@@ -14,9 +14,10 @@ siblings carry `lfs: {sha256, size}` for weights files when asked (`?blobs=true`
 What the real hub does, on demand (each tested through `fetch_revision` or `list_refs`):
 
 - `faults`: a list of `Fault` (an HTTP status such as 429 with a `Retry-After`, or 500, or a
-  connection cut after some bytes of a file), each served to the first `times` requests it
-  matches; `add_fault` adds one while the server runs, `hook(request)` may return one for any
-  `Request` (served to that request only: a benchmark's faults at random moments);
+  connection cut after some bytes of a file, or after all of them), each served to the first
+  `times` requests it matches; `add_fault` adds one while the server runs, `hook(request)` may
+  return one for any `Request` (served to that request only: a benchmark's faults at random
+  moments);
 - `gated`: every file answers 401 (403 with a token), `X-Error-Code: GatedRepo`;
 - `broken` (kept from before): the first file downloads of a revision fail with HTTP 500;
 - `bytes_per_second`: a slow network;
@@ -76,6 +77,8 @@ class Fault:
     status : answer this HTTP status instead (429, 500, 503 ...); retry_after : the
     ``Retry-After`` header sent with it (seconds, or an HTTP date); cut_after : for a file, send
     the headers of the whole answer, then only this many bytes, then close the connection;
+    unterminated : for a file, send the whole body chunked (no ``Content-Length``), then close
+    the connection without the last, empty chunk: every byte arrives, then the connection fails;
     revision, filename : only requests for this revision / files matching this glob (None: any).
     """
 
@@ -83,6 +86,7 @@ class Fault:
     status: int | None = None
     retry_after: str | None = None
     cut_after: int | None = None
+    unterminated: bool = False
     times: float = 1
     revision: str | None = None
     filename: str | None = None
@@ -290,6 +294,7 @@ class FakeHub:
                 `_file`); True when answered."""
                 fault = hub._fault_for(request)
                 self._cut = fault.cut_after if fault is not None else None
+                self._unterminated = fault is not None and fault.unterminated
                 if fault is None or fault.status is None:
                     return False
                 headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
@@ -333,10 +338,19 @@ class FakeHub:
                     self.send_header("Content-Range",
                                      f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header("Content-Length", str(len(body)))
+                if send_body and self._unterminated:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(body)))
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
-                if send_body:
+                if send_body and self._unterminated:  # one chunk, never the empty last one
+                    self.wfile.write(b"%x\r\n" % len(body))
+                    self._send_throttled(body)
+                    self.wfile.write(b"\r\n")
+                    self.wfile.flush()
+                    self.close_connection = True
+                elif send_body:
                     cut = self._cut
                     self._send_throttled(body if cut is None else body[:cut])
                     if cut is not None:  # the connection drops before the whole body is sent

@@ -474,6 +474,39 @@ def test_a_link_that_drops_every_transfer_before_a_chunk_ends_still_finishes(rep
     release(files)
 
 
+def test_a_cut_after_the_last_byte_of_a_file_of_known_size_keeps_it_on_the_first_try(
+        repo, use, tmp_path, monkeypatch) -> None:
+    """Every byte of the file arrives, then the connection fails before the answer ends (a
+    chunked body whose last, empty chunk never comes): the cut is kept (`_cut_kept`), the bytes
+    are the listed size and their sha256 the hub's, so the file is proved and kept on the first
+    try: one GET, no wait, no ``.incomplete`` left. Not a cut short body to resume (there is no
+    byte left to ask for), nor a library retry of a request from the end."""
+    cuts: list[list] = []  # each try's cuts: the fault must really end the body with an error
+    attempt = Retrier.attempt
+
+    @contextlib.contextmanager
+    def watched(self, what, **options):
+        with attempt(self, what, **options) as cut:
+            cuts.append(cut)
+            yield cut
+
+    monkeypatch.setattr(Retrier, "attempt", watched)
+    said: list[str] = []
+    cut = Fault(on="file", filename="model.safetensors", unterminated=True)
+    with use(FakeHub(REPO, repo, faults=[cut])) as hub:
+        files = _fetch("step30", tmp_path / "work", say=said.append)
+    served = [(r.range_start, status, n) for r, status, n in hub.served
+              if r.filename == "model.safetensors"]
+    assert served == [(0, 200, WEIGHTS_BYTES)]  # the whole file, once
+    errors = [error for try_cuts in cuts for error in try_cuts]
+    assert [type(e).__name__ for e in errors] == ["RemoteProtocolError"], errors  # httpx's
+    assert said == []
+    assert _sha256(files.path / "model.safetensors") == _sha256(
+        repo["step30"] / "model.safetensors")
+    assert not list(files.path.glob("*.incomplete"))
+    release(files)
+
+
 def test_a_full_disk_under_a_cuts_bytes_is_named_not_retried(repo, use, tmp_path,
                                                              monkeypatch) -> None:
     """The write of what arrived before a cut meets a full disk: ENOSPC, named at once, not the
