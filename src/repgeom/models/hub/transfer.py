@@ -96,14 +96,22 @@ def _size(path: Path) -> int:
 
 
 class _Kept:
-    """The partial file as ``http_get`` writes it: hashed and counted, the abort checked."""
+    """The partial file, open at its end, as ``http_get`` writes it: hashed and counted, the
+    abort checked."""
 
-    def __init__(self, handle: Any, path: Path, limit: int | None, retrier: Retrier,
+    def __init__(self, path: Path, limit: int | None, retrier: Retrier,
                  transfer: Transfer) -> None:
-        self.handle, self.path, self.limit = handle, path, limit
-        self.retrier, self.transfer = retrier, transfer
-        self.digest, self.size = _hash_prefix(path, handle.tell())
+        self.handle = open(path, "r+b" if _size(path) else "w+b")  # noqa: SIM115 - `__exit__`
+        self.handle.seek(0, os.SEEK_END)
+        self.path, self.limit, self.retrier, self.transfer = path, limit, retrier, transfer
+        self.digest, self.size = _hash_prefix(path, self.handle.tell())
         self.restarted = False
+
+    def __enter__(self) -> _Kept:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
 
     def write(self, chunk: bytes) -> int:
         self.retrier.check_abort()
@@ -134,9 +142,6 @@ class _Kept:
 def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Retrier,
                   transfer: Transfer, what: str) -> None:
     """`file` into `dest`, resuming ``<name>.incomplete``, proved before it takes its name."""
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
-
     final, part = dest / file.name, dest / (file.name + PARTIAL)
     proof = file.proof(commit)
     if (final.is_file() and (read_json(dest / PROOFS) or {}).get(file.name) == proof
@@ -146,32 +151,18 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
     ranges = True  # False once the server answered a Range from another byte: whole files
     while True:
         retrier.check_abort()
-        have = kept_before = _size(part)  # progress is measured against what was kept
-        if (file.size is not None and have > file.size) or not ranges:
+        kept_before = _size(part)  # progress is measured against what was kept
+        if (file.size is not None and kept_before > file.size) or not ranges:
             part.unlink(missing_ok=True)  # asked for whole: replaced by what comes
-            have = 0
         started = time.monotonic()
         kept, cuts = None, []
         try:
             # a cut keeps what arrived only where the listed size says when all did (a request
-            # from the end is refused: 416); bodies unencoded, so that what arrives is the file's
-            with retrier.attempt(what, keep_cut=file.size is not None) as cuts, \
-                    open(part, "r+b" if have else "w+b") as handle:
-                handle.seek(0, os.SEEK_END)
-                kept = _Kept(handle, part, file.size, retrier, transfer)
-                if file.size is None or have < file.size:
-                    http_get(url, kept, resume_size=have, expected_size=file.size,
-                             headers={**build_hf_headers(), "Accept-Encoding": "identity"},
-                             displayed_filename=file.name)
-                digest = kept.digest.hexdigest()
-            if file.sha256 is not None and digest != file.sha256:
-                part.unlink()
-                raise ConnectionError(f"{file.name}: the sha256 of the bytes received is not "
-                                      "the hub's; downloading it again")
-            if file.sha256 is None and file.blob_id and _git_blob_id(part) != file.blob_id:
-                part.unlink()
-                raise ConnectionError(f"{file.name}: the git blob id of the bytes received is "
-                                      "not the hub's; downloading it again")
+            # from the end is refused: 416)
+            kept = _Kept(part, file.size, retrier, transfer)
+            with retrier.attempt(what, keep_cut=file.size is not None) as cuts, kept:
+                _get(url, file, kept)
+            _check(part, kept.digest.hexdigest(), file)
             fsync_file(part)  # its bytes on the disk before a proof names them
             record_proof(dest, file.name, proof)  # first: a kill between the two loses nothing
             os.replace(part, final)  # not atomic_write: a partial file is resumed (Range)
@@ -180,23 +171,54 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         except Aborted:
             raise
         except Exception as error:  # noqa: BLE001 - sorted by the retrier
-            if isinstance(error, RangeMismatch):
-                ranges = False
-            if isinstance(error, LibraryRetry):  # what broke the transfer off, said in the wait
-                error = error.__cause__ or error.__context__ or error
+            ranges = ranges and not isinstance(error, RangeMismatch)
             size = _size(part)
-            if type(error) is OSError and error.errno is None and size != file.size:
-                # http_get's "Consistency check failed": a body that ended early, at a cut whose
-                # bytes were kept (`cuts`, named in the wait) or cleanly (a proxy's
-                # close-delimited or chunked answer, cut): resumed, as any cut
-                error = cuts[-1] if cuts else ConnectionError(
-                    f"{file.name}: {size} of {file.size} bytes arrived")
             if file.size is not None and size > file.size:  # thrown away: not progress
                 part.unlink()
             # progress is what the partial file keeps, not what arrived (module docstring)
-            retrier.failed(error, what, seconds=time.monotonic() - started,
+            retrier.failed(_cause(error, cuts, file, size), what,
+                           seconds=time.monotonic() - started,
                            progressed=kept_before < size <= (file.size or size)
                            and not (kept is not None and kept.restarted))
+
+
+def _get(url: str, file: HubFile, kept: _Kept) -> None:
+    """One ``http_get`` of what the partial file lacks, appended to it; bodies asked unencoded,
+    so that what arrives is the file's bytes."""
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    if file.size is None or kept.size < file.size:
+        http_get(url, kept, resume_size=kept.size, expected_size=file.size,
+                 headers={**build_hf_headers(), "Accept-Encoding": "identity"},
+                 displayed_filename=file.name)
+
+
+def _check(part: Path, digest: str, file: HubFile) -> None:
+    """The bytes received are the hub's (its LFS sha256, else its git blob id), or `part` is
+    deleted and the try fails."""
+    if file.sha256 is not None and digest != file.sha256:
+        wrong = "sha256"
+    elif file.sha256 is None and file.blob_id and _git_blob_id(part) != file.blob_id:
+        wrong = "git blob id"
+    else:
+        return
+    part.unlink()
+    raise ConnectionError(f"{file.name}: the {wrong} of the bytes received is not the hub's; "
+                          "downloading it again")
+
+
+def _cause(error: BaseException, cuts: list, file: HubFile, size: int) -> BaseException:
+    """What failed a try, as the retrier judges and says it: the library's own retry by what
+    broke the transfer off; http_get's "Consistency check failed" (a body that ended early, at a
+    cut whose bytes were kept or cleanly, as a proxy's close-delimited or chunked answer cut) by
+    the cut, so that it is resumed as any cut."""
+    if isinstance(error, LibraryRetry):
+        error = error.__cause__ or error.__context__ or error
+    if type(error) is OSError and error.errno is None and size != file.size:
+        return cuts[-1] if cuts else ConnectionError(
+            f"{file.name}: {size} of {file.size} bytes arrived")
+    return error
 
 
 def resolve_url(repo: str, revision: str, name: str) -> str:
