@@ -205,26 +205,26 @@ def test_a_start_killed_by_sigkill_mid_write_is_swept_and_a_live_one_is_not(tmp_
             p.wait(60)
 
 
-def test_a_start_whose_starts_cannot_be_listed_raises_instead_of_counting_from_0(
+def test_a_start_that_fails_before_its_claim_says_nothing_of_the_newest_start(
         tmp_path, monkeypatch) -> None:
-    """A listing of the starts that keeps failing (EIO) makes `claim` raise: counted from 0, its
-    ``O_EXCL`` loop stops at the first free number, below the newest start's, and the newer
-    start's snapshots would lose to it. One failure is read again and claims the next number."""
+    """A start whose ``start()`` raises before it has a number (a full disk at its claim) is
+    closed by Lightning's ``on_exception``: it writes no "failed" beat, which would carry the
+    newest start's number and stop the worker while that start trains on."""
+    alive = _start(tmp_path)
     folder = snapshots.snapshot_dir(tmp_path)
-    for _ in range(3):
-        starts.claim(folder)
-    (folder / starts.STARTS / f"{1:09d}{starts.SUFFIX}").unlink()  # a gap below the newest
-    real, failures = Path.iterdir, [errno.EIO] * starts.LEASE_READS
+    before = layout.read_json(folder / layout.TRAINING)
 
-    def failing(path: Path):
-        if path.name == starts.STARTS and failures:
-            raise OSError(failures.pop(), os.strerror(errno.EIO), str(path))
-        return real(path)
+    def full(_folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(Path, "iterdir", failing)
-    with pytest.raises(OSError) as raised:
-        starts.claim(folder)
-    assert raised.value.errno == errno.EIO and failures == []
-    assert starts.newest(folder) == 2  # listed again now: nothing was claimed
-    failures.append(errno.EIO)
-    assert starts.claim(folder) == 3 and failures == []
+    failed = snapshots.SnapshotWriter(tmp_path, heartbeat_s=60)
+    monkeypatch.setattr(starts, "claim", full)
+    try:
+        with pytest.raises(OSError):
+            failed.start({"wandb": None})
+        failed.close(final_step=None)
+        after = layout.read_json(folder / layout.TRAINING)
+        assert (after["state"], after["number"]) == ("running", alive.number) == (
+            before["state"], before["number"])
+    finally:
+        alive.close(final_step=None, stopped=True)

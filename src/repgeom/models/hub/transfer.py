@@ -102,10 +102,13 @@ class _Kept:
     def __init__(self, path: Path, limit: int | None, retrier: Retrier,
                  transfer: Transfer) -> None:
         self.handle = open(path, "r+b" if _size(path) else "w+b")  # noqa: SIM115 - `__exit__`
-        self.handle.seek(0, os.SEEK_END)
         self.path, self.limit, self.retrier, self.transfer = path, limit, retrier, transfer
-        self.digest, self.size = _hash_prefix(path, self.handle.tell())
         self.restarted = False
+        try:
+            self.digest, self.size = _hash_prefix(path, self.handle.seek(0, os.SEEK_END))
+        except BaseException:
+            self.handle.close()
+            raise
 
     def __enter__(self) -> _Kept:
         return self
@@ -159,8 +162,8 @@ def download_file(url: str, file: HubFile, dest: Path, commit: str, retrier: Ret
         try:
             # a cut keeps what arrived only where the listed size says when all did (a request
             # from the end is refused: 416)
-            kept = _Kept(part, file.size, retrier, transfer)
-            with retrier.attempt(what, keep_cut=file.size is not None) as cuts, kept:
+            with retrier.attempt(what, keep_cut=file.size is not None) as cuts, \
+                    _Kept(part, file.size, retrier, transfer) as kept:
                 _get(url, file, kept)
             _check(part, kept.digest.hexdigest(), file)
             fsync_file(part)  # its bytes on the disk before a proof names them

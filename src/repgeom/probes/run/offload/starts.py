@@ -34,41 +34,30 @@ def _number(path: Path) -> int | None:
     return int(stem) if stem.isascii() and stem.isdigit() else None
 
 
-def _numbers(folder: Path) -> list[int]:
-    """The start numbers claimed in `folder` (none when its ``starts/`` is missing). A listing
-    that fails otherwise (NFS's ESTALE, an EIO) is read again as the lease is (`LEASE_READS`),
-    then raised."""
+def newest(folder: Path) -> int:
+    """The largest start number claimed in `folder` (-1 when none). A listing that fails other
+    than for a missing folder (NFS's ESTALE, an EIO) is read again as the lease is
+    (`LEASE_READS`) before it reads as "no start", which lets the fence pass a superseded start."""
     for attempt in range(LEASE_READS):
         if attempt:
             time.sleep(LEASE_READ_GAP_S)
         try:
             names = list((folder / STARTS).iterdir())
         except FileNotFoundError:
-            return []
+            return -1
         except OSError:
-            if attempt == LEASE_READS - 1:
-                raise
             continue
-        return [n for n in map(_number, names) if n is not None]
-    return []
-
-
-def newest(folder: Path) -> int:
-    """The largest start number claimed in `folder` (-1 when none). A listing that keeps
-    failing (`_numbers`) reads as "no start": raising would stop a heartbeat or a final done
-    marker, and "no start" lets the fence pass a superseded start."""
-    try:
-        return max(_numbers(folder), default=-1)
-    except OSError:
-        return -1
+        return max((n for n in map(_number, names) if n is not None), default=-1)
+    return -1
 
 
 def claim(folder: Path) -> int:
-    """This start's number: larger than every earlier start's in `folder`. ``OSError`` when the
-    starts cannot be listed (`_numbers`): a number counted from 0 could be below the newest's."""
+    """This start's number: larger than every earlier start's in `folder`. Where the listing
+    fails (`newest`: -1) the ``O_EXCL`` walk from 0 still ends past the newest, as no start file
+    is ever deleted (docs/probing.md, "Overlapping starts")."""
     starts = folder / STARTS
     starts.mkdir(parents=True, exist_ok=True)
-    number = 1 + max(_numbers(folder), default=-1)
+    number = 1 + newest(folder)
     while True:
         path = starts / f"{number:09d}{SUFFIX}"
         try:
