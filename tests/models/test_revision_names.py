@@ -38,6 +38,9 @@ def test_all_reads_smollm3_stages_as_one_trajectory() -> None:
     assert [n for _, n in listing.found] == names[:3]
     assert listing.ignored == {"a later training stage than stage 2 (steps counted anew: give "
                                "them as a list)": names[3:]}
+    assert listing.stages_left_out == next(iter(listing.ignored))  # `main` is left out too
+    whole = revision_names.trajectory(names[:3], "test", "smollm3-like")
+    assert not whole.stages_left_out and not whole.ignored
 
 
 def test_all_cuts_a_stage_of_several_runs_side_by_side() -> None:

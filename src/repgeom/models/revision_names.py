@@ -14,8 +14,9 @@ carries a step number after one of the words of `STEP_NAME`:
 
 - Pythia ``step1000``, also ``step_1000``, ``step-1000``, ``checkpoint-1000``;
 - Bloom ``global_step1000``; ``ckpt_1000``; Megatron ``iter_0001000``;
-- OLMo ``step1000-tokens4B``, OLMo-2 and OLMo-3 ``stage1-step140000-tokens294B`` (the token
-  count after the step is allowed; `stage_of` reads the stage), SmolLM3 ``stage1-step-40000``;
+- OLMo ``step1000-tokens4B``, OLMo-2 ``stage1-step140000-tokens294B`` (the token count after
+  the step is allowed; `stage_of` reads the stage), OLMo-3 ``stage1-step1413814``, SmolLM3
+  ``stage1-step-40000``;
 - possibly after a prefix (``run1/step1000``).
 
 Tags such as ``v1.0`` are not steps. ``main`` is the final checkpoint: `hf_revisions=all` ends
@@ -79,12 +80,14 @@ class Listing:
 
     ``ignored`` maps a reason to the names it covers (tags without a step, a second name for one
     step, a later OLMo stage); `report` says them in one line each, so that nothing is dropped
-    in silence. ``final_main`` is set when ``main`` was added as the final checkpoint.
+    in silence. ``final_main`` is set when ``main`` was added as the final checkpoint;
+    ``stages_left_out`` is the reason later training stages were left out ("" when none were).
     """
 
     found: list[tuple[int, str]]
     ignored: dict[str, list[str]]
     final_main: bool = False
+    stages_left_out: str = ""
 
     def report(self) -> list[str]:
         """One console line per reason a name was left out."""
@@ -195,7 +198,8 @@ def trajectory(names: Sequence[str], source: str, repo_id: str) -> Listing:
             + "".join(f"; {len(names)} left out, {reason}" for reason, names in ignored.items()
                       if reason == later)
         )
-    return Listing(sorted(by_step.items()), ignored)
+    return Listing(sorted(by_step.items()), ignored,
+                   stages_left_out=later if ignored.get(later) else "")
 
 
 def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:

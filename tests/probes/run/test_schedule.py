@@ -268,6 +268,32 @@ def test_all_reads_olmo_names_one_stage_and_lists_what_it_leaves_out(tmp_path, s
     assert not [p for _, p in hub.requests if "/resolve/" in p]  # nothing downloaded
 
 
+def test_all_reads_olmo3_names_and_leaves_main_out_after_the_stages_it_ends(tmp_path,
+                                                                           served) -> None:
+    """OLMo-3's branches as public code names them (allenai/Olmo-3-1025-7B: stage1-step0 ...
+    stage1-step1413814, stage2-step... to 47684, stage3-step... to 11921, whose commit ``main``
+    is; three ``stage2-step47684-mix-*-from-2T-ckpt`` ablations): stage 1 is the trajectory,
+    stages 2 and 3 count anew and are left out, and so is ``main``, their end: placed one step
+    after stage 1's last it would draw two stages of training as one step."""
+    early = _weights_folder(tmp_path, "early", b"stage 1")
+    final = _weights_folder(tmp_path, "final", b"stage 3")
+    names = ["stage1-step0", "stage1-step1000", "stage1-step1413814", "stage2-step1000",
+             "stage2-step47684", "stage2-step47684-mix-a-from-2T-ckpt", "stage3-step1000",
+             "stage3-step11921"]
+    served("allenai/olmo3-like", {**dict.fromkeys(names[:5], early),
+                                  **dict.fromkeys(names[5:], final), "main": final})
+    listing = revisions.step_revisions("allenai/olmo3-like")
+    assert listing.found == [(0, "stage1-step0"), (1000, "stage1-step1000"),
+                             (1413814, "stage1-step1413814")]
+    assert listing.ignored[listing.stages_left_out] == [
+        "stage2-step1000", "stage2-step47684", "stage3-step1000", "stage3-step11921"]
+    assert listing.ignored["no training step in the name"] == [
+        "stage2-step47684-mix-a-from-2T-ckpt"]
+    assert listing.ignored["main: it ends the training stages left out, not one step after "
+                           "stage1-step1413814"] == ["main"]
+    assert not listing.final_main
+
+
 def test_all_ends_on_main_when_no_step_revision_holds_its_weights(tmp_path, served,
                                                                    capsys) -> None:
     early = _weights_folder(tmp_path, "early", b"early weights")

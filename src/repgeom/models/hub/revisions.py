@@ -126,9 +126,11 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> Non
     LFS sha256 as the last step-named revision (two ``model_info`` requests, nothing
     downloaded; compared on a weights format both have, so a ``main`` with the safetensors
     conversion of the last step's ``.bin`` is that step): ``main`` is that checkpoint and is left
-    out. Offline, both are read from the cache. A ``main`` without weights is left
-    out. Otherwise it is the final checkpoint, one step after the last named one (its real step
-    is not in its name), and `Listing.final_main` says so.
+    out. Offline, both are read from the cache. A ``main`` without weights is left out; so is one
+    that ends training stages left out of the listing (OLMo-2's and OLMo-3's ``main`` comes after
+    stage 2, or 3, which count their steps anew): placed one step after stage 1's last, it would
+    draw those stages as one step. Otherwise it is the final checkpoint, one step after the last
+    named one (its real step is not in its name), and `Listing.final_main` says so.
     """
     commits = dict(refs.commits)
     last_step, last = listing.found[-1]
@@ -143,6 +145,10 @@ def _add_main(repo_id: str, listing: Listing, refs: Refs, retry: Retrier) -> Non
         listing.ignored.setdefault("main: no weights files", []).append(MAIN)
     elif same_weights(main_weights, weights_sha256(repo_id, last, retry=retry)):
         listing.ignored.setdefault(f"main: the weights of {last}", []).append(MAIN)
+    elif listing.stages_left_out:
+        listing.ignored.setdefault(
+            f"main: it ends the training stages left out, not one step after {last}",
+            []).append(MAIN)
     else:
         listing.found.append((last_step + 1, MAIN))
         listing.final_main = True
