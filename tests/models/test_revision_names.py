@@ -32,12 +32,13 @@ def test_all_reads_smollm3_stages_as_one_trajectory() -> None:
     assert listing.found == sorted((revision_names.step_of(n), n) for n in names[:-1])
     [(reason, left_out)] = listing.ignored.items()
     assert left_out == ["lc-step-4000"] and reason.startswith("no stage in the name")
+    assert listing.stages_left_out == reason  # a main after the long-context stage: left out
     # A stage that counts anew ends the trajectory there, the stages after it included.
     names = ["stage1-step0", "stage1-step900", "stage2-step1000", "stage3-step5", "stage4-step10"]
     listing = revision_names.trajectory(names, "test", "olmo-like")
     assert [n for _, n in listing.found] == names[:3]
     assert listing.ignored == {"a later training stage than stage 2 (steps counted anew: give "
-                               "them as a list)": names[3:]}
+                               "one stage at a time as a list)": names[3:]}
     assert listing.stages_left_out == next(iter(listing.ignored))  # `main` is left out too
     whole = revision_names.trajectory(names[:3], "test", "smollm3-like")
     assert not whole.stages_left_out and not whole.ignored

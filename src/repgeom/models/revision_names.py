@@ -81,7 +81,8 @@ class Listing:
     ``ignored`` maps a reason to the names it covers (tags without a step, a second name for one
     step, a later OLMo stage); `report` says them in one line each, so that nothing is dropped
     in silence. ``final_main`` is set when ``main`` was added as the final checkpoint;
-    ``stages_left_out`` is the reason later training stages were left out ("" when none were).
+    ``stages_left_out`` is the reason step-named revisions of other training stages were left
+    out (a later stage, or a name without a stage beside staged ones; "" when none were).
     """
 
     found: list[tuple[int, str]]
@@ -126,7 +127,7 @@ def _continuing_stages(stepped: Sequence[tuple[str, int | None]]) -> tuple[set[s
         steps = [step for run in runs[stage].values() for step in run]
         if kept and min(steps) < last:
             reason = (f"a later training stage than stage {last_stage} (steps counted anew: "
-                      "give them as a list)")
+                      "give one stage at a time as a list)")
             break
         if len(runs[stage]) > 1:
             reason = (f"stage {stage} or later: stage {stage} has {len(runs[stage])} runs side "
@@ -138,6 +139,11 @@ def _continuing_stages(stepped: Sequence[tuple[str, int | None]]) -> tuple[set[s
         if i == 0:
             first_last = last
     return kept, first_last, reason
+
+
+UNSTAGED = ("no stage in the name, beside names with one (which stage's steps it counts is not "
+            "known: give it in a list)")
+"""Why a step-named name without a stage is left out beside staged ones (`trajectory`)."""
 
 
 def trajectory(names: Sequence[str], source: str, repo_id: str) -> Listing:
@@ -153,8 +159,8 @@ def trajectory(names: Sequence[str], source: str, repo_id: str) -> Listing:
     counts its steps from 0 again (OLMo-2's ``stage2-ingredient1-...``: stage 2 anneals from
     stage 1 in several parallel runs) or that has several runs side by side (``stage2-ingredient1``
     and ``stage2-ingredient2`` continuing stage 1's count: their steps would interleave) the later
-    stages are listed as left out (give them as a list). A bare step name beside staged ones
-    (OLMo-2-1124-7B's ``step150-tokens1B`` beside ``stage1-step1000-tokens5B``) counts as the
+    stages are listed as left out (give one at a time as a list). A bare step name beside staged
+    ones (OLMo-2-1124-7B's ``step150-tokens1B`` beside ``stage1-step1000-tokens5B``) counts as the
     first stage when its step is at or below that stage's last step; it and any other name
     without a stage (SmolLM3's ``lc-step-4000``, whose count is not known) are otherwise left out.
 
@@ -187,9 +193,7 @@ def trajectory(names: Sequence[str], source: str, repo_id: str) -> Listing:
             if by_step[step] != name:
                 ignored.setdefault("a second name for a step already listed", []).append(name)
         else:
-            ignored.setdefault("no stage in the name, beside names with one (which stage's "
-                               "steps it counts is not known: give it in a list)",
-                               []).append(name)
+            ignored.setdefault(UNSTAGED, []).append(name)
     if not by_step:
         raise ValueError(
             f"hf_revisions=all: {repo_id} has no revision named after a training step (like "
@@ -198,8 +202,9 @@ def trajectory(names: Sequence[str], source: str, repo_id: str) -> Listing:
             + "".join(f"; {len(names)} left out, {reason}" for reason, names in ignored.items()
                       if reason == later)
         )
+    other_stages = [reason for reason in (later, UNSTAGED) if ignored.get(reason)]
     return Listing(sorted(by_step.items()), ignored,
-                   stages_left_out=later if ignored.get(later) else "")
+                   stages_left_out=other_stages[0] if other_stages else "")
 
 
 def list_steps(names: Sequence[str]) -> list[tuple[int, str]]:

@@ -207,9 +207,9 @@ def test_a_start_killed_by_sigkill_mid_write_is_swept_and_a_live_one_is_not(tmp_
 
 def test_a_start_that_fails_before_its_claim_says_nothing_of_the_newest_start(
         tmp_path, monkeypatch) -> None:
-    """A start whose ``start()`` raises before it has a number (a full disk at its claim) is
-    closed by Lightning's ``on_exception``: it writes no "failed" beat, which would carry the
-    newest start's number and stop the worker while that start trains on."""
+    """A start whose ``start()`` raises before it has a number (a full disk at its claim), or
+    never runs, is closed by Lightning's ``on_exception``: it writes no "failed" beat, which would
+    carry the newest start's number and stop the worker while that start trains on."""
     alive = _start(tmp_path)
     folder = snapshots.snapshot_dir(tmp_path)
     before = layout.read_json(folder / layout.TRAINING)
@@ -223,6 +223,8 @@ def test_a_start_that_fails_before_its_claim_says_nothing_of_the_newest_start(
         with pytest.raises(OSError):
             failed.start({"wandb": None})
         failed.close(final_step=None)
+        # Nor one whose start() never ran (W&B's run raised before it, in Offloading.start).
+        snapshots.SnapshotWriter(tmp_path, heartbeat_s=60).close(final_step=None)
         after = layout.read_json(folder / layout.TRAINING)
         assert (after["state"], after["number"]) == ("running", alive.number) == (
             before["state"], before["number"])

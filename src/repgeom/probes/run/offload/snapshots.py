@@ -74,13 +74,11 @@ class SnapshotWriter:
         self._heartbeat: threading.Thread | None = None
         self.start_id = uuid.uuid4().hex  # names this training start in each snapshot's marker
         self.number = -1  # this start's place among the run's starts (`starts.claim`, in start())
-        self._claiming = False  # start() began: without a number then, it speaks for no start
         self._lease: Any = None  # held while this start lives (`lease.start_gone` asks it)
         self._said_superseded = False
 
     def start(self, run_info: dict[str, Any]) -> None:
         """Claim this start, sweep what ended starts left, write ``run.json``, start beating."""
-        self._claiming = True
         self.folder.mkdir(parents=True, exist_ok=True)
         marker = self.folder / layout.MARKER
         if not marker.is_file():
@@ -152,10 +150,10 @@ class SnapshotWriter:
             self._pool.shutdown(wait=True)
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
             try:
-                if self._claiming and self.number < 0:
-                    pass  # its start() failed before it had a number: the newest is another's
-                elif final_step is None or failed:
-                    self._try_beat("stopped" if stopped and not failed else "failed")
+                if final_step is None or failed:
+                    if self.number >= 0:  # without a number (its start failed before its
+                        # claim, or never began) it would speak for the newest start, another's
+                        self._try_beat("stopped" if stopped and not failed else "failed")
                 else:
                     self.finish(final_step, skipped)
             finally:
